@@ -1,0 +1,135 @@
+// Public API: deterministic attention forward and backward on Hopper GPUs.
+//
+// Tensors are (batch, seqlen, heads, head_dim) = (B, S, H, D) with arbitrary element strides, except
+// that D must be contiguous. Query heads [g*G, (g+1)*G) share key/value head g, where
+// G = heads_q / heads_kv (GQA; MQA when heads_kv == 1). With causal = true, query row i attends key
+// column j iff j <= i + seqlen_k - seqlen_q (the mask is aligned to the bottom-right corner, as in
+// FlashAttention); a row that sees no key gets O = 0 and LSE = -inf.
+//
+// Every entry point validates its arguments first and returns a Status instead of failing later; the
+// work itself is enqueued on `stream` and runs asynchronously. No CuTe or CUDA types appear here
+// except cudaStream_t.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "dash/status.hpp"
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+namespace dash {
+
+enum class DType : int { kBF16 = 0, kFP16 = 1 };
+const char* dtype_name(DType dtype);
+
+// Element strides of a (B, S, H, D) tensor.
+struct Strides {
+  int64_t batch = 0;
+  int64_t seq = 0;
+  int64_t head = 0;
+  int64_t dim = 1;
+};
+
+// Strides of a densely packed (B, S, H, D) tensor.
+Strides packed_strides(int64_t seqlen, int64_t heads, int64_t head_dim);
+
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t heads_q = 0;
+  int64_t heads_kv = 0;
+  int64_t head_dim = 0;
+  DType dtype = DType::kBF16;
+  float softmax_scale = 0.0f;  // multiplies Q K^T; usually 1/sqrt(head_dim)
+  bool causal = false;
+};
+
+// The order in which the backward pass sums the partial dQ tiles of different key/value tiles
+// (see docs/DESIGN.md). Every schedule but kNondeterministic gives bitwise-identical gradients from
+// run to run; kAuto picks the best schedule whose preconditions hold for the shape.
+enum class Schedule : int {
+  kAuto = 0,
+  kAscending,        // Q tiles ascending, dQ summed in ascending KV-tile order (FA3's deterministic baseline)
+  kDescending,       // Q tiles descending, ascending KV order
+  kShortestFirst,    // shortest KV tiles dispatched first, dQ summed in descending KV order (FA3's causal)
+  kShift,            // DASH shift scheduling (full mask)
+  kSymmetricShift,   // DASH symmetric shift scheduling (causal mask)
+  kNondeterministic, // unordered atomic reduction: fastest order, bits vary from run to run
+};
+
+inline constexpr Schedule kAllSchedules[] = {
+    Schedule::kAuto,  Schedule::kAscending,      Schedule::kDescending,       Schedule::kShortestFirst,
+    Schedule::kShift, Schedule::kSymmetricShift, Schedule::kNondeterministic,
+};
+
+// Canonical names: "auto", "ascending", "descending", "shortest-first", "shift", "symmetric-shift",
+// "nondeterministic".
+std::string_view schedule_name(Schedule schedule);
+std::optional<Schedule> parse_schedule(std::string_view name);
+// As parse_schedule, with an error that lists the valid names.
+Status parse_schedule(std::string_view name, Schedule* schedule);
+
+struct ForwardArgs {
+  AttentionShape shape;
+  const void* q = nullptr;  // (B, Sq, Hq, D)
+  Strides q_strides;
+  const void* k = nullptr;  // (B, Sk, Hkv, D)
+  Strides k_strides;
+  const void* v = nullptr;  // (B, Sk, Hkv, D)
+  Strides v_strides;
+  void* out = nullptr;      // (B, Sq, Hq, D)
+  Strides out_strides;
+  float* lse = nullptr;     // (B, Hq, Sq) packed, natural-log logsumexp of each scaled score row
+};
+
+struct BackwardArgs {
+  AttentionShape shape;
+  const void* q = nullptr;
+  Strides q_strides;
+  const void* k = nullptr;
+  Strides k_strides;
+  const void* v = nullptr;
+  Strides v_strides;
+  const void* out = nullptr;   // forward output O
+  Strides out_strides;
+  const void* dout = nullptr;  // dL/dO, same shape as O
+  Strides dout_strides;
+  const float* lse = nullptr;  // forward LSE, (B, Hq, Sq) packed
+  void* dq = nullptr;          // outputs, same shapes as q, k, v
+  Strides dq_strides;
+  void* dk = nullptr;
+  Strides dk_strides;
+  void* dv = nullptr;
+  Strides dv_strides;
+  Schedule schedule = Schedule::kAuto;
+};
+
+// Head dims and dtypes this build has kernels for.
+std::span<const int> supported_head_dims();
+bool kernels_available();
+
+// Checks `args` without touching the GPU (shape, pointers, alignment, strides, overlap).
+Status validate(const ForwardArgs& args);
+Status validate(const BackwardArgs& args);
+
+// Checks that the current CUDA device can run DASH kernels (a Hopper GPU, compute capability 9.0).
+Status check_current_device();
+
+// Bytes of device workspace forward()/backward() need for this shape (0 is possible).
+Status forward_workspace_size(const AttentionShape& shape, size_t* bytes);
+Status backward_workspace_size(const AttentionShape& shape, Schedule schedule, size_t* bytes);
+
+// O, LSE = attention(Q, K, V). Deterministic for every input.
+Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// dQ, dK, dV = d attention / d(Q, K, V) for upstream gradient dO, summed in the order the schedule
+// fixes. The schedule is proven deadlock-free on the CPU for this shape before the first launch.
+Status backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace dash

@@ -1,0 +1,44 @@
+// Public API: the status type every DASH entry point returns.
+// Entry points never throw and never abort on bad input; they return a Status whose message names the
+// offending argument and the rule it broke.
+#pragma once
+
+#include <string>
+#include <utility>
+
+namespace dash {
+
+enum class StatusCode : int {
+  kOk = 0,
+  kInvalidArgument,    // a pointer, size, stride or value breaks the API's contract
+  kNotSupported,       // valid, but outside what this build supports (head dim, dtype)
+  kNotAvailable,       // the library was built without the kernels this call needs
+  kNoDevice,           // no CUDA device is visible
+  kUnsupportedDevice,  // the current device is not a Hopper (compute capability 9.0) GPU
+  kWorkspaceTooSmall,  // the workspace is null or smaller than the size query returned
+  kScheduleRejected,   // the requested schedule's preconditions fail for this shape
+  kCudaError,          // a CUDA runtime call failed
+};
+
+// Short stable name of a code, e.g. "invalid-argument".
+const char* status_code_name(StatusCode code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status success() { return {}; }
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "invalid-argument: q is null", or "ok".
+  std::string to_string() const;
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+}  // namespace dash

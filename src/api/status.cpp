@@ -1,0 +1,25 @@
+#include "dash/status.hpp"
+
+namespace dash {
+
+const char* status_code_name(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return "ok";
+    case StatusCode::kInvalidArgument: return "invalid-argument";
+    case StatusCode::kNotSupported: return "not-supported";
+    case StatusCode::kNotAvailable: return "not-available";
+    case StatusCode::kNoDevice: return "no-device";
+    case StatusCode::kUnsupportedDevice: return "unsupported-device";
+    case StatusCode::kWorkspaceTooSmall: return "workspace-too-small";
+    case StatusCode::kScheduleRejected: return "schedule-rejected";
+    case StatusCode::kCudaError: return "cuda-error";
+  }
+  return "unknown-status";
+}
+
+std::string Status::to_string() const {
+  if (ok()) return "ok";
+  return std::string(status_code_name(code_)) + ": " + message_;
+}
+
+}  // namespace dash

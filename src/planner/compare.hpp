@@ -1,0 +1,35 @@
+// Compares every schedule on one shape in the DAG model and recommends one: what `dash-attn plan` prints.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "planner/simulator.hpp"
+#include "schedule/plan.hpp"
+
+namespace dash {
+
+struct ScheduleReport {
+  Schedule schedule;
+  bool valid = false;          // preconditions hold and the validator proved the plan safe
+  std::string reason;          // why not, when !valid
+  bool deadlock_free = false;
+  double critical_path = 0.0;  // DAG longest path (no signal latency)
+  double makespan = 0.0;       // event-driven simulation, with the cost model's signal latency
+  double bubble_fraction = 0.0;
+  long long lemma_violations = 0;
+};
+
+struct Comparison {
+  TiledProblem problem{};
+  int num_sms = 0;
+  CostModel costs;
+  std::vector<ScheduleReport> schedules;  // every schedule but auto, in kAllSchedules order
+  Schedule recommended = Schedule::kAscending;  // deterministic schedule with the smallest makespan
+  Schedule auto_choice = Schedule::kAscending;  // what Schedule::kAuto runs on the GPU
+};
+
+ScheduleReport evaluate_schedule(const TiledProblem& problem, Schedule schedule, int num_sms, const CostModel& costs);
+Comparison compare_schedules(const TiledProblem& problem, int num_sms, const CostModel& costs);
+
+}  // namespace dash

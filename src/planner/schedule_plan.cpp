@@ -1,0 +1,116 @@
+#include "planner/schedule_plan.hpp"
+
+#include <algorithm>
+
+#include "schedule/schedule.hpp"
+
+namespace dash {
+
+int choose_group_splits(int batch, int heads_kv, int group_size, int num_kv_tiles, int num_sms) {
+  const long long jobs_per_split = 1LL * batch * heads_kv * num_kv_tiles;
+  for (int splits = 1; splits < group_size; ++splits) {
+    if (group_size % splits == 0 && jobs_per_split * splits >= 1LL * kMinJobsPerSm * num_sms) return splits;
+  }
+  return group_size;
+}
+
+TiledProblem make_tiled_problem(const AttentionShape& shape, int num_sms, int group_splits) {
+  const TileShape tile = backward_tile_shape(static_cast<int>(shape.head_dim));
+  TiledProblem p{};
+  p.batch = static_cast<int>(shape.batch);
+  p.heads_kv = static_cast<int>(shape.heads_kv);
+  p.group_size = static_cast<int>(shape.heads_q / shape.heads_kv);
+  p.seqlen_q = static_cast<int>(shape.seqlen_q);
+  p.seqlen_k = static_cast<int>(shape.seqlen_k);
+  p.block_q = tile.block_q;
+  p.block_kv = tile.block_kv;
+  p.causal = shape.causal;
+  p.group_splits = group_splits > 0 ? group_splits
+                                    : choose_group_splits(p.batch, p.heads_kv, p.group_size,
+                                                          p.num_kv_tiles(), num_sms);
+  return p;
+}
+
+namespace {
+
+// Largest number of one head's units that run in the same wave of `num_ctas` units.
+int max_wave_size(int num_heads, int units_per_head, int num_ctas) {
+  int largest = 0;
+  for (int head = 0; head < num_heads; ++head) {
+    const int first = head * units_per_head;
+    const int last = first + units_per_head - 1;
+    for (int wave = first / num_ctas; wave <= last / num_ctas; ++wave) {
+      largest = std::max(largest, wave_slot(std::max(first, wave * num_ctas), first, units_per_head, num_ctas).size);
+      if (largest == std::min(units_per_head, num_ctas)) return largest;
+    }
+  }
+  return largest;
+}
+
+std::string check_shift(const TiledProblem& p, int num_ctas) {
+  if (p.causal) return "shift needs the full mask (use symmetric-shift for causal)";
+  const int wave = max_wave_size(p.num_heads(), p.num_kv_tiles(), num_ctas);
+  if (p.num_q_tiles() < wave) {
+    return "shift needs at least as many query tiles per head (" + std::to_string(p.num_q_tiles()) +
+           ") as key/value tiles of one head running at once (" + std::to_string(wave) + ")";
+  }
+  return {};
+}
+
+std::string check_symmetric_shift(const SchedulePlan& plan) {
+  const TiledProblem& p = plan.problem;
+  if (!p.causal) return "symmetric-shift needs the causal mask (use shift for the full mask)";
+  if (p.block_kv % p.block_q != 0) return "symmetric-shift needs block_kv to be a multiple of block_q";
+  if (p.seqlen_q < p.seqlen_k) {
+    return "symmetric-shift needs seqlen_q >= seqlen_k (here " + std::to_string(p.seqlen_q) + " < " +
+           std::to_string(p.seqlen_k) + "), so that each key/value tile's causal range starts a fixed "
+           "number of query tiles after the previous one's";
+  }
+  // Every long job's rectangle must be at least as tall as its wave, or two lanes would meet on one
+  // query tile at the same step. Units of a wave share the check, so test each head's first unit per wave.
+  const int pairs = SymmetricShiftSchedule::units_per_head(p);
+  for (int unit = 0; unit < plan.num_units; ++unit) {
+    const Job job = SymmetricShiftSchedule::make_job(plan, unit, 0);
+    if (job.lane != 0) continue;
+    const int rect_steps = p.num_q_tiles() - job.rect_begin;
+    if (rect_steps < job.wave_size) {
+      return "symmetric-shift needs the query tiles all long key/value tiles of a wave see (" +
+             std::to_string(rect_steps) + ") to be at least the wave's size (" + std::to_string(job.wave_size) +
+             " units of head " + std::to_string(unit / pairs) + ")";
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+PlanResult make_schedule_plan(const TiledProblem& problem, Schedule schedule, int num_sms) {
+  PlanResult result;
+  SchedulePlan& plan = result.plan;
+  plan.kind = schedule;
+  plan.problem = problem;
+  const bool symmetric = schedule == Schedule::kSymmetricShift;
+  const bool shift = schedule == Schedule::kShift;
+  plan.dispatch = (symmetric || shift) ? Dispatch::kStatic : Dispatch::kDynamic;
+  plan.jobs_per_unit = symmetric ? 2 : 1;
+  const int units_per_head = symmetric ? SymmetricShiftSchedule::units_per_head(problem) : problem.num_kv_tiles();
+  plan.num_units = problem.num_heads() * units_per_head;
+  plan.num_ctas = std::max(1, std::min(plan.num_units, num_sms));
+  if (schedule == Schedule::kAuto) result.rejected = "auto is not a schedule; resolve it with choose_schedule()";
+  if (shift) result.rejected = check_shift(problem, plan.num_ctas);
+  if (symmetric) result.rejected = check_symmetric_shift(plan);
+  return result;
+}
+
+Schedule choose_schedule(const TiledProblem& problem, int num_sms) {
+  const Schedule preferred = problem.causal ? Schedule::kSymmetricShift : Schedule::kShift;
+  if (make_schedule_plan(problem, preferred, num_sms).ok()) return preferred;
+  return problem.causal ? Schedule::kShortestFirst : Schedule::kAscending;
+}
+
+PlanResult plan_schedule(const TiledProblem& problem, Schedule schedule, int num_sms) {
+  return make_schedule_plan(problem, schedule == Schedule::kAuto ? choose_schedule(problem, num_sms) : schedule,
+                            num_sms);
+}
+
+}  // namespace dash

@@ -1,0 +1,37 @@
+// Planner layer (host only): turns an attention shape into a SchedulePlan, checking each schedule's
+// preconditions and saying which one fails, and picks the schedule that `auto` stands for.
+#pragma once
+
+#include <string>
+
+#include "dash/attention.hpp"
+#include "schedule/plan.hpp"
+
+namespace dash {
+
+// The tiled problem the backward kernel runs for `shape` (tile sizes from tile_config.hpp).
+// group_splits = 0 picks choose_group_splits().
+TiledProblem make_tiled_problem(const AttentionShape& shape, int num_sms, int group_splits = 0);
+
+// How many parts to split each GQA query-head group into: the fewest that still give every SM at
+// least kMinJobsPerSm jobs (each part costs one fp32 dK/dV reduction in the postprocess kernel).
+int choose_group_splits(int batch, int heads_kv, int group_size, int num_kv_tiles, int num_sms);
+inline constexpr int kMinJobsPerSm = 2;
+
+struct PlanResult {
+  SchedulePlan plan{};
+  std::string rejected;  // empty when the schedule's preconditions hold; else the one that failed
+  bool ok() const { return rejected.empty(); }
+};
+
+// The plan of `schedule` (not kAuto) for `problem` on `num_sms` persistent CTAs.
+PlanResult make_schedule_plan(const TiledProblem& problem, Schedule schedule, int num_sms);
+
+// What Schedule::kAuto runs: the preferred schedule for the mask if its preconditions hold, else a
+// fallback that always applies. See docs/DESIGN.md for the measurements behind the preference.
+Schedule choose_schedule(const TiledProblem& problem, int num_sms);
+
+// make_schedule_plan, resolving kAuto first.
+PlanResult plan_schedule(const TiledProblem& problem, Schedule schedule, int num_sms);
+
+}  // namespace dash

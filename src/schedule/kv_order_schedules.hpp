@@ -1,0 +1,51 @@
+// Schedules that give every key/value tile its own work unit and dispatch units dynamically:
+// ascending, descending, shortest-first and nondeterministic.
+//
+// Their summation orders depend only on key/value tile indices, never on the number of CTAs, so their
+// results are bitwise identical on GPUs with different SM counts. Every contribution waits only on
+// contributions of units dispatched earlier, so no timing can deadlock them.
+#pragma once
+
+#include "schedule/plan.hpp"
+
+namespace dash {
+
+// FlashAttention-3's deterministic baseline: query tiles ascending, dQ summed in ascending key/value
+// order. All key/value tiles of a head start on the same query tile, so tile k first waits for k
+// reductions: a start-up staircase of (n - 1) r.
+struct AscendingSchedule {
+  DASH_HOST_DEVICE static Job make_job(const SchedulePlan& plan, int unit) {
+    const int n = plan.problem.num_kv_tiles();
+    return make_plain_job(plan.problem, unit / n, unit % n);
+  }
+  DASH_HOST_DEVICE static int q_tile_at(const Job& job, int step) { return job.q_begin + step; }
+  DASH_HOST_DEVICE static int rank_of(const Job& job, int /*v*/) { return job.kv_tile; }
+};
+
+// Query tiles descending, dQ summed in ascending key/value order. Under the causal mask every tile
+// starts on the last query row and short tiles finish first, freeing SMs for the next head early.
+struct DescendingSchedule {
+  DASH_HOST_DEVICE static Job make_job(const SchedulePlan& plan, int unit) {
+    return AscendingSchedule::make_job(plan, unit);
+  }
+  DASH_HOST_DEVICE static int q_tile_at(const SchedulePlan& plan, int step) {
+    return plan.problem.num_q_tiles() - 1 - step;
+  }
+  DASH_HOST_DEVICE static int rank_of(const Job& job, int /*v*/) { return job.kv_tile; }
+};
+
+// What FlashAttention-3 ships for causal: the shortest key/value tiles (nearest the diagonal) are
+// dispatched first, query tiles ascending, dQ summed in descending key/value order, which is the
+// order in which the tiles reach each query tile.
+struct ShortestFirstSchedule {
+  DASH_HOST_DEVICE static Job make_job(const SchedulePlan& plan, int unit) {
+    const int n = plan.problem.num_kv_tiles();
+    return make_plain_job(plan.problem, unit / n, n - 1 - unit % n);
+  }
+  DASH_HOST_DEVICE static int q_tile_at(const Job& job, int step) { return job.q_begin + step; }
+  DASH_HOST_DEVICE static int rank_of(const SchedulePlan& plan, const Job& job, int v) {
+    return plan.problem.num_contributors(v) - 1 - job.kv_tile;
+  }
+};
+
+}  // namespace dash

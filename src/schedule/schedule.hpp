@@ -1,0 +1,53 @@
+// The one entry point to every schedule: run-time dispatch on plan.kind over the schedule families.
+// Used unchanged by the CPU planner, validator and emulator and by the GPU kernels.
+#pragma once
+
+#include "schedule/kv_order_schedules.hpp"
+#include "schedule/plan.hpp"
+#include "schedule/shift_schedules.hpp"
+
+namespace dash {
+
+// Job `sub` (0 or 1) of work unit `unit`. Check job.valid: a unit may hold fewer jobs than
+// plan.jobs_per_unit.
+DASH_HOST_DEVICE Job make_job(const SchedulePlan& plan, int unit, int sub) {
+  switch (plan.kind) {
+    case Schedule::kShift: return ShiftSchedule::make_job(plan, unit);
+    case Schedule::kSymmetricShift: return SymmetricShiftSchedule::make_job(plan, unit, sub);
+    case Schedule::kShortestFirst: return ShortestFirstSchedule::make_job(plan, unit);
+    // Ascending, descending and nondeterministic share the ascending job order.
+    default: return AscendingSchedule::make_job(plan, unit);
+  }
+}
+
+// The (virtual) query tile `job` visits at `step`, for step in [0, job.num_steps).
+DASH_HOST_DEVICE int q_tile_at(const SchedulePlan& plan, const Job& job, int step) {
+  switch (plan.kind) {
+    case Schedule::kDescending: return DescendingSchedule::q_tile_at(plan, step);
+    case Schedule::kShift: return ShiftSchedule::q_tile_at(plan, job, step);
+    case Schedule::kSymmetricShift: return SymmetricShiftSchedule::q_tile_at(plan, job, step);
+    case Schedule::kShortestFirst: return ShortestFirstSchedule::q_tile_at(job, step);
+    // Ascending and nondeterministic visit query tiles in ascending order.
+    default: return AscendingSchedule::q_tile_at(job, step);
+  }
+}
+
+// Position of `job`'s partial dQ for query tile v in that tile's summation order, or kUnordered.
+DASH_HOST_DEVICE int rank_of(const SchedulePlan& plan, const Job& job, int v) {
+  switch (plan.kind) {
+    case Schedule::kNondeterministic: return kUnordered;
+    case Schedule::kDescending: return DescendingSchedule::rank_of(job, v);
+    case Schedule::kShift: return ShiftSchedule::rank_of(job, v);
+    case Schedule::kSymmetricShift: return SymmetricShiftSchedule::rank_of(plan, job, v);
+    case Schedule::kShortestFirst: return ShortestFirstSchedule::rank_of(plan, job, v);
+    default: return AscendingSchedule::rank_of(job, v);
+  }
+}
+
+// Work units of CTA `cta` under static dispatch: units cta, cta + num_ctas, ...
+DASH_HOST_DEVICE int static_unit_count(const SchedulePlan& plan, int cta) {
+  return cta < plan.num_units ? (plan.num_units - 1 - cta) / plan.num_ctas + 1 : 0;
+}
+DASH_HOST_DEVICE int static_unit(const SchedulePlan& plan, int cta, int i) { return cta + i * plan.num_ctas; }
+
+}  // namespace dash
