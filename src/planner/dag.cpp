@@ -51,7 +51,7 @@ DagAnalysis analyze_dag(const ExpandedSchedule& s, const std::vector<std::vector
       ++indegree[k];
       ++out.order_edges;
       const int from = order_pred[k];
-      if (depth[from] > depth[k]) {
+      if (depth[from] >= depth[k]) {
         if (out.violation_examples.size() < kMaxViolationExamples) {
           out.violation_examples.push_back({s.steps[k].dq_tile, s.steps[from].rank, depth[from], depth[k]});
         }

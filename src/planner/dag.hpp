@@ -3,8 +3,11 @@
 // form a chain; zero-weight order edges link consecutive contributions of each dQ tile.
 //
 // The critical path is the longest weighted path; a cycle means the schedule can deadlock. The
-// paper's lemma: an order edge u -> v leaves the critical path of parallel isomorphic chains
-// unchanged iff depth(u) <= depth(v), where depth is a step's position along its chain.
+// paper's lemma: an order edge u -> v (from the end of u's reduce to the start of v's) leaves the
+// critical path of parallel isomorphic chains unchanged iff depth(u) <= depth(v) for the DAG depths of
+// those two nodes. With positive compute cost that holds iff u sits strictly earlier on its chain than
+// v; an edge between steps at the same chain position (two CTAs reaching one dQ tile together) or
+// pointing backwards is a violation.
 #pragma once
 
 #include <string>
@@ -18,8 +21,8 @@ namespace dash {
 struct OrderEdge {
   int dq_tile;
   int from_rank;   // the edge runs from this rank's contribution to the next one
-  int from_depth;
-  int to_depth;
+  int from_position;  // chain positions of the two steps
+  int to_position;
 };
 
 struct DagAnalysis {
@@ -27,7 +30,7 @@ struct DagAnalysis {
   std::string cycle;                 // when not acyclic: a step on a cycle
   double critical_path = 0.0;        // longest path (signal latency not modelled)
   long long order_edges = 0;
-  long long lemma_violations = 0;    // order edges with depth(u) > depth(v)
+  long long lemma_violations = 0;    // order edges with position(u) >= position(v)
   std::vector<OrderEdge> violation_examples;  // the first few
 };
 
