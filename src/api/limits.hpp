@@ -1,0 +1,51 @@
+// Limits of the public API, each named once: the head dims, element width and device the kernels are
+// written for, and the bounds that keep every kernel index within 32 bits and every TMA descriptor legal.
+// validate() and the device checks enforce them; the kernels may rely on them.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "schedule/tile_config.hpp"
+
+namespace dash {
+
+// Head dims the kernels are written for (a build may instantiate a subset, see supported_head_dims()).
+inline constexpr std::array<int, 2> kSupportedHeadDims = {64, 128};
+
+// Both supported element types (bf16, fp16) are 2 bytes wide.
+inline constexpr int64_t kElementBytes = 2;
+
+// Longest query or key sequence the kernels accept.
+inline constexpr int64_t kMaxSeqlen = int64_t{1} << 20;
+
+// Kernels index query tiles and tensor elements with 32-bit signed integers, so counts must stay below this.
+inline constexpr int64_t kMaxKernelIndex = int64_t{1} << 31;
+
+// Fewest rows of any kernel's query tile: a launch has at most ceil(seqlen_q / kMinBlockQ) query tiles
+// per (batch, head).
+inline constexpr int kMinBlockQ = 64;
+static_assert(
+    [] {
+      for (int head_dim : kSupportedHeadDims) {
+        if (forward_tile_shape(head_dim).block_q < kMinBlockQ || backward_tile_shape(head_dim).block_q < kMinBlockQ) {
+          return false;
+        }
+      }
+      return true;
+    }(),
+    "kMinBlockQ must not exceed any kernel's query tile, or the query tile count bound is too loose");
+
+// TMA needs 16-byte aligned global addresses and global strides that are multiples of 16 bytes.
+inline constexpr int64_t kTmaAlignmentBytes = 16;
+inline constexpr int64_t kStrideMultipleElements = kTmaAlignmentBytes / kElementBytes;
+
+// LSE is read and written as plain floats, not through TMA.
+inline constexpr int64_t kLseAlignmentBytes = alignof(float);
+
+// The kernels use sm_90a instructions (wgmma, setmaxnreg), which run on compute capability 9.0 only:
+// sm_90a code is not forward compatible with later architectures.
+inline constexpr int kRequiredComputeMajor = 9;
+inline constexpr int kRequiredComputeMinor = 0;
+
+}  // namespace dash

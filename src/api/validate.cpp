@@ -1,0 +1,276 @@
+// Host-side argument validation of forward() and backward(): sizes, dtype, scale, schedule, pointers,
+// alignment, strides, self-overlap of each layout and overlap of outputs with the other tensors. Nothing
+// here touches the GPU. Every failure names the argument and the rule, so a caller can fix the call from
+// the message alone.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "api/limits.hpp"
+#include "dash/attention.hpp"
+
+namespace dash {
+namespace {
+
+template <typename... Parts>
+std::string cat(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+
+Status invalid(std::string message) { return {StatusCode::kInvalidArgument, std::move(message)}; }
+Status not_supported(std::string message) { return {StatusCode::kNotSupported, std::move(message)}; }
+
+// Products of caller-chosen sizes and strides can exceed int64; the builtins (GCC, Clang) detect that exactly.
+std::optional<int64_t> checked_mul(int64_t a, int64_t b) {
+  int64_t result = 0;
+  if (__builtin_mul_overflow(a, b, &result)) return std::nullopt;
+  return result;
+}
+
+std::optional<int64_t> checked_add(int64_t a, int64_t b) {
+  int64_t result = 0;
+  if (__builtin_add_overflow(a, b, &result)) return std::nullopt;
+  return result;
+}
+
+// Fails unless the product of `factors` (all positive) is below kMaxKernelIndex. `what` spells the product.
+Status check_index_product(std::initializer_list<int64_t> factors, const std::string& what) {
+  std::optional<int64_t> product = 1;
+  for (int64_t factor : factors) {
+    if (product) product = checked_mul(*product, factor);
+  }
+  if (product && *product < kMaxKernelIndex) return Status::success();
+  const std::string got = product ? cat(*product) : std::string("a value that overflows int64");
+  return not_supported(cat("shape: ", what, " must be < ", kMaxKernelIndex,
+                           " (the kernels index it with 32-bit integers), got ", got));
+}
+
+Status check_shape(const AttentionShape& shape) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"batch", shape.batch},       {"seqlen_q", shape.seqlen_q}, {"seqlen_k", shape.seqlen_k},
+      {"heads_q", shape.heads_q},   {"heads_kv", shape.heads_kv}, {"head_dim", shape.head_dim},
+  };
+  for (const auto& [name, value] : sizes) {
+    if (value <= 0) return invalid(cat("shape.", name, " must be > 0, got ", value));
+  }
+  const std::pair<const char*, int64_t> seqlens[] = {{"seqlen_q", shape.seqlen_q}, {"seqlen_k", shape.seqlen_k}};
+  for (const auto& [name, value] : seqlens) {
+    if (value > kMaxSeqlen) {
+      return not_supported(
+          cat("shape.", name, " must be <= ", kMaxSeqlen, " (the longest sequence the kernels support), got ", value));
+    }
+  }
+  if (std::ranges::find(kSupportedHeadDims, shape.head_dim) == kSupportedHeadDims.end()) {
+    std::string supported;
+    for (int head_dim : kSupportedHeadDims) supported += cat(supported.empty() ? "" : ", ", head_dim);
+    return not_supported(cat("shape.head_dim must be one of {", supported, "}, got ", shape.head_dim));
+  }
+  // A DType cast from an out-of-range int must not reach the kernel dispatch.
+  if (shape.dtype != DType::kBF16 && shape.dtype != DType::kFP16) {
+    return not_supported(cat("shape.dtype must be bf16 or fp16, got DType(", static_cast<int>(shape.dtype), ")"));
+  }
+  if (shape.heads_q % shape.heads_kv != 0) {
+    return invalid(cat("shape.heads_q must be a multiple of shape.heads_kv (each key/value head serves a whole group ",
+                       "of query heads), got heads_q = ", shape.heads_q, ", heads_kv = ", shape.heads_kv));
+  }
+  if (!std::isfinite(shape.softmax_scale) || !(shape.softmax_scale > 0.0f)) {
+    return invalid(cat("shape.softmax_scale must be finite and > 0, got ", shape.softmax_scale));
+  }
+  const int64_t query_tiles_per_head = (shape.seqlen_q + kMinBlockQ - 1) / kMinBlockQ;
+  if (Status s = check_index_product({shape.batch, shape.heads_q, query_tiles_per_head},
+                                     cat("the query tile count batch * heads_q * ceil(seqlen_q / ", kMinBlockQ, ")"));
+      !s.ok()) {
+    return s;
+  }
+  return check_index_product({shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim},
+                             "the query element count batch * heads_q * seqlen_q * head_dim");
+}
+
+Status check_schedule(Schedule schedule) {
+  if (std::ranges::find(kAllSchedules, schedule) != std::end(kAllSchedules)) return Status::success();
+  return invalid(cat("schedule must be a valid Schedule value, got Schedule(", static_cast<int>(schedule), ")"));
+}
+
+Status check_pointer(const char* name, const void* data, int64_t alignment, const char* why) {
+  if (data == nullptr) return invalid(cat(name, " must not be null"));
+  if (reinterpret_cast<uintptr_t>(data) % static_cast<uintptr_t>(alignment) != 0) {
+    return invalid(cat(name, " must be ", alignment, "-byte aligned (", why, "), got address ", data));
+  }
+  return Status::success();
+}
+
+// The bytes [first, last] a tensor argument may touch.
+struct ByteSpan {
+  const char* name;
+  bool output;
+  uintptr_t first;
+  uintptr_t last;
+};
+
+// A span of `last_byte + 1` bytes at `data`, or an error if it runs past the end of the address space.
+Status make_span(const char* name, bool output, const void* data, int64_t last_byte, ByteSpan* span) {
+  const auto first = reinterpret_cast<uintptr_t>(data);
+  const auto offset = static_cast<uintptr_t>(last_byte);
+  if (offset > UINTPTR_MAX - first) {
+    return invalid(
+        cat(name, ": the tensor at ", data, " spans ", last_byte + 1, " bytes, past the end of the address space"));
+  }
+  *span = ByteSpan{name, output, first, first + offset};
+  return Status::success();
+}
+
+// One (B, S, H, D) tensor argument.
+struct TensorArg {
+  const char* name;          // "q"
+  const char* strides_name;  // "q_strides"
+  const void* data;
+  Strides strides;
+  int64_t seqlen;
+  int64_t heads;
+  bool output;
+};
+
+struct Dimension {
+  const char* name;
+  int64_t stride;
+  int64_t extent;
+};
+
+// Checks the strides of `t` and, when they are valid, computes the bytes it spans.
+Status check_layout(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpan* span) {
+  if (t.strides.dim != 1) {
+    return invalid(cat(t.strides_name, ".dim must be 1 (the last dimension must be contiguous), got ", t.strides.dim));
+  }
+  const std::array<Dimension, 4> dims = {{
+      {"batch", t.strides.batch, batch},
+      {"seq", t.strides.seq, t.seqlen},
+      {"head", t.strides.head, t.heads},
+      {"dim", t.strides.dim, head_dim},
+  }};
+  for (const Dimension& d : std::span(dims).first<3>()) {  // batch, seq, head: dim is 1 by now
+    if (d.stride < 0) return invalid(cat(t.strides_name, ".", d.name, " must be >= 0, got ", d.stride));
+    if (d.stride % kStrideMultipleElements != 0) {
+      return invalid(cat(t.strides_name, ".", d.name, " must be a multiple of ", kStrideMultipleElements, " elements (",
+                         kTmaAlignmentBytes, " bytes, a TMA requirement), got ", d.stride));
+    }
+  }
+  // Strides are non-negative, so the first element is at offset 0 and the last at sum((extent - 1) * stride).
+  std::optional<int64_t> last_element = 0;
+  for (const Dimension& d : dims) {
+    if (const auto step = checked_mul(d.extent - 1, d.stride); step && last_element) {
+      last_element = checked_add(*last_element, *step);
+    } else {
+      last_element = std::nullopt;
+    }
+  }
+  std::optional<int64_t> last_byte;
+  if (last_element) last_byte = checked_mul(*last_element, kElementBytes);
+  if (last_byte) last_byte = checked_add(*last_byte, kElementBytes - 1);
+  if (!last_byte) {
+    return invalid(cat(t.strides_name, ": the largest byte offset of ", t.name, " overflows int64 (strides batch ",
+                       t.strides.batch, ", seq ", t.strides.seq, ", head ", t.strides.head, ")"));
+  }
+  // The layout is one-to-one if, ordering the dimensions that have more than one index by stride, each
+  // stride steps over everything the smaller dimensions span. The innermost must step over one element.
+  std::vector<Dimension> varying;
+  for (const Dimension& d : dims) {
+    if (d.extent > 1) varying.push_back(d);
+  }
+  std::ranges::stable_sort(varying, {}, &Dimension::stride);
+  const Dimension* inner = nullptr;
+  for (const Dimension& d : varying) {
+    if (inner == nullptr && d.stride < 1) {
+      return invalid(cat(t.strides_name, ": the (B, S, H, D) layout of ", t.name, " overlaps itself: the ", d.name,
+                         " stride is ", d.stride, " but that dimension has ", d.extent, " indices"));
+    }
+    // The last byte offset fits int64, so inner->stride * (inner->extent - 1) does, but the full product may not.
+    if (inner != nullptr) {
+      const auto inner_span = checked_mul(inner->stride, inner->extent);
+      if (!inner_span || d.stride < *inner_span) {
+        return invalid(cat(t.strides_name, ": the (B, S, H, D) layout of ", t.name, " overlaps itself: the ", d.name,
+                           " stride ", d.stride, " is less than the ", inner->name, " stride ", inner->stride,
+                           " times its extent ", inner->extent));
+      }
+    }
+    inner = &d;
+  }
+  return make_span(t.name, t.output, t.data, *last_byte, span);
+}
+
+// Checks pointers and layouts of all tensors of a call, then that no output shares a byte with another tensor.
+Status check_tensors(const AttentionShape& shape, std::span<const TensorArg> tensors, const float* lse,
+                     bool lse_output) {
+  std::vector<ByteSpan> spans;
+  for (const TensorArg& t : tensors) {
+    if (Status s = check_pointer(t.name, t.data, kTmaAlignmentBytes, "TMA needs it"); !s.ok()) return s;
+    ByteSpan span{};
+    if (Status s = check_layout(t, shape.batch, shape.head_dim, &span); !s.ok()) return s;
+    spans.push_back(span);
+  }
+  if (Status s = check_pointer("lse", lse, kLseAlignmentBytes, "it holds floats"); !s.ok()) return s;
+  // check_shape bounded batch * heads_q * seqlen_q well below 2^31, so this cannot overflow.
+  const int64_t lse_bytes = shape.batch * shape.heads_q * shape.seqlen_q * static_cast<int64_t>(sizeof(float));
+  ByteSpan lse_span{};
+  if (Status s = make_span("lse", lse_output, lse, lse_bytes - 1, &lse_span); !s.ok()) return s;
+  spans.push_back(lse_span);
+
+  // Inputs may share memory (packed QKV); an output written while another tensor is read, or two outputs
+  // written together, would make the result depend on the order of memory accesses.
+  for (size_t i = 0; i < spans.size(); ++i) {
+    for (size_t j = i + 1; j < spans.size(); ++j) {
+      const ByteSpan& a = spans[i];
+      const ByteSpan& b = spans[j];
+      if (!a.output && !b.output) continue;
+      if (a.first > b.last || b.first > a.last) continue;
+      const ByteSpan& out = a.output ? a : b;
+      const ByteSpan& other = a.output ? b : a;
+      return invalid(cat(out.name, " overlaps ", other.name, " (", out.name, " spans bytes [0x", std::hex, out.first,
+                         ", 0x", out.last, "], ", other.name, " [0x", other.first, ", 0x", other.last,
+                         "]): an output must not share memory with any other tensor of the call"));
+    }
+  }
+  return Status::success();
+}
+
+}  // namespace
+
+Status validate(const ForwardArgs& args) {
+  const AttentionShape& shape = args.shape;
+  if (Status s = check_shape(shape); !s.ok()) return s;
+  const TensorArg tensors[] = {
+      {"q", "q_strides", args.q, args.q_strides, shape.seqlen_q, shape.heads_q, false},
+      {"k", "k_strides", args.k, args.k_strides, shape.seqlen_k, shape.heads_kv, false},
+      {"v", "v_strides", args.v, args.v_strides, shape.seqlen_k, shape.heads_kv, false},
+      {"out", "out_strides", args.out, args.out_strides, shape.seqlen_q, shape.heads_q, true},
+  };
+  return check_tensors(shape, tensors, args.lse, true);
+}
+
+Status validate(const BackwardArgs& args) {
+  const AttentionShape& shape = args.shape;
+  if (Status s = check_shape(shape); !s.ok()) return s;
+  if (Status s = check_schedule(args.schedule); !s.ok()) return s;
+  const TensorArg tensors[] = {
+      {"q", "q_strides", args.q, args.q_strides, shape.seqlen_q, shape.heads_q, false},
+      {"k", "k_strides", args.k, args.k_strides, shape.seqlen_k, shape.heads_kv, false},
+      {"v", "v_strides", args.v, args.v_strides, shape.seqlen_k, shape.heads_kv, false},
+      {"out", "out_strides", args.out, args.out_strides, shape.seqlen_q, shape.heads_q, false},
+      {"dout", "dout_strides", args.dout, args.dout_strides, shape.seqlen_q, shape.heads_q, false},
+      {"dq", "dq_strides", args.dq, args.dq_strides, shape.seqlen_q, shape.heads_q, true},
+      {"dk", "dk_strides", args.dk, args.dk_strides, shape.seqlen_k, shape.heads_kv, true},
+      {"dv", "dv_strides", args.dv, args.dv_strides, shape.seqlen_k, shape.heads_kv, true},
+  };
+  return check_tensors(shape, tensors, args.lse, false);
+}
+
+}  // namespace dash

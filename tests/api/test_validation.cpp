@@ -1,0 +1,638 @@
+// Tests of the public API's host-side checks: validate() for forward and backward arguments (one test per
+// rule, each starting from valid arguments and breaking that rule alone), the device checks of
+// api/device.hpp, schedule names and Status formatting. Tensor pointers are fake (validate() never
+// dereferences them) but aligned, and lie in disjoint regions unless a test makes them overlap.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "api/device.hpp"
+#include "api/limits.hpp"
+#include "dash/attention.hpp"
+
+namespace dash {
+namespace {
+
+// Each fake tensor gets its own 64 GiB region, larger than any tensor a test builds.
+constexpr uintptr_t kFakeBase = uintptr_t{1} << 44;
+constexpr uintptr_t kFakeRegionBytes = uintptr_t{1} << 36;
+
+// An address that converts to any pointer type, so a test can aim any argument at any byte.
+struct FakeAddress {
+  uintptr_t value;
+  template <typename T>
+  operator T*() const {
+    return reinterpret_cast<T*>(value);
+  }
+};
+
+FakeAddress fake_pointer(int region) { return {kFakeBase + static_cast<uintptr_t>(region) * kFakeRegionBytes}; }
+
+FakeAddress shifted(const void* p, int64_t bytes) {
+  return {reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)};
+}
+
+AttentionShape test_shape() {
+  AttentionShape shape;
+  shape.batch = 2;
+  shape.seqlen_q = 256;
+  shape.seqlen_k = 384;
+  shape.heads_q = 8;
+  shape.heads_kv = 2;
+  shape.head_dim = 128;
+  shape.dtype = DType::kBF16;
+  shape.softmax_scale = 1.0f / std::sqrt(128.0f);
+  shape.causal = true;
+  return shape;
+}
+
+// Bytes of a packed (B, S, H, D) tensor.
+int64_t packed_bytes(const AttentionShape& shape, int64_t seqlen, int64_t heads) {
+  return shape.batch * seqlen * heads * shape.head_dim * kElementBytes;
+}
+
+template <typename Args>
+Args valid_args(const AttentionShape& shape = test_shape());
+
+template <>
+ForwardArgs valid_args<ForwardArgs>(const AttentionShape& shape) {
+  ForwardArgs a;
+  a.shape = shape;
+  a.q = fake_pointer(0);
+  a.q_strides = packed_strides(shape.seqlen_q, shape.heads_q, shape.head_dim);
+  a.k = fake_pointer(1);
+  a.k_strides = packed_strides(shape.seqlen_k, shape.heads_kv, shape.head_dim);
+  a.v = fake_pointer(2);
+  a.v_strides = a.k_strides;
+  a.out = fake_pointer(3);
+  a.out_strides = a.q_strides;
+  a.lse = fake_pointer(4);
+  return a;
+}
+
+template <>
+BackwardArgs valid_args<BackwardArgs>(const AttentionShape& shape) {
+  BackwardArgs a;
+  a.shape = shape;
+  a.q = fake_pointer(0);
+  a.q_strides = packed_strides(shape.seqlen_q, shape.heads_q, shape.head_dim);
+  a.k = fake_pointer(1);
+  a.k_strides = packed_strides(shape.seqlen_k, shape.heads_kv, shape.head_dim);
+  a.v = fake_pointer(2);
+  a.v_strides = a.k_strides;
+  a.out = fake_pointer(3);
+  a.out_strides = a.q_strides;
+  a.dout = fake_pointer(4);
+  a.dout_strides = a.q_strides;
+  a.lse = fake_pointer(5);
+  a.dq = fake_pointer(6);
+  a.dq_strides = a.q_strides;
+  a.dk = fake_pointer(7);
+  a.dk_strides = a.k_strides;
+  a.dv = fake_pointer(8);
+  a.dv_strides = a.k_strides;
+  a.schedule = Schedule::kShift;
+  return a;
+}
+
+// A (B, S, H, D) tensor argument of a call, with what the tests need to break it.
+struct TensorField {
+  std::string name;
+  Strides* strides;
+  std::function<void(int64_t)> shift_data;  // moves the data pointer by a number of bytes
+  std::function<void()> clear_data;
+};
+
+std::vector<TensorField> tensor_fields(ForwardArgs& a) {
+  return {
+      {"q", &a.q_strides, [&a](int64_t b) { a.q = shifted(a.q, b); }, [&a] { a.q = nullptr; }},
+      {"k", &a.k_strides, [&a](int64_t b) { a.k = shifted(a.k, b); }, [&a] { a.k = nullptr; }},
+      {"v", &a.v_strides, [&a](int64_t b) { a.v = shifted(a.v, b); }, [&a] { a.v = nullptr; }},
+      {"out", &a.out_strides, [&a](int64_t b) { a.out = shifted(a.out, b); }, [&a] { a.out = nullptr; }},
+  };
+}
+
+std::vector<TensorField> tensor_fields(BackwardArgs& a) {
+  return {
+      {"q", &a.q_strides, [&a](int64_t b) { a.q = shifted(a.q, b); }, [&a] { a.q = nullptr; }},
+      {"k", &a.k_strides, [&a](int64_t b) { a.k = shifted(a.k, b); }, [&a] { a.k = nullptr; }},
+      {"v", &a.v_strides, [&a](int64_t b) { a.v = shifted(a.v, b); }, [&a] { a.v = nullptr; }},
+      {"out", &a.out_strides, [&a](int64_t b) { a.out = shifted(a.out, b); }, [&a] { a.out = nullptr; }},
+      {"dout", &a.dout_strides, [&a](int64_t b) { a.dout = shifted(a.dout, b); }, [&a] { a.dout = nullptr; }},
+      {"dq", &a.dq_strides, [&a](int64_t b) { a.dq = shifted(a.dq, b); }, [&a] { a.dq = nullptr; }},
+      {"dk", &a.dk_strides, [&a](int64_t b) { a.dk = shifted(a.dk, b); }, [&a] { a.dk = nullptr; }},
+      {"dv", &a.dv_strides, [&a](int64_t b) { a.dv = shifted(a.dv, b); }, [&a] { a.dv = nullptr; }},
+  };
+}
+
+// Calls `check(args, field)` once per tensor argument, each time on fresh valid arguments.
+template <typename Args>
+void for_each_tensor(const std::function<void(Args&, const TensorField&)>& check) {
+  Args probe = valid_args<Args>();
+  const size_t count = tensor_fields(probe).size();
+  for (size_t i = 0; i < count; ++i) {
+    Args a = valid_args<Args>();
+    const TensorField field = tensor_fields(a)[i];
+    SCOPED_TRACE(field.name);
+    check(a, field);
+  }
+}
+
+// Success if `status` has `code` and its message contains each of `parts`.
+::testing::AssertionResult fails_with(const Status& status, StatusCode code,
+                                      std::initializer_list<std::string_view> parts) {
+  if (status.code() != code) {
+    return ::testing::AssertionFailure() << "expected " << status_code_name(code) << ", got " << status.to_string();
+  }
+  for (std::string_view part : parts) {
+    if (status.message().find(part) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message lacks '" << part << "': " << status.message();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult is_ok(const Status& status) {
+  if (status.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << status.to_string();
+}
+
+// --- Rules shared by forward and backward: run for both. ----------------------------------------------
+
+template <typename Args>
+class ValidateBoth : public ::testing::Test {};
+using ArgTypes = ::testing::Types<ForwardArgs, BackwardArgs>;
+TYPED_TEST_SUITE(ValidateBoth, ArgTypes);
+
+TYPED_TEST(ValidateBoth, AcceptsValidArguments) { EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>()))); }
+
+TYPED_TEST(ValidateBoth, AcceptsFp16) {
+  AttentionShape shape = test_shape();
+  shape.dtype = DType::kFP16;
+  EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape))));
+}
+
+TYPED_TEST(ValidateBoth, AcceptsEverySupportedHeadDim) {
+  for (int head_dim : kSupportedHeadDims) {
+    AttentionShape shape = test_shape();
+    shape.head_dim = head_dim;
+    EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape)))) << "head_dim " << head_dim;
+  }
+}
+
+TYPED_TEST(ValidateBoth, AcceptsMhaGqaAndMqa) {
+  for (int64_t heads_kv : {8, 4, 2, 1}) {
+    AttentionShape shape = test_shape();
+    shape.heads_kv = heads_kv;
+    EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape)))) << "heads_kv " << heads_kv;
+  }
+}
+
+TYPED_TEST(ValidateBoth, AcceptsPaddedStrides) {
+  const AttentionShape shape = test_shape();
+  TypeParam a = valid_args<TypeParam>(shape);
+  constexpr int64_t kPad = 64;
+  a.q_strides.seq = shape.heads_q * shape.head_dim + kPad;                 // padded rows
+  a.q_strides.batch = shape.seqlen_q * a.q_strides.seq + kPad;             // padded batches
+  a.k_strides.head = shape.head_dim + kPad;                                // padded heads
+  a.k_strides.seq = shape.heads_kv * a.k_strides.head;
+  a.k_strides.batch = shape.seqlen_k * a.k_strides.seq;
+  // v stored in (H, S, B, D) order.
+  a.v_strides = {shape.head_dim, shape.batch * shape.head_dim, shape.seqlen_k * shape.batch * shape.head_dim, 1};
+  EXPECT_TRUE(is_ok(validate(a)));
+}
+
+TYPED_TEST(ValidateBoth, AcceptsAnyStrideOfSingleIndexDimensions) {
+  AttentionShape shape = test_shape();
+  shape.batch = 1;
+  shape.heads_kv = 1;
+  TypeParam a = valid_args<TypeParam>(shape);
+  a.q_strides.batch = 0;  // one batch: the stride is never applied
+  a.k_strides.head = 0;   // one key head (MQA)
+  EXPECT_TRUE(is_ok(validate(a)));
+}
+
+// q, k and v interleaved in one (B, S, 3, H, D) buffer.
+TYPED_TEST(ValidateBoth, AcceptsPackedQkvInputs) {
+  AttentionShape shape = test_shape();
+  shape.seqlen_k = shape.seqlen_q;
+  shape.heads_kv = shape.heads_q;
+  TypeParam a = valid_args<TypeParam>(shape);
+  const int64_t row = 3 * shape.heads_q * shape.head_dim;
+  const Strides qkv_strides{shape.seqlen_q * row, row, shape.head_dim, 1};
+  const int64_t part_bytes = shape.heads_q * shape.head_dim * kElementBytes;
+  a.q = fake_pointer(0);
+  a.k = shifted(a.q, part_bytes);
+  a.v = shifted(a.q, 2 * part_bytes);
+  a.q_strides = a.k_strides = a.v_strides = qkv_strides;
+  EXPECT_TRUE(is_ok(validate(a)));
+}
+
+TYPED_TEST(ValidateBoth, AcceptsLongestSequence) {
+  AttentionShape shape = test_shape();
+  shape.batch = 1;
+  shape.heads_kv = 1;
+  shape.seqlen_k = kMaxSeqlen;
+  EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape))));
+}
+
+TYPED_TEST(ValidateBoth, AcceptsQueryElementCountJustBelowLimit) {
+  AttentionShape shape = test_shape();
+  shape.batch = 1;
+  shape.heads_q = 127;
+  shape.heads_kv = 1;
+  shape.seqlen_q = int64_t{1} << 17;  // 127 * 2^17 * 128 = 2^31 - 2^24 elements
+  EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape))));
+}
+
+TYPED_TEST(ValidateBoth, RejectsNonPositiveSizes) {
+  const std::pair<const char*, int64_t AttentionShape::*> sizes[] = {
+      {"shape.batch", &AttentionShape::batch},       {"shape.seqlen_q", &AttentionShape::seqlen_q},
+      {"shape.seqlen_k", &AttentionShape::seqlen_k}, {"shape.heads_q", &AttentionShape::heads_q},
+      {"shape.heads_kv", &AttentionShape::heads_kv}, {"shape.head_dim", &AttentionShape::head_dim},
+  };
+  for (const auto& [name, member] : sizes) {
+    for (int64_t value : {int64_t{0}, int64_t{-1}}) {
+      AttentionShape shape = test_shape();
+      shape.*member = value;
+      EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kInvalidArgument,
+                             {name, "must be > 0"}))
+          << name << " = " << value;
+    }
+  }
+}
+
+TYPED_TEST(ValidateBoth, RejectsTooLongSequences) {
+  for (auto [name, member] : {std::pair{"shape.seqlen_q", &AttentionShape::seqlen_q},
+                              std::pair{"shape.seqlen_k", &AttentionShape::seqlen_k}}) {
+    AttentionShape shape = test_shape();
+    shape.*member = kMaxSeqlen + 1;
+    EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
+                           {name, "must be <= 1048576"}));
+  }
+}
+
+TYPED_TEST(ValidateBoth, RejectsTooManyQueryTiles) {
+  AttentionShape shape = test_shape();
+  shape.batch = int64_t{1} << 30;  // 2^30 * 8 heads * 4 tiles
+  EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
+                         {"query tile count batch * heads_q * ceil(seqlen_q / 64)", "must be < 2147483648",
+                          "got 34359738368"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsSizeProductsOverflowingInt64) {
+  AttentionShape shape = test_shape();
+  shape.batch = std::numeric_limits<int64_t>::max() / 2;
+  EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
+                         {"batch * heads_q", "overflows int64"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsTooManyQueryElements) {
+  AttentionShape shape = test_shape();
+  shape.batch = 1;
+  shape.heads_q = 128;
+  shape.heads_kv = 1;
+  shape.seqlen_q = int64_t{1} << 17;  // 128 * 2^17 * 128 = 2^31 elements
+  EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
+                         {"query element count batch * heads_q * seqlen_q * head_dim", "got 2147483648"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsUnsupportedHeadDims) {
+  for (int64_t head_dim : {32, 96, 256}) {
+    AttentionShape shape = test_shape();
+    shape.head_dim = head_dim;
+    EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
+                           {"shape.head_dim must be one of {64, 128}"}));
+  }
+}
+
+TYPED_TEST(ValidateBoth, RejectsOutOfRangeDType) {
+  for (int raw : {-1, 2, 7}) {
+    AttentionShape shape = test_shape();
+    shape.dtype = static_cast<DType>(raw);
+    EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
+                           {"shape.dtype must be bf16 or fp16", "DType(" + std::to_string(raw) + ")"}));
+  }
+}
+
+TYPED_TEST(ValidateBoth, RejectsHeadsQNotMultipleOfHeadsKv) {
+  AttentionShape shape = test_shape();
+  shape.heads_kv = 3;
+  EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kInvalidArgument,
+                         {"shape.heads_q must be a multiple of shape.heads_kv", "heads_q = 8, heads_kv = 3"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsBadSoftmaxScale) {
+  for (float scale : {0.0f, -0.125f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+    AttentionShape shape = test_shape();
+    shape.softmax_scale = scale;
+    EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kInvalidArgument,
+                           {"shape.softmax_scale must be finite and > 0"}))
+        << scale;
+  }
+}
+
+TYPED_TEST(ValidateBoth, RejectsNullTensors) {
+  for_each_tensor<TypeParam>([](TypeParam& a, const TensorField& field) {
+    field.clear_data();
+    EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {field.name + " must not be null"}));
+  });
+}
+
+TYPED_TEST(ValidateBoth, RejectsNullLse) {
+  TypeParam a = valid_args<TypeParam>();
+  a.lse = nullptr;
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"lse must not be null"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsTensorsNotAlignedTo16Bytes) {
+  for_each_tensor<TypeParam>([](TypeParam& a, const TensorField& field) {
+    field.shift_data(8);
+    EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                           {field.name + " must be 16-byte aligned (TMA needs it)"}));
+  });
+}
+
+TYPED_TEST(ValidateBoth, LseNeedsOnly4ByteAlignment) {
+  TypeParam a = valid_args<TypeParam>();
+  a.lse = shifted(a.lse, 4);
+  EXPECT_TRUE(is_ok(validate(a)));
+  a.lse = shifted(a.lse, 2);
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"lse must be 4-byte aligned"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsNonUnitDimStride) {
+  for_each_tensor<TypeParam>([](TypeParam& a, const TensorField& field) {
+    field.strides->dim = 2;
+    EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                           {field.name + "_strides.dim must be 1 (the last dimension must be contiguous), got 2"}));
+  });
+}
+
+// Pointers to the batch, seq and head strides with their names.
+std::vector<std::pair<std::string, int64_t*>> outer_strides(const std::string& tensor, Strides* s) {
+  return {{tensor + "_strides.batch", &s->batch}, {tensor + "_strides.seq", &s->seq},
+          {tensor + "_strides.head", &s->head}};
+}
+
+TYPED_TEST(ValidateBoth, RejectsNegativeStrides) {
+  for_each_tensor<TypeParam>([](TypeParam& a, const TensorField& field) {
+    for (const auto& [name, stride] : outer_strides(field.name, field.strides)) {
+      const int64_t saved = *stride;
+      *stride = -saved;
+      EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {name + " must be >= 0"}));
+      *stride = saved;
+    }
+  });
+}
+
+TYPED_TEST(ValidateBoth, RejectsStridesNotMultipleOf8Elements) {
+  for_each_tensor<TypeParam>([](TypeParam& a, const TensorField& field) {
+    for (const auto& [name, stride] : outer_strides(field.name, field.strides)) {
+      const int64_t saved = *stride;
+      *stride += 4;
+      EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                             {name + " must be a multiple of 8 elements (16 bytes, a TMA requirement)"}));
+      *stride = saved;
+    }
+  });
+}
+
+TYPED_TEST(ValidateBoth, RejectsHeadStrideSmallerThanHeadDim) {
+  for_each_tensor<TypeParam>([](TypeParam& a, const TensorField& field) {
+    field.strides->head = a.shape.head_dim / 2;
+    EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                           {field.name + "_strides: the (B, S, H, D) layout of " + field.name + " overlaps itself",
+                            "the head stride 64 is less than the dim stride 1 times its extent 128"}));
+  });
+}
+
+TYPED_TEST(ValidateBoth, RejectsSeqStrideEqualToHeadStride) {
+  TypeParam a = valid_args<TypeParam>();
+  a.q_strides.seq = a.q_strides.head;  // rows of one head would alias the heads of one row
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                         {"q_strides: the (B, S, H, D) layout of q overlaps itself",
+                          "the head stride 128 is less than the seq stride 128 times its extent 256"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsBatchStrideOverlappingNextBatch) {
+  TypeParam a = valid_args<TypeParam>();
+  a.k_strides.batch -= a.k_strides.seq;  // the last row of batch 0 is the first row of batch 1
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                         {"k_strides: the (B, S, H, D) layout of k overlaps itself", "the batch stride"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsZeroStrideOfMultiIndexDimension) {
+  TypeParam a = valid_args<TypeParam>();
+  a.v_strides.seq = 0;
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                         {"v_strides: the (B, S, H, D) layout of v overlaps itself: the seq stride is 0 but that "
+                          "dimension has 384 indices"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsLargestByteOffsetOverflowingInt64) {
+  TypeParam a = valid_args<TypeParam>();
+  a.q_strides.batch = int64_t{1} << 62;  // batch 1 starts at byte 2^63
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                         {"q_strides: the largest byte offset of q overflows int64"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsTensorRunningPastTheAddressSpace) {
+  TypeParam a = valid_args<TypeParam>();
+  a.q = FakeAddress{UINTPTR_MAX - uintptr_t{15} - uintptr_t{4096}};  // aligned, 4 KiB below the top
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                         {"q: the tensor at", "past the end of the address space"}));
+  a = valid_args<TypeParam>();
+  a.lse = FakeAddress{UINTPTR_MAX - uintptr_t{3}};
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                         {"lse: the tensor at", "past the end of the address space"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsOutputOverlappingAnInput) {
+  TypeParam a = valid_args<TypeParam>();
+  const int64_t q_bytes = packed_bytes(a.shape, a.shape.seqlen_q, a.shape.heads_q);
+  a.out = shifted(a.q, q_bytes - 16);  // shares q's last 16 bytes
+  if constexpr (std::is_same_v<TypeParam, ForwardArgs>) {
+    EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                           {"out overlaps q", "an output must not share memory with any other tensor"}));
+  } else {
+    EXPECT_TRUE(is_ok(validate(a)));  // out is an input of backward: inputs may share memory
+    a.dq = shifted(a.q, q_bytes - 16);
+    EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"dq overlaps q"}));
+  }
+}
+
+TYPED_TEST(ValidateBoth, AcceptsOutputAdjacentToAnInput) {
+  TypeParam a = valid_args<TypeParam>();
+  const int64_t q_bytes = packed_bytes(a.shape, a.shape.seqlen_q, a.shape.heads_q);
+  if constexpr (std::is_same_v<TypeParam, ForwardArgs>) {
+    a.out = shifted(a.q, q_bytes);
+  } else {
+    a.dq = shifted(a.q, q_bytes);
+  }
+  EXPECT_TRUE(is_ok(validate(a)));
+}
+
+// --- Forward-only and backward-only rules. -------------------------------------------------------------
+
+TEST(ValidateForward, RejectsLseOverlappingOut) {
+  ForwardArgs a = valid_args<ForwardArgs>();
+  a.lse = shifted(a.out, 4096);
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"out overlaps lse"}));
+}
+
+TEST(ValidateForward, RejectsLseOverlappingAnInput) {
+  ForwardArgs a = valid_args<ForwardArgs>();
+  a.lse = shifted(a.v, 0);
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"lse overlaps v"}));
+}
+
+TEST(ValidateBackward, AcceptsEverySchedule) {
+  for (Schedule schedule : kAllSchedules) {
+    BackwardArgs a = valid_args<BackwardArgs>();
+    a.schedule = schedule;
+    EXPECT_TRUE(is_ok(validate(a))) << schedule_name(schedule);
+  }
+}
+
+TEST(ValidateBackward, RejectsInvalidSchedule) {
+  for (int raw : {-1, 7, 42}) {
+    BackwardArgs a = valid_args<BackwardArgs>();
+    a.schedule = static_cast<Schedule>(raw);
+    EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                           {"schedule must be a valid Schedule value", "Schedule(" + std::to_string(raw) + ")"}));
+  }
+}
+
+TEST(ValidateBackward, RejectsOverlappingGradients) {
+  BackwardArgs a = valid_args<BackwardArgs>();
+  a.dv = a.dk;
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"dk overlaps dv"}));
+}
+
+TEST(ValidateBackward, RejectsGradientOverlappingLse) {
+  BackwardArgs a = valid_args<BackwardArgs>();
+  a.lse = shifted(a.dv, 1024);
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"dv overlaps lse"}));
+}
+
+TEST(ValidateBackward, RejectsGradientOverlappingDout) {
+  BackwardArgs a = valid_args<BackwardArgs>();
+  a.dq = shifted(a.dout, 0);
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"dq overlaps dout"}));
+}
+
+// --- Device checks. -----------------------------------------------------------------------------------
+
+bool device_visible() {
+  int count = 0;
+  const bool visible = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  static_cast<void>(cudaGetLastError());
+  return visible;
+}
+
+TEST(DeviceCheck, AcceptsComputeCapability90) {
+  EXPECT_TRUE(is_ok(check_device_properties(0, "NVIDIA H100 80GB HBM3", 9, 0)));
+}
+
+TEST(DeviceCheck, RejectsAmpere) {
+  const Status status = check_device_properties(0, "NVIDIA A100", 8, 0);
+  EXPECT_EQ(status.code(), StatusCode::kUnsupportedDevice);
+  EXPECT_EQ(status.message(), "DASH kernels need a Hopper GPU (compute capability 9.0); device 0 'NVIDIA A100' is 8.0");
+}
+
+TEST(DeviceCheck, RejectsBlackwell) {
+  EXPECT_TRUE(fails_with(check_device_properties(1, "NVIDIA B200", 10, 0), StatusCode::kUnsupportedDevice,
+                         {"device 1 'NVIDIA B200' is 10.0"}));
+}
+
+TEST(DeviceCheck, ToleratesMissingName) {
+  EXPECT_TRUE(fails_with(check_device_properties(0, nullptr, 8, 6), StatusCode::kUnsupportedDevice,
+                         {"device 0 '' is 8.6"}));
+}
+
+TEST(DeviceCheck, CurrentDevice) {
+  const Status status = check_current_device();
+  if (device_visible()) {
+    EXPECT_TRUE(status.ok() || status.code() == StatusCode::kUnsupportedDevice) << status.to_string();
+  } else {
+    EXPECT_TRUE(fails_with(status, StatusCode::kNoDevice, {"no CUDA device is visible ("}));
+  }
+}
+
+TEST(DeviceCheck, RejectsNullPointer) {
+  EXPECT_TRUE(fails_with(check_device_pointer(nullptr, "q"), StatusCode::kInvalidArgument, {"q must not be null"}));
+}
+
+TEST(DeviceCheck, DevicePointers) {
+  if (!device_visible()) GTEST_SKIP() << "no CUDA device";
+  constexpr size_t kBytes = 4096;
+  void* device = nullptr;
+  void* managed = nullptr;
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMallocManaged(&managed, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&pinned, kBytes), cudaSuccess);
+  EXPECT_TRUE(is_ok(check_device_pointer(device, "q")));
+  EXPECT_TRUE(is_ok(check_device_pointer(managed, "k")));
+  EXPECT_TRUE(is_ok(check_device_pointer(pinned, "v")));
+  std::vector<char> host(kBytes);
+  EXPECT_TRUE(fails_with(check_device_pointer(host.data(), "dout"), StatusCode::kInvalidArgument,
+                         {"dout (", "is host memory unknown to CUDA"}));
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the checks leave no error behind
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+  EXPECT_EQ(cudaFree(managed), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+}
+
+// --- Names and Status. ----------------------------------------------------------------------------------
+
+TEST(ScheduleNames, RoundTrip) {
+  for (Schedule schedule : kAllSchedules) {
+    EXPECT_EQ(parse_schedule(schedule_name(schedule)), schedule) << schedule_name(schedule);
+    Schedule parsed = Schedule::kAuto;
+    EXPECT_TRUE(is_ok(parse_schedule(schedule_name(schedule), &parsed)));
+    EXPECT_EQ(parsed, schedule);
+  }
+}
+
+TEST(ScheduleNames, UnknownNameListsValidNames) {
+  EXPECT_EQ(parse_schedule("fastest"), std::nullopt);
+  Schedule parsed = Schedule::kShift;
+  const Status status = parse_schedule("fastest", &parsed);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "unknown schedule 'fastest' (valid: auto, ascending, descending, shortest-first, shift, "
+                              "symmetric-shift, nondeterministic)");
+  EXPECT_EQ(parsed, Schedule::kShift);  // untouched on failure
+}
+
+TEST(ScheduleNames, NullOutputPointer) {
+  EXPECT_TRUE(fails_with(parse_schedule("shift", nullptr), StatusCode::kInvalidArgument, {"output pointer is null"}));
+}
+
+TEST(ScheduleNames, OutOfRangeValue) { EXPECT_EQ(schedule_name(static_cast<Schedule>(42)), "unknown-schedule"); }
+
+TEST(StatusFormat, ToString) {
+  EXPECT_EQ(Status().to_string(), "ok");
+  EXPECT_EQ(Status::success().to_string(), "ok");
+  EXPECT_EQ(Status(StatusCode::kInvalidArgument, "q must not be null").to_string(),
+            "invalid-argument: q must not be null");
+  EXPECT_EQ(Status(StatusCode::kNoDevice, "no CUDA device is visible").to_string(),
+            "no-device: no CUDA device is visible");
+  EXPECT_EQ(Status(StatusCode::kUnsupportedDevice, "x").to_string(), "unsupported-device: x");
+}
+
+}  // namespace
+}  // namespace dash
