@@ -1,0 +1,245 @@
+#include "harness/device_harness.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "reference/attention_reference.hpp"
+
+namespace dash::harness {
+
+uint16_t to_bits(float value, DType dtype) {
+  if (dtype == DType::kFP16) return std::bit_cast<uint16_t>(static_cast<_Float16>(value));
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  const uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);  // round half to even
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+float from_bits(uint16_t bits, DType dtype) {
+  if (dtype == DType::kFP16) return static_cast<float>(std::bit_cast<_Float16>(bits));
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+
+void check_cuda(int error, const char* what) {
+  if (error != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(static_cast<cudaError_t>(error)));
+  }
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes > 0) check_cuda(cudaMalloc(&data_, bytes), "cudaMalloc");
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  std::swap(data_, other.data_);
+  std::swap(bytes_, other.bytes_);
+  return *this;
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (data_) cudaFree(data_);
+}
+void DeviceBuffer::upload(const void* host, size_t bytes) {
+  check_cuda(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice), "upload");
+}
+void DeviceBuffer::download(void* host, size_t bytes) const {
+  check_cuda(cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost), "download");
+}
+void DeviceBuffer::poison() { check_cuda(cudaMemset(data_, 0xFF, bytes_), "poison"); }
+
+bool synchronize_with_watchdog(cudaStream_t stream, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (true) {
+    const cudaError_t state = cudaStreamQuery(stream);
+    if (state == cudaSuccess) return true;
+    if (state != cudaErrorNotReady) check_cuda(state, "kernel execution");
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+size_t Problem::q_elements() const {
+  return static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim);
+}
+size_t Problem::kv_elements() const {
+  return static_cast<size_t>(shape.batch * shape.seqlen_k * shape.heads_kv * shape.head_dim);
+}
+
+namespace {
+
+constexpr size_t kHalfBytes = 2;
+
+// Draws N(0, 1) values, rounds them to the dtype, uploads the 16-bit patterns; returns the rounded values.
+std::vector<double> random_rounded(size_t count, DType dtype, std::mt19937_64& rng, DeviceBuffer& device) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> bits(count);
+  std::vector<double> values(count);
+  for (size_t i = 0; i < count; ++i) {
+    bits[i] = to_bits(normal(rng), dtype);
+    values[i] = from_bits(bits[i], dtype);
+  }
+  device = DeviceBuffer(count * kHalfBytes);
+  device.upload(bits.data(), count * kHalfBytes);
+  return values;
+}
+
+// Runs `work(b)` for every batch index on its own thread: the reference is the slow part of a check.
+template <class Work>
+void for_each_batch(int64_t batch, Work work) {
+  std::vector<std::thread> threads;
+  for (int64_t b = 0; b < batch; ++b) threads.emplace_back(work, b);
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+Problem make_problem(const AttentionShape& shape, uint64_t seed, bool with_reference) {
+  Problem p;
+  p.shape = shape;
+  std::mt19937_64 rng(seed);
+  const size_t nq = p.q_elements();
+  const size_t nkv = p.kv_elements();
+  const size_t rows = static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q);
+  p.q = random_rounded(nq, shape.dtype, rng, p.d_q);
+  p.k = random_rounded(nkv, shape.dtype, rng, p.d_k);
+  p.v = random_rounded(nkv, shape.dtype, rng, p.d_v);
+  p.dout = random_rounded(nq, shape.dtype, rng, p.d_dout);
+  p.d_out = DeviceBuffer(nq * kHalfBytes);
+  p.d_lse = DeviceBuffer(rows * sizeof(float));
+  p.d_dq = DeviceBuffer(nq * kHalfBytes);
+  p.d_dk = DeviceBuffer(nkv * kHalfBytes);
+  p.d_dv = DeviceBuffer(nkv * kHalfBytes);
+  p.d_ref_out = DeviceBuffer(nq * kHalfBytes);
+  p.d_ref_lse = DeviceBuffer(rows * sizeof(float));
+  if (!with_reference) return p;
+
+  p.out.assign(nq, 0.0);
+  p.lse.assign(rows, 0.0);
+  p.dq.assign(nq, 0.0);
+  p.dk.assign(nkv, 0.0);
+  p.dv.assign(nkv, 0.0);
+  AttentionShape one = shape;
+  one.batch = 1;
+  const size_t q_per_batch = nq / shape.batch, kv_per_batch = nkv / shape.batch, rows_per_batch = rows / shape.batch;
+  std::vector<double> out_rounded(nq);
+  for_each_batch(shape.batch, [&](int64_t b) {
+    const size_t qo = b * q_per_batch, ko = b * kv_per_batch, ro = b * rows_per_batch;
+    reference::attention_forward(one, &p.q[qo], &p.k[ko], &p.v[ko], &p.out[qo], &p.lse[ro]);
+    // The backward sees O as the GPU stores it: rounded to the dtype.
+    for (size_t i = qo; i < qo + q_per_batch; ++i) out_rounded[i] = from_bits(to_bits(static_cast<float>(p.out[i]), shape.dtype), shape.dtype);
+    reference::attention_backward(one, &p.q[qo], &p.k[ko], &p.v[ko], &out_rounded[qo], &p.dout[qo], &p.lse[ro],
+                                  &p.dq[qo], &p.dk[ko], &p.dv[ko]);
+  });
+  std::vector<uint16_t> out_bits(nq);
+  for (size_t i = 0; i < nq; ++i) out_bits[i] = to_bits(static_cast<float>(out_rounded[i]), shape.dtype);
+  p.d_ref_out.upload(out_bits.data(), nq * kHalfBytes);
+  std::vector<float> lse_float(p.lse.begin(), p.lse.end());
+  p.d_ref_lse.upload(lse_float.data(), rows * sizeof(float));
+  return p;
+}
+
+ForwardArgs forward_args(Problem& p) {
+  const AttentionShape& s = p.shape;
+  ForwardArgs a;
+  a.shape = s;
+  a.q = p.d_q.get();
+  a.q_strides = packed_strides(s.seqlen_q, s.heads_q, s.head_dim);
+  a.k = p.d_k.get();
+  a.k_strides = packed_strides(s.seqlen_k, s.heads_kv, s.head_dim);
+  a.v = p.d_v.get();
+  a.v_strides = a.k_strides;
+  a.out = p.d_out.get();
+  a.out_strides = a.q_strides;
+  a.lse = static_cast<float*>(p.d_lse.get());
+  return a;
+}
+
+BackwardArgs backward_args(Problem& p, Schedule schedule) {
+  const AttentionShape& s = p.shape;
+  BackwardArgs a;
+  a.shape = s;
+  a.q = p.d_q.get();
+  a.q_strides = packed_strides(s.seqlen_q, s.heads_q, s.head_dim);
+  a.k = p.d_k.get();
+  a.k_strides = packed_strides(s.seqlen_k, s.heads_kv, s.head_dim);
+  a.v = p.d_v.get();
+  a.v_strides = a.k_strides;
+  a.out = p.d_ref_out.get();
+  a.out_strides = a.q_strides;
+  a.dout = p.d_dout.get();
+  a.dout_strides = a.q_strides;
+  a.lse = static_cast<const float*>(p.d_ref_lse.get());
+  a.dq = p.d_dq.get();
+  a.dq_strides = a.q_strides;
+  a.dk = p.d_dk.get();
+  a.dk_strides = a.k_strides;
+  a.dv = p.d_dv.get();
+  a.dv_strides = a.k_strides;
+  a.schedule = schedule;
+  return a;
+}
+
+std::string ErrorStats::describe() const {
+  std::ostringstream out;
+  out << "rel_l2 " << relative_l2 << ", max_err " << max_abs_error << " (max |ref| " << max_abs_reference << ")";
+  if (not_finite > 0) out << ", " << not_finite << " non-finite";
+  return out.str();
+}
+
+ErrorStats compare(const DeviceBuffer& device, const std::vector<double>& reference, DType dtype, bool is_float) {
+  const size_t n = reference.size();
+  std::vector<double> values(n);
+  if (is_float) {
+    std::vector<float> host(n);
+    device.download(host.data(), n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) values[i] = host[i];
+  } else {
+    std::vector<uint16_t> host(n);
+    device.download(host.data(), n * kHalfBytes);
+    for (size_t i = 0; i < n; ++i) values[i] = from_bits(host[i], dtype);
+  }
+  ErrorStats stats;
+  double err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double ref = reference[i];
+    if (std::isinf(ref)) {  // LSE of rows that see no key
+      if (values[i] != ref) ++stats.not_finite;
+      continue;
+    }
+    if (!std::isfinite(values[i])) {
+      ++stats.not_finite;
+      continue;
+    }
+    const double err = std::abs(values[i] - ref);
+    err2 += err * err;
+    ref2 += ref * ref;
+    stats.max_abs_error = std::max(stats.max_abs_error, err);
+    stats.max_abs_reference = std::max(stats.max_abs_reference, std::abs(ref));
+  }
+  stats.relative_l2 = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  return stats;
+}
+
+Tolerance tolerance_for(DType dtype) {
+  // bf16 keeps 8 significant bits (unit roundoff 2^-9 ~ 2e-3), fp16 11 (2^-12 ~ 2.4e-4 per rounding);
+  // inputs, P, dS and the outputs are each rounded once, so correct kernels land a few roundoffs away.
+  if (dtype == DType::kFP16) return Tolerance{4e-3, 1.5e-2};
+  return Tolerance{1.5e-2, 5e-2};
+}
+
+bool within(const ErrorStats& stats, const Tolerance& tol) {
+  return stats.not_finite == 0 && stats.relative_l2 <= tol.relative_l2 &&
+         stats.max_abs_error <= tol.max_error_fraction * std::max(stats.max_abs_reference, 1e-30);
+}
+
+}  // namespace dash::harness

@@ -1,0 +1,89 @@
+// The seam between the API layer (host C++, g++) and the sm90 kernels (nvcc): plain parameter structs,
+// the backward workspace layout, and the table of compiled kernel instances. No CuTe here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "dash/attention.hpp"
+#include "schedule/plan.hpp"
+
+namespace dash::kernels {
+
+struct ForwardParams {
+  AttentionShape shape;
+  const void* q;
+  Strides q_strides;
+  const void* k;
+  Strides k_strides;
+  const void* v;
+  Strides v_strides;
+  void* out;
+  Strides out_strides;
+  float* lse;
+  int* tile_counter;  // workspace: dynamic tile dispatch, zeroed before the launch
+  int num_sms;
+};
+
+// Device buffers of the backward pass, carved out of the caller's workspace (see BackwardWorkspace).
+struct BackwardBuffers {
+  float* dq_accum;     // fp32 partial-dQ sums, one block_q x head_dim chunk per dQ tile
+  int* dq_semaphores;  // one per dQ tile: how many contributions have been summed into it
+  float* lse_log2;     // LSE * log2(e) per query row (+inf where no key is visible or past seqlen_q)
+  float* dpsum;        // rowsum(dO * O) per query row (0 past seqlen_q)
+  float* dk_accum;     // GQA with group_splits > 1: fp32 dK per split, summed in split order
+  float* dv_accum;
+  int* unit_counter;   // dynamic dispatch: next work unit
+};
+
+struct BackwardParams {
+  AttentionShape shape;
+  const void* q;
+  Strides q_strides;
+  const void* k;
+  Strides k_strides;
+  const void* v;
+  Strides v_strides;
+  const void* out;
+  Strides out_strides;
+  const void* dout;
+  Strides dout_strides;
+  const float* lse;
+  void* dq;
+  Strides dq_strides;
+  void* dk;
+  Strides dk_strides;
+  void* dv;
+  Strides dv_strides;
+  SchedulePlan plan;
+  BackwardBuffers buffers;
+};
+
+// Byte offsets of the backward buffers inside one workspace allocation.
+struct BackwardWorkspace {
+  static constexpr size_t kAlignment = 256;
+  size_t dq_accum = 0, dq_semaphores = 0, lse_log2 = 0, dpsum = 0, dk_accum = 0, dv_accum = 0, unit_counter = 0;
+  size_t total_bytes = 0;
+
+  static BackwardWorkspace layout(const AttentionShape& shape, const TiledProblem& problem);
+  BackwardBuffers carve(void* workspace) const;
+};
+
+// Bytes of forward workspace (the dynamic tile counter).
+inline constexpr size_t kForwardWorkspaceBytes = 256;
+
+using ForwardLauncher = int (*)(const ForwardParams&, cudaStream_t);   // returns a cudaError_t value
+using BackwardLauncher = int (*)(const BackwardParams&, cudaStream_t);
+
+struct KernelInstance {
+  int head_dim;
+  DType dtype;
+  ForwardLauncher forward;
+  BackwardLauncher backward;
+};
+
+// The instances compiled into this build (empty without DASH_BUILD_KERNELS).
+std::span<const KernelInstance> kernel_instances();
+
+}  // namespace dash::kernels

@@ -1,0 +1,145 @@
+// Backward kernel configuration for one (head dim, element type): tile sizes, wgmma tilings, shared-
+// memory layouts, the shared storage, the TMA types and the device parameters.
+//
+// Warp roles (384 threads): warpgroup 0 is the producer (warp 0 loads, warp 1 writes dQ partials),
+// warpgroups 1 and 2 compute; MMA warpgroup w owns key/value rows [64w, 64w + 64) of the job's tile.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+
+#include <type_traits>
+
+#include "kernels/kernel_params.hpp"
+#include "schedule/tile_config.hpp"
+
+namespace dash::sm90 {
+
+using namespace cute;
+
+// What the loader tells the other roles about each job and each step (see bwd_loader.cuh).
+struct JobRecord {
+  int num_steps;  // kEndOfWork when the CTA has no more work
+  int batch;
+  int head_kv;
+  int split;
+  int kv_tile;
+  int head;       // schedule head
+};
+inline constexpr int kEndOfWork = -1;
+
+struct StepRecord {
+  int q_tile;    // real query tile of this step
+  int dq_index;  // dQ tile (and semaphore) the partial goes to
+  int rank;      // its position in that tile's summation order, or kUnordered
+};
+
+template <int kHeadDim_, class Element_>
+struct BackwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = backward_tile_shape(kHeadDim).block_q;
+  static constexpr int kBlockN = backward_tile_shape(kHeadDim).block_kv;
+  static constexpr int kStages = 2;         // query/dO pipeline depth
+  static constexpr int kStepRing = 8;       // step records in flight; must exceed kStages + 1 (bwd_loader.cuh)
+  static constexpr int kJobSlots = 2;
+  static constexpr int kMmaWarpGroups = 2;
+  static constexpr int kWarpGroupThreads = 128;
+  static constexpr int kMmaThreads = kWarpGroupThreads * kMmaWarpGroups;
+  static constexpr int kThreads = kMmaThreads + kWarpGroupThreads;
+  // setmaxnreg budget: 2 x 128 x 240 + 128 x 32 = 65536 registers, the whole register file.
+  static constexpr int kProducerRegisters = 32;
+  static constexpr int kMmaRegisters = 240;
+  static_assert(kBlockN == 64 * kMmaWarpGroups, "each MMA warpgroup owns 64 key/value rows");
+  static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
+
+  using BlockM = Int<kBlockM>;
+  using BlockN = Int<kBlockN>;
+  using HeadDim = Int<kHeadDim>;
+  using Stages = Int<kStages>;
+  using WarpGroups = Layout<Shape<Int<kMmaWarpGroups>, _1, _1>>;
+
+  // S^T = K Q^T and dP^T = V dO^T: (kBlockN x kBlockM) over head_dim.
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, BlockM, HeadDim>>(), WarpGroups{}));
+  // dV += P^T dO and dK += dS^T Q: (kBlockN x head_dim) over kBlockM, A from registers.
+  using TiledMmadKV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, HeadDim, BlockM>, GMMA::Major::K, GMMA::Major::MN>(),
+      WarpGroups{}));
+  // dQ = dS K: (kBlockM x head_dim) over kBlockN. With 128 query rows the warpgroups split the rows,
+  // with 64 they split head_dim; either way each computes a 64 x 64 partial.
+  static constexpr bool kdQSplitsRows = kBlockM == 64 * kMmaWarpGroups;
+  using dQAtomShape = std::conditional_t<kdQSplitsRows, Shape<_64, HeadDim, BlockN>,
+                                         Shape<_64, Int<kHeadDim / kMmaWarpGroups>, BlockN>>;
+  using dQWarpGroups = std::conditional_t<kdQSplitsRows, WarpGroups, Layout<Shape<_1, Int<kMmaWarpGroups>, _1>>>;
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, dQAtomShape, GMMA::Major::MN, GMMA::Major::MN>(), dQWarpGroups{}));
+  static constexpr int kdQPartialFloats = kBlockM * kHeadDim / kMmaWarpGroups;  // one warpgroup's dQ partial
+
+  // Shared memory. Q, dO, K, V are K-major (head_dim contiguous) as TMA writes them; the MN-major B
+  // operands are transposed views of the same bytes.
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BlockM, HeadDim, Stages>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BlockN, HeadDim>{}));
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_layout(Shape<HeadDim, BlockM, Stages>{}, Stride<BlockM, _1, Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutKt = decltype(composition(SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN>{}, Stride<BlockN, _1>{})));
+  // dS, read as the MN-major A operand of dQ = dS K and written through its transpose dS^T.
+  using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<BlockM, BlockN, Stages>{}));
+  using SmemLayoutdSt = decltype(composition(
+      SmemLayoutdS{}, make_layout(Shape<BlockN, BlockM, Stages>{}, Stride<BlockM, _1, Int<kBlockM * kBlockN>>{})));
+
+  struct SharedStorage {
+    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
+    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> dout;
+    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutdS>> ds;
+    alignas(128) array_aligned<float, kBlockM * kHeadDim> dq;  // dQ partials, per warpgroup, fragment order
+    alignas(16) float lse_log2[kStages][kBlockM];
+    alignas(16) float dpsum[kStages][kBlockM];
+    StepRecord steps[kStepRing];
+    JobRecord jobs[kJobSlots];
+    uint64_t q_full[kStages];   // loader -> MMA: Q, dO, LSE, dpsum of a stage have landed
+    uint64_t q_empty[kStages];  // MMA -> loader: the stage may be refilled
+    uint64_t kv_full;
+    uint64_t kv_empty;
+    uint64_t job_full[kJobSlots];
+    uint64_t job_empty[kJobSlots];
+    uint64_t dq_full[kMmaWarpGroups];   // MMA warpgroup -> dQ writer: a partial is in shared memory
+    uint64_t dq_empty[kMmaWarpGroups];  // dQ writer -> MMA warpgroup: the buffer may be overwritten
+  };
+  static constexpr int kSharedBytes = sizeof(SharedStorage);
+
+  static constexpr uint32_t kQStageBytes = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kBlockM * sizeof(float);
+  static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+
+  // TMA over (seqlen, head_dim, heads, batch) tensors with arbitrary strides.
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{})));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{}));
+
+  struct Params {
+    TmaQ tma_q;
+    TmaQ tma_dout;
+    TmaKV tma_k;
+    TmaKV tma_v;
+    SchedulePlan plan;
+    kernels::BackwardBuffers buffers;
+    Element* dk;
+    Element* dv;
+    int64_t dk_strides[3];  // batch, seq, head (dim stride is 1)
+    int64_t dv_strides[3];
+    int seqlen_q;
+    int seqlen_k;
+    int heads_q;
+    int heads_kv;
+    int batch;
+    float softmax_scale;
+    float scale_log2;  // softmax_scale * log2(e)
+  };
+};
+
+}  // namespace dash::sm90

@@ -1,0 +1,61 @@
+// Backward producer, warp 1: sums each step's dQ partial into the fp32 dQ accumulator in global
+// memory, in the order the schedule fixes. It is the only role that ever waits on another CTA, so
+// the MMA warpgroups stall on an ordering wait only when the single dQ buffer is still occupied.
+//
+// Per step: wait until both MMA warpgroups' partials are in shared memory; wait until the dQ tile's
+// semaphore equals this contribution's rank; bulk reduce-add both partials; free the buffers once
+// the copy engine has read them; wait until the adds have completed in global memory; release the
+// semaphore (rank + 1). Nondeterministic contributions (kUnordered) skip the two semaphore steps.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+#include "kernels/sm90/bwd_config.cuh"
+#include "kernels/sm90/primitives.cuh"
+
+namespace dash::sm90 {
+
+template <class Config>
+struct BackwardDqWriter {
+  using Params = typename Config::Params;
+  using SharedStorage = typename Config::SharedStorage;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+
+  __device__ static void run(const Params& p, SharedStorage& smem) {
+    const bool leader = lane_index() == 0;
+    constexpr int kTileFloats = Config::kBlockM * Config::kHeadDim;
+    constexpr int kPartialBytes = Config::kdQPartialFloats * sizeof(float);
+    int steps = 0;
+    for (int jobs = 0;; ++jobs) {
+      const int slot = jobs % Config::kJobSlots;
+      Barrier::wait(&smem.job_full[slot], (jobs / Config::kJobSlots) & 1);
+      const int num_steps = smem.jobs[slot].num_steps;
+      Barrier::arrive(&smem.job_empty[slot]);
+      if (num_steps == kEndOfWork) break;
+      for (int s = 0; s < num_steps; ++s, ++steps) {
+        const StepRecord step = smem.steps[steps % Config::kStepRing];
+        for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) Barrier::wait(&smem.dq_full[wg], steps & 1);
+        if (leader) {
+          float* tile = p.buffers.dq_accum + static_cast<int64_t>(step.dq_index) * kTileFloats;
+          int* semaphore = p.buffers.dq_semaphores + step.dq_index;
+          if (step.rank != kUnordered) wait_semaphore(semaphore, step.rank);
+          for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
+            bulk_reduce_add_f32(tile + wg * Config::kdQPartialFloats, smem.dq.data() + wg * Config::kdQPartialFloats,
+                                kPartialBytes);
+          }
+          bulk_commit_group();
+          bulk_wait_read_all();
+          for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) Barrier::arrive(&smem.dq_empty[wg]);
+          if (step.rank != kUnordered) {
+            bulk_wait_complete_all();
+            release_semaphore(semaphore);
+          }
+        }
+        __syncwarp();
+      }
+    }
+    if (leader) bulk_wait_complete_all();
+  }
+};
+
+}  // namespace dash::sm90

@@ -1,0 +1,60 @@
+// The backward main kernel: persistent CTAs, one producer warpgroup (loader + dQ writer) and two MMA
+// warpgroups, connected by mbarriers in shared memory. Reads top to bottom: set up barriers, give
+// registers to the MMA warpgroups, run each role until the schedule runs out of work.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "kernels/sm90/bwd_config.cuh"
+#include "kernels/sm90/bwd_dq_writer.cuh"
+#include "kernels/sm90/bwd_loader.cuh"
+#include "kernels/sm90/bwd_mma.cuh"
+
+namespace dash::sm90 {
+
+template <class Config>
+__device__ void init_backward_barriers(typename Config::SharedStorage& smem) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kWriterThreads = 32;
+  for (int s = 0; s < Config::kStages; ++s) {
+    Barrier::init(&smem.q_full[s], 1);
+    Barrier::init(&smem.q_empty[s], Config::kMmaThreads);
+  }
+  Barrier::init(&smem.kv_full, 1);
+  Barrier::init(&smem.kv_empty, Config::kMmaThreads);
+  for (int j = 0; j < Config::kJobSlots; ++j) {
+    Barrier::init(&smem.job_full[j], 1);
+    Barrier::init(&smem.job_empty[j], Config::kMmaThreads + kWriterThreads);
+  }
+  for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
+    Barrier::init(&smem.dq_full[wg], Config::kWarpGroupThreads);
+    Barrier::init(&smem.dq_empty[wg], 1);
+  }
+  cutlass::arch::fence_barrier_init();
+}
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    backward_kernel(const __grid_constant__ typename Config::Params params) {
+  extern __shared__ __align__(1024) char shared_bytes[];
+  auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(shared_bytes);
+  if (threadIdx.x == 0) init_backward_barriers<Config>(smem);
+  __syncthreads();
+
+  const int warp_group = static_cast<int>(threadIdx.x) / Config::kWarpGroupThreads;
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+    const int warp = warp_index();
+    if (warp == 0) {
+      if (lane_index() == 0) BackwardLoader<Config>::run(params, smem);
+    } else if (warp == 1) {
+      BackwardDqWriter<Config>::run(params, smem);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
+    BackwardMma<Config>::run(params, smem, static_cast<int>(threadIdx.x) - Config::kWarpGroupThreads);
+  }
+}
+
+}  // namespace dash::sm90

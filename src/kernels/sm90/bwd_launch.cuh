@@ -1,0 +1,102 @@
+// Host side of the backward pass for one (head dim, element type): builds the TMA descriptors and
+// kernel parameters from the API's BackwardParams and enqueues preprocess, main kernel, postprocess
+// (and the GQA split sum) on the stream. Returns a cudaError_t value.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/kernel_params.hpp"
+#include "kernels/sm90/bwd_config.cuh"
+#include "kernels/sm90/bwd_kernel.cuh"
+#include "kernels/sm90/bwd_prepost.cuh"
+
+namespace dash::sm90 {
+
+template <class Element, int kHeadDim>
+auto make_gmem_bshd(const void* data, int64_t seqlen, int64_t heads, int64_t batch, const Strides& s) {
+  return make_tensor(make_gmem_ptr(static_cast<const Element*>(data)),
+                     make_shape(static_cast<int32_t>(seqlen), static_cast<int32_t>(kHeadDim),
+                                static_cast<int32_t>(heads), static_cast<int32_t>(batch)),
+                     make_stride(s.seq, _1{}, s.head, s.batch));
+}
+
+inline void copy_strides(int64_t (&dst)[3], const Strides& s) {
+  dst[0] = s.batch;
+  dst[1] = s.seq;
+  dst[2] = s.head;
+}
+
+template <int kHeadDim, class Element>
+int launch_backward(const kernels::BackwardParams& a, cudaStream_t stream) {
+  using Config = BackwardConfig<kHeadDim, Element>;
+  const AttentionShape& shape = a.shape;
+  const TiledProblem& problem = a.plan.problem;
+
+  typename Config::Params p{};
+  const auto q_tile_layout = take<0, 2>(typename Config::SmemLayoutQ{});
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q, shape.seqlen_q, shape.heads_q, shape.batch, a.q_strides), q_tile_layout);
+  p.tma_dout = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.dout, shape.seqlen_q, shape.heads_q, shape.batch, a.dout_strides), q_tile_layout);
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k, shape.seqlen_k, shape.heads_kv, shape.batch, a.k_strides), typename Config::SmemLayoutKV{});
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v, shape.seqlen_k, shape.heads_kv, shape.batch, a.v_strides), typename Config::SmemLayoutKV{});
+  p.plan = a.plan;
+  p.buffers = a.buffers;
+  p.dk = static_cast<Element*>(a.dk);
+  p.dv = static_cast<Element*>(a.dv);
+  copy_strides(p.dk_strides, a.dk_strides);
+  copy_strides(p.dv_strides, a.dv_strides);
+  p.seqlen_q = static_cast<int>(shape.seqlen_q);
+  p.seqlen_k = static_cast<int>(shape.seqlen_k);
+  p.heads_q = static_cast<int>(shape.heads_q);
+  p.heads_kv = static_cast<int>(shape.heads_kv);
+  p.batch = static_cast<int>(shape.batch);
+  p.softmax_scale = shape.softmax_scale;
+  p.scale_log2 = shape.softmax_scale * kLog2e;
+
+  PrepostParams pp{};
+  pp.out = a.out;
+  pp.dout = a.dout;
+  pp.lse = a.lse;
+  pp.dq = a.dq;
+  copy_strides(pp.out_strides, a.out_strides);
+  copy_strides(pp.dout_strides, a.dout_strides);
+  copy_strides(pp.dq_strides, a.dq_strides);
+  pp.seqlen_q = p.seqlen_q;
+  pp.heads_q = p.heads_q;
+  pp.real_q_tiles = problem.real_q_tiles();
+  pp.softmax_scale = shape.softmax_scale;
+  pp.buffers = a.buffers;
+
+  const dim3 tiles(static_cast<unsigned>(problem.real_q_tiles()), static_cast<unsigned>(shape.heads_q),
+                   static_cast<unsigned>(shape.batch));
+  backward_preprocess_kernel<Config><<<tiles, kPrepostThreads, 0, stream>>>(pp);
+
+  auto kernel = backward_kernel<Config>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<a.plan.num_ctas, Config::kThreads, Config::kSharedBytes, stream>>>(p);
+
+  backward_postprocess_kernel<Config><<<tiles, Config::kMmaThreads, 0, stream>>>(pp);
+
+  if (problem.group_splits > 1) {
+    SplitSumParams sp{};
+    sp.dk_accum = a.buffers.dk_accum;
+    sp.dv_accum = a.buffers.dv_accum;
+    sp.dk = a.dk;
+    sp.dv = a.dv;
+    copy_strides(sp.dk_strides, a.dk_strides);
+    copy_strides(sp.dv_strides, a.dv_strides);
+    sp.splits = problem.group_splits;
+    sp.batch = p.batch;
+    sp.heads_kv = p.heads_kv;
+    sp.seqlen_k = p.seqlen_k;
+    sp.padded_rows = problem.num_kv_tiles() * problem.block_kv;
+    sp.head_dim = kHeadDim;
+    const int rows_per_block = kPrepostThreads / kHeadDim;
+    const dim3 grid(static_cast<unsigned>((shape.seqlen_k + rows_per_block - 1) / rows_per_block),
+                    static_cast<unsigned>(shape.heads_kv), static_cast<unsigned>(shape.batch));
+    sum_dkv_splits_kernel<Element><<<grid, kPrepostThreads, 0, stream>>>(sp);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace dash::sm90

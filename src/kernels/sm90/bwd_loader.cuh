@@ -1,0 +1,112 @@
+// Backward producer, warp 0 (one lane): walks the schedule, publishes each job and step to the other
+// roles, and streams K, V (once per job) and Q, dO, LSE, dpsum (once per step) into shared memory
+// with TMA. All schedule arithmetic happens here, so the MMA warpgroups spend no registers on it.
+//
+// Step records live in a ring of kStepRing slots read by the MMA warpgroups and the dQ writer. Slot
+// reuse is safe without its own barrier: writing step k needs the Q stage of step k - kStages to be
+// released, which the MMA warpgroups do only after handing over the dQ partial of that step, which
+// needs the dQ writer to have finished step k - kStages - 1 (and read its record). So records older
+// than k - kStages - 1 are dead, and kStepRing > kStages + 1 slots suffice.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+#include "kernels/sm90/bwd_config.cuh"
+#include "kernels/sm90/primitives.cuh"
+#include "schedule/schedule.hpp"
+
+namespace dash::sm90 {
+
+using Barrier = cutlass::arch::ClusterTransactionBarrier;
+
+template <class Config>
+struct BackwardLoader {
+  using Element = typename Config::Element;
+  using Params = typename Config::Params;
+  using SharedStorage = typename Config::SharedStorage;
+
+  __device__ static void run(const Params& p, SharedStorage& smem) {
+    prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_dout.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    const SchedulePlan& plan = p.plan;
+    int jobs = 0;
+    int steps = 0;
+    const bool dynamic = plan.dispatch == Dispatch::kDynamic;
+    for (int i = 0;; ++i) {
+      const int unit = dynamic ? atomicAdd(p.buffers.unit_counter, 1) : static_unit(plan, blockIdx.x, i);
+      if (unit >= plan.num_units) break;
+      for (int sub = 0; sub < plan.jobs_per_unit; ++sub) {
+        const Job job = make_job(plan, unit, sub);
+        if (!job.valid) continue;
+        publish_job(p, smem, job, jobs);
+        load_kv(p, smem, job, jobs);
+        for (int s = 0; s < job.num_steps; ++s, ++steps) load_step(p, smem, job, s, steps);
+        ++jobs;
+      }
+    }
+    JobRecord end{};
+    end.num_steps = kEndOfWork;
+    publish(smem, end, jobs);
+  }
+
+ private:
+  __device__ static void publish(SharedStorage& smem, const JobRecord& record, int jobs) {
+    const int slot = jobs % Config::kJobSlots;
+    Barrier::wait(&smem.job_empty[slot], ((jobs / Config::kJobSlots) & 1) ^ 1);
+    smem.jobs[slot] = record;
+    Barrier::arrive(&smem.job_full[slot]);
+  }
+
+  __device__ static void publish_job(const Params& p, SharedStorage& smem, const Job& job, int jobs) {
+    const KvJobCoord c = p.plan.problem.kv_coord(job.head);
+    publish(smem, JobRecord{job.num_steps, c.batch, c.head_kv, c.split, job.kv_tile, job.head}, jobs);
+  }
+
+  __device__ static void load_kv(const Params& p, SharedStorage& smem, const Job& job, int jobs) {
+    Barrier::wait(&smem.kv_empty, (jobs & 1) ^ 1);
+    Barrier::arrive_and_expect_tx(&smem.kv_full, Config::kKVBytes);
+    const KvJobCoord c = p.plan.problem.kv_coord(job.head);
+    const auto kv_extent = make_shape(p.seqlen_k, int{Config::kHeadDim}, p.heads_kv, p.batch);
+    tma_tile(p.tma_k, kv_extent, c.head_kv, c.batch, job.kv_tile, smem.kv_full,
+             make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{}));
+    tma_tile(p.tma_v, kv_extent, c.head_kv, c.batch, job.kv_tile, smem.kv_full,
+             make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{}));
+  }
+
+  __device__ static void load_step(const Params& p, SharedStorage& smem, const Job& job, int step, int steps) {
+    const SchedulePlan& plan = p.plan;
+    const int v = q_tile_at(plan, job, step);
+    const QTileCoord q = plan.problem.q_coord(job.head, v);
+    const int stage = steps % Config::kStages;
+    Barrier::wait(&smem.q_empty[stage], ((steps / Config::kStages) & 1) ^ 1);
+    smem.steps[steps % Config::kStepRing] =
+        StepRecord{q.q_tile, plan.problem.dq_tile_index(job.head, v), rank_of(plan, job, v)};
+    uint64_t& full = smem.q_full[stage];
+    Barrier::arrive_and_expect_tx(&full, Config::kQStageBytes);
+    auto sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    auto sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
+    const auto q_extent = make_shape(p.seqlen_q, int{Config::kHeadDim}, p.heads_q, p.batch);
+    tma_tile(p.tma_q, q_extent, q.head_q, q.batch, q.q_tile, full, sQ(_, _, stage));
+    tma_tile(p.tma_dout, q_extent, q.head_q, q.batch, q.q_tile, full, sdO(_, _, stage));
+    const int64_t row0 = (static_cast<int64_t>(q.batch) * p.heads_q + q.head_q) * plan.problem.real_q_tiles() *
+                             Config::kBlockM + static_cast<int64_t>(q.q_tile) * Config::kBlockM;
+    constexpr int kRowBytes = Config::kBlockM * sizeof(float);
+    SM90_BULK_COPY_G2S::copy(p.buffers.lse_log2 + row0, &full, smem.lse_log2[stage], kRowBytes);
+    SM90_BULK_COPY_G2S::copy(p.buffers.dpsum + row0, &full, smem.dpsum[stage], kRowBytes);
+  }
+
+  // One TMA load of sequence tile `tile` of slice (head, batch) of a tensor of extent
+  // (seqlen, head_dim, heads, batch) into `dst`, completing on `full`.
+  template <class Tma, class Extent, class SmemTensor>
+  __device__ static void tma_tile(const Tma& tma, const Extent& extent, int head, int batch, int tile,
+                                  uint64_t& full, SmemTensor dst) {
+    auto m = tma.get_tma_tensor(extent);
+    auto g = local_tile(m(_, _, head, batch), product_each(shape(dst)), make_coord(_, _0{}));
+    auto [src_part, dst_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(dst), group_modes<0, 2>(g));
+    copy(tma.with(full), src_part(_, tile), dst_part);
+  }
+};
+
+}  // namespace dash::sm90

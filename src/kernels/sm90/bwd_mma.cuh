@@ -1,0 +1,181 @@
+// Backward consumer warpgroups: for each job, keep dK and dV of the key/value tile in registers while
+// visiting the schedule's query tiles; per step compute
+//   S^T = K Q^T, dP^T = V dO^T                      (wgmma, shared-memory operands)
+//   P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), masked
+//   dS^T = P^T o (dP^T - rowsum(dO o O))
+//   dV += P^T dO, dK += dS^T Q                       (wgmma, P^T and dS^T from registers)
+//   dQ_partial = dS K                                (wgmma, dS through shared memory)
+// and hand dQ_partial to the dQ writer. At the end of the job write dK * scale and dV.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+#include "kernels/sm90/bwd_config.cuh"
+#include "kernels/sm90/gemm.cuh"
+#include "kernels/sm90/primitives.cuh"
+#include "schedule/mask.hpp"
+
+namespace dash::sm90 {
+
+// Named barrier among the MMA warpgroups: dS of a step is complete in shared memory. Id 0 is
+// __syncthreads; ids are offset past those CUTLASS reserves.
+inline constexpr int kDsReadyBarrier = 1;
+
+template <class Config>
+struct BackwardMma {
+  using Element = typename Config::Element;
+  using Params = typename Config::Params;
+  using SharedStorage = typename Config::SharedStorage;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  static constexpr int kBlockM = Config::kBlockM;
+  static constexpr int kBlockN = Config::kBlockN;
+
+  __device__ static void run(const Params& p, SharedStorage& smem, int thread) {
+    typename Config::TiledMmaSdP mma_sdp;
+    typename Config::TiledMmadKV mma_dkv;
+    typename Config::TiledMmadQ mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(thread);
+    auto thr_dkv = mma_dkv.get_thread_slice(thread);
+    auto thr_dq = mma_dq.get_thread_slice(thread);
+    const int warp_group = thread / Config::kWarpGroupThreads;
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQt{});
+    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
+    Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
+    Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
+
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+    Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+    Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+    Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);
+    Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+    Tensor tdSsdSt = thr_sdp.partition_C(sdSt);
+    // (key row, query column) of each S^T element this thread holds.
+    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+
+    const MaskShape mask{p.seqlen_q, p.seqlen_k, p.plan.problem.causal};
+    int steps = 0;
+    for (int jobs = 0;; ++jobs) {
+      const int slot = jobs % Config::kJobSlots;
+      Barrier::wait(&smem.job_full[slot], (jobs / Config::kJobSlots) & 1);
+      const JobRecord job = smem.jobs[slot];
+      Barrier::arrive(&smem.job_empty[slot]);
+      if (job.num_steps == kEndOfWork) break;
+
+      Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
+      Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
+      clear(tdVrdV);
+      clear(tdKrdK);
+      Barrier::wait(&smem.kv_full, jobs & 1);
+      const int kv_row0 = job.kv_tile * kBlockN;
+      for (int s = 0; s < job.num_steps; ++s, ++steps) {
+        const int stage = steps % Config::kStages;
+        Barrier::wait(&smem.q_full[stage], (steps / Config::kStages) & 1);
+        const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
+
+        Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+        warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
+
+        // P^T, in place of S^T. Only tiles crossing the causal diagonal or the key tail need the mask:
+        // visible_keys grows with the row, so the tile's first row bounds them all.
+        warpgroup_wait<1>();
+        const bool needs_mask = kv_row0 + kBlockN > mask.visible_keys(q_row0);
+        const float* lse_log2 = smem.lse_log2[stage];
+        CUTE_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) {
+          const int key = get<0>(tScS(i));
+          const int query = get<1>(tScS(i));
+          const bool hidden = needs_mask && !mask.visible(q_row0 + query, kv_row0 + key);
+          tSrS(i) = hidden ? 0.0f : fast_exp2(tSrS(i) * p.scale_log2 - lse_log2[query]);
+        }
+        // dS^T = P^T o (dP^T - dpsum), in place of dP^T.
+        warpgroup_wait<0>();
+        const float* dpsum = smem.dpsum[stage];
+        CUTE_UNROLL
+        for (int i = 0; i < size(tdPrdP); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dpsum[get<1>(tScS(i))]);
+
+        Tensor tdVrP = make_operand_a<Element>(tSrS);
+        Tensor tdKrdS = make_operand_a<Element>(tdPrdP);
+        warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
+
+        // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows.
+        copy(make_tensor(tdKrdS.data(), tSrS.layout()), tdSsdSt(_, _, _, stage));
+        fence_shared_for_async_proxy();
+        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kDsReadyBarrier);
+
+        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
+        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ);
+        warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
+        warpgroup_wait<1>();  // dV and dQ done; dK may still run
+        hand_over_dq(smem, tdQrdQ, warp_group, thread, steps);
+        warpgroup_wait<0>();
+        Barrier::arrive(&smem.q_empty[stage]);
+      }
+      Barrier::arrive(&smem.kv_empty);
+      store_dkv(p, job, tdKrdK, tdVrdV, thread);
+    }
+  }
+
+ private:
+  // Writes this warpgroup's dQ partial to its shared-memory buffer in fragment order (each thread's
+  // values as consecutive float4s), which the postprocess kernel undoes with the same tiled MMA.
+  template <class Fragment>
+  __device__ static void hand_over_dq(SharedStorage& smem, const Fragment& dq, int warp_group, int thread, int steps) {
+    Barrier::wait(&smem.dq_empty[warp_group], (steps & 1) ^ 1);
+    constexpr int kVectors = decltype(size(dq))::value / 4;
+    float4* dst = reinterpret_cast<float4*>(smem.dq.data() + warp_group * Config::kdQPartialFloats);
+    const int lane = thread % Config::kWarpGroupThreads;
+    CUTE_UNROLL
+    for (int i = 0; i < kVectors; ++i) {
+      dst[i * Config::kWarpGroupThreads + lane] = make_float4(dq(4 * i), dq(4 * i + 1), dq(4 * i + 2), dq(4 * i + 3));
+    }
+    fence_shared_for_async_proxy();
+    Barrier::arrive(&smem.dq_full[warp_group]);
+  }
+
+  // dK * scale and dV for the job's rows: straight to dK/dV, or, when the query-head group is split
+  // over several jobs, to the fp32 per-split accumulators that the postprocess sums in split order.
+  template <class Fragment>
+  __device__ static void store_dkv(const Params& p, const JobRecord& job, Fragment& dk, Fragment& dv, int thread) {
+    typename Config::TiledMmadKV mma_dkv;
+    auto thr = mma_dkv.get_thread_slice(thread);
+    Tensor coords = thr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<Config::kHeadDim>>{}));
+    const int row0 = job.kv_tile * kBlockN;
+    const TiledProblem& problem = p.plan.problem;
+    if (problem.group_splits > 1) {
+      const int64_t rows = static_cast<int64_t>(problem.num_kv_tiles()) * kBlockN;
+      const int64_t base =
+          (((static_cast<int64_t>(job.split) * p.batch + job.batch) * p.heads_kv + job.head_kv) * rows + row0) *
+          Config::kHeadDim;
+      CUTE_UNROLL
+      for (int i = 0; i < size(dk); ++i) {
+        const int64_t at = base + get<0>(coords(i)) * Config::kHeadDim + get<1>(coords(i));
+        p.buffers.dk_accum[at] = dk(i) * p.softmax_scale;
+        p.buffers.dv_accum[at] = dv(i);
+      }
+      return;
+    }
+    Element* dk_out = p.dk + job.batch * p.dk_strides[0] + job.head_kv * p.dk_strides[2];
+    Element* dv_out = p.dv + job.batch * p.dv_strides[0] + job.head_kv * p.dv_strides[2];
+    CUTE_UNROLL
+    for (int i = 0; i < size(dk); ++i) {
+      const int row = row0 + get<0>(coords(i));
+      if (row >= p.seqlen_k) continue;
+      const int col = get<1>(coords(i));
+      dk_out[row * p.dk_strides[1] + col] = static_cast<Element>(dk(i) * p.softmax_scale);
+      dv_out[row * p.dv_strides[1] + col] = static_cast<Element>(dv(i));
+    }
+  }
+};
+
+}  // namespace dash::sm90

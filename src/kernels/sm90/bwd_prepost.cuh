@@ -1,0 +1,133 @@
+// The small kernels around the backward main kernel.
+//   preprocess:  dpsum = rowsum(dO o O) and LSE * log2(e) per query row (padded to whole tiles), and
+//                zeroed dQ accumulators, semaphores and the dispatch counter;
+//   postprocess: dQ = scale * dQ_accum, converted, undoing the fragment order of the accumulator;
+//   split sum:   for GQA groups split over several jobs, dK and dV = sum of the splits, in split order.
+#pragma once
+
+#include <cmath>
+
+#include "kernels/sm90/bwd_config.cuh"
+#include "kernels/sm90/primitives.cuh"
+
+namespace dash::sm90 {
+
+inline constexpr int kPrepostThreads = 256;
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+struct PrepostParams {
+  const void* out;
+  const void* dout;
+  const float* lse;
+  void* dq;
+  int64_t out_strides[3];  // batch, seq, head
+  int64_t dout_strides[3];
+  int64_t dq_strides[3];
+  int seqlen_q;
+  int heads_q;
+  int real_q_tiles;
+  float softmax_scale;
+  kernels::BackwardBuffers buffers;
+};
+
+// Grid (query tiles, heads_q, batch).
+template <class Config>
+__global__ void __launch_bounds__(kPrepostThreads) backward_preprocess_kernel(const PrepostParams p) {
+  using Element = typename Config::Element;
+  constexpr int kBlockM = Config::kBlockM;
+  constexpr int kWarps = kPrepostThreads / 32;
+  const int tile = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int64_t dq_tile = (static_cast<int64_t>(batch) * p.heads_q + head) * p.real_q_tiles + tile;
+  const int64_t row_base = dq_tile * kBlockM;
+  const auto* out = static_cast<const Element*>(p.out) + batch * p.out_strides[0] + head * p.out_strides[2];
+  const auto* dout = static_cast<const Element*>(p.dout) + batch * p.dout_strides[0] + head * p.dout_strides[2];
+  for (int r = warp_index(); r < kBlockM; r += kWarps) {
+    const int row = tile * kBlockM + r;
+    float sum = 0.0f;
+    if (row < p.seqlen_q) {
+      for (int d = lane_index(); d < Config::kHeadDim; d += 32) {
+        sum += static_cast<float>(out[row * p.out_strides[1] + d]) * static_cast<float>(dout[row * p.dout_strides[1] + d]);
+      }
+    }
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane_index() == 0) {
+      const float lse = row < p.seqlen_q ? p.lse[(static_cast<int64_t>(batch) * p.heads_q + head) * p.seqlen_q + row]
+                                         : -INFINITY;
+      // +inf makes every P of a row that sees no key (or lies past seqlen_q) exactly 0.
+      p.buffers.lse_log2[row_base + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      p.buffers.dpsum[row_base + r] = sum;
+    }
+  }
+  float4* accum = reinterpret_cast<float4*>(p.buffers.dq_accum + dq_tile * kBlockM * Config::kHeadDim);
+  for (int i = threadIdx.x; i < kBlockM * Config::kHeadDim / 4; i += kPrepostThreads) accum[i] = make_float4(0, 0, 0, 0);
+  if (threadIdx.x == 0) {
+    p.buffers.dq_semaphores[dq_tile] = 0;
+    if (dq_tile == 0) *p.buffers.unit_counter = 0;
+  }
+}
+
+// Grid (query tiles, heads_q, batch), one thread per MMA thread of the main kernel.
+template <class Config>
+__global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kernel(const PrepostParams p) {
+  using Element = typename Config::Element;
+  constexpr int kBlockM = Config::kBlockM;
+  const int tile = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int64_t dq_tile = (static_cast<int64_t>(batch) * p.heads_q + head) * p.real_q_tiles + tile;
+  const int thread = threadIdx.x;
+  typename Config::TiledMmadQ mma_dq;
+  Tensor coords = mma_dq.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<Config::kHeadDim>>{}));
+  const int warp_group = thread / Config::kWarpGroupThreads;
+  const int lane = thread % Config::kWarpGroupThreads;
+  const float4* partial = reinterpret_cast<const float4*>(p.buffers.dq_accum + dq_tile * kBlockM * Config::kHeadDim +
+                                                          warp_group * Config::kdQPartialFloats);
+  auto* dq = static_cast<Element*>(p.dq) + batch * p.dq_strides[0] + head * p.dq_strides[2];
+  constexpr int kVectors = decltype(size(coords))::value / 4;
+  CUTE_UNROLL
+  for (int i = 0; i < kVectors; ++i) {
+    const float4 v = partial[i * Config::kWarpGroupThreads + lane];
+    const float values[4] = {v.x, v.y, v.z, v.w};
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const int row = tile * kBlockM + get<0>(coords(4 * i + j));
+      if (row < p.seqlen_q) dq[row * p.dq_strides[1] + get<1>(coords(4 * i + j))] = static_cast<Element>(values[j] * p.softmax_scale);
+    }
+  }
+}
+
+struct SplitSumParams {
+  const float* dk_accum;
+  const float* dv_accum;
+  void* dk;
+  void* dv;
+  int64_t dk_strides[3];
+  int64_t dv_strides[3];
+  int splits;
+  int batch;
+  int heads_kv;
+  int seqlen_k;
+  int padded_rows;  // rows per (split, batch, head) in the accumulators
+  int head_dim;
+};
+
+// Grid (ceil(seqlen_k / rows per block), heads_kv, batch); sums splits 0, 1, ... in that order.
+template <class Element>
+__global__ void __launch_bounds__(kPrepostThreads) sum_dkv_splits_kernel(const SplitSumParams p) {
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int rows_per_block = kPrepostThreads / p.head_dim;
+  const int row = blockIdx.x * rows_per_block + static_cast<int>(threadIdx.x) / p.head_dim;
+  const int col = static_cast<int>(threadIdx.x) % p.head_dim;
+  if (row >= p.seqlen_k || threadIdx.x >= rows_per_block * p.head_dim) return;
+  const int64_t split_stride = static_cast<int64_t>(p.batch) * p.heads_kv * p.padded_rows * p.head_dim;
+  const int64_t at = ((static_cast<int64_t>(batch) * p.heads_kv + head) * p.padded_rows + row) * p.head_dim + col;
+  float dk = 0.0f, dv = 0.0f;
+  for (int s = 0; s < p.splits; ++s) {
+    dk += p.dk_accum[s * split_stride + at];
+    dv += p.dv_accum[s * split_stride + at];
+  }
+  static_cast<Element*>(p.dk)[batch * p.dk_strides[0] + row * p.dk_strides[1] + head * p.dk_strides[2] + col] =
+      static_cast<Element>(dk);
+  static_cast<Element*>(p.dv)[batch * p.dv_strides[0] + row * p.dv_strides[1] + head * p.dv_strides[2] + col] =
+      static_cast<Element>(dv);
+}
+
+}  // namespace dash::sm90

@@ -1,0 +1,105 @@
+// Forward kernel configuration for one (head dim, element type): tile sizes, wgmma tilings, shared-
+// memory layouts, shared storage, TMA types and device parameters.
+//
+// Warp roles (384 threads): warpgroup 0 warp 0 loads Q once per tile and streams K, V; warpgroups 1
+// and 2 each own 64 query rows of the 128-row tile and run the online softmax.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+
+#include "kernels/kernel_params.hpp"
+#include "schedule/tile_config.hpp"
+
+namespace dash::sm90 {
+
+using namespace cute;
+
+// What the loader tells the MMA warpgroups about each query tile.
+struct ForwardTileRecord {
+  int kv_tiles;  // key/value tiles to visit, or kEndOfTiles
+  int batch;
+  int head;
+  int q_tile;
+};
+inline constexpr int kEndOfTiles = -1;
+
+template <int kHeadDim_, class Element_>
+struct ForwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = forward_tile_shape(kHeadDim).block_q;
+  static constexpr int kBlockN = forward_tile_shape(kHeadDim).block_kv;
+  static constexpr int kStages = 2;  // key/value pipeline depth
+  static constexpr int kTileSlots = 2;
+  static constexpr int kMmaWarpGroups = 2;
+  static constexpr int kWarpGroupThreads = 128;
+  static constexpr int kMmaThreads = kWarpGroupThreads * kMmaWarpGroups;
+  static constexpr int kThreads = kMmaThreads + kWarpGroupThreads;
+  static constexpr int kProducerRegisters = 32;
+  static constexpr int kMmaRegisters = 240;
+  static_assert(kBlockM == 64 * kMmaWarpGroups, "each MMA warpgroup owns 64 query rows");
+
+  using BlockM = Int<kBlockM>;
+  using BlockN = Int<kBlockN>;
+  using HeadDim = Int<kHeadDim>;
+  using Stages = Int<kStages>;
+  using WarpGroups = Layout<Shape<Int<kMmaWarpGroups>, _1, _1>>;
+
+  // S = Q K^T: (kBlockM x kBlockN) over head_dim.
+  using TiledMmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, BlockN, HeadDim>>(), WarpGroups{}));
+  // O += P V: (kBlockM x head_dim) over kBlockN, P from registers.
+  using TiledMmaO = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, HeadDim, BlockN>, GMMA::Major::K, GMMA::Major::MN>(),
+      WarpGroups{}));
+
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BlockM, HeadDim>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BlockN, HeadDim, Stages>{}));
+  // V^T: the MN-major B operand of O += P V, a view of V's bytes.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN, Stages>{}, Stride<BlockN, _1, Int<kBlockN * kHeadDim>>{})));
+
+  struct SharedStorage {
+    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
+    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    ForwardTileRecord tiles[kTileSlots];
+    uint64_t q_full;
+    uint64_t q_empty;
+    uint64_t kv_full[kStages];
+    uint64_t kv_empty[kStages];
+    uint64_t tile_full[kTileSlots];
+    uint64_t tile_empty[kTileSlots];
+  };
+  static constexpr int kSharedBytes = sizeof(SharedStorage);
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVStageBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutKV{})));
+
+  struct Params {
+    TmaQ tma_q;
+    TmaKV tma_k;
+    TmaKV tma_v;
+    Element* out;
+    int64_t out_strides[3];  // batch, seq, head
+    float* lse;
+    int* tile_counter;
+    int seqlen_q;
+    int seqlen_k;
+    int heads_q;
+    int heads_kv;
+    int batch;
+    int q_tiles;
+    bool causal;
+    float scale_log2;  // softmax_scale * log2(e)
+  };
+};
+
+}  // namespace dash::sm90

@@ -1,0 +1,239 @@
+// The forward kernel: persistent CTAs take 128-row query tiles from a global counter (longest causal
+// tiles first); a loader warp brings Q once per tile and streams K, V through a two-stage TMA
+// pipeline; two MMA warpgroups of 64 query rows each run the online softmax
+//   S = Q K^T;  m' = max(m, rowmax(S));  P = exp2(S * scale * log2(e) - m');  l' = l * exp2(m - m') + rowsum(P)
+//   O = O * exp2(m - m') + P V
+// and write O / l and LSE = (m + log2(l)) * ln(2).
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include <cmath>
+
+#include "kernels/sm90/fwd_config.cuh"
+#include "kernels/sm90/gemm.cuh"
+#include "kernels/sm90/primitives.cuh"
+#include "schedule/mask.hpp"
+
+namespace dash::sm90 {
+
+template <class Config>
+struct ForwardKernel {
+  using Element = typename Config::Element;
+  using Params = typename Config::Params;
+  using SharedStorage = typename Config::SharedStorage;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  static constexpr int kBlockM = Config::kBlockM;
+  static constexpr int kBlockN = Config::kBlockN;
+
+  // Key/value tiles query tile `q_tile` sees: all up to the one holding its last row's last visible key.
+  __device__ static int kv_tiles_of(const Params& p, int q_tile) {
+    const MaskShape mask{p.seqlen_q, p.seqlen_k, p.causal};
+    const int last_row = min((q_tile + 1) * kBlockM, p.seqlen_q) - 1;
+    return ceil_div(mask.visible_keys(last_row), kBlockN);
+  }
+
+  // Tile t of the dispatch order: heads in order, and within a head the query tiles that see the most
+  // keys first (under the causal mask the last ones), so that the last wave holds the shortest tiles.
+  __device__ static ForwardTileRecord tile_at(const Params& p, int t) {
+    const int within = t % p.q_tiles;
+    const int q_tile = p.causal ? p.q_tiles - 1 - within : within;
+    const int bh = t / p.q_tiles;
+    return ForwardTileRecord{kv_tiles_of(p, q_tile), bh / p.heads_q, bh % p.heads_q, q_tile};
+  }
+
+  __device__ static void load(const Params& p, SharedStorage& smem) {
+    prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    const int num_tiles = p.q_tiles * p.heads_q * p.batch;
+    const int group = p.heads_q / p.heads_kv;
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+    const auto q_extent = make_shape(p.seqlen_q, int{Config::kHeadDim}, p.heads_q, p.batch);
+    const auto kv_extent = make_shape(p.seqlen_k, int{Config::kHeadDim}, p.heads_kv, p.batch);
+    int tiles = 0;
+    int kv_loads = 0;
+    for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1), ++tiles) {
+      const ForwardTileRecord tile = tile_at(p, t);
+      publish(smem, tile, tiles);
+      Barrier::wait(&smem.q_empty, (tiles & 1) ^ 1);
+      Barrier::arrive_and_expect_tx(&smem.q_full, Config::kQBytes);
+      tma_tile(p.tma_q, q_extent, tile.head, tile.batch, tile.q_tile, smem.q_full, sQ);
+      for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
+        const int stage = kv_loads % Config::kStages;
+        Barrier::wait(&smem.kv_empty[stage], ((kv_loads / Config::kStages) & 1) ^ 1);
+        Barrier::arrive_and_expect_tx(&smem.kv_full[stage], Config::kKVStageBytes);
+        tma_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, j, smem.kv_full[stage], sK(_, _, stage));
+        tma_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, j, smem.kv_full[stage], sV(_, _, stage));
+      }
+    }
+    publish(smem, ForwardTileRecord{kEndOfTiles, 0, 0, 0}, tiles);
+  }
+
+  __device__ static void compute(const Params& p, SharedStorage& smem, int thread) {
+    typename Config::TiledMmaS mma_s;
+    typename Config::TiledMmaO mma_o;
+    auto thr_s = mma_s.get_thread_slice(thread);
+    auto thr_o = mma_o.get_thread_slice(thread);
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutVt{});
+    Tensor tSrQ = thr_s.partition_fragment_A(sQ);
+    Tensor tSrK = thr_s.partition_fragment_B(sK);
+    Tensor tOrVt = thr_o.partition_fragment_B(sVt);
+    // (query row, key column) of each S element this thread holds, in (row, column) view.
+    Tensor cS = thr_s.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor tScS = make_tensor(cS.data(), accumulator_rows_by_columns(cS.layout()));
+    constexpr int kRows = decltype(size<0>(tScS))::value;
+
+    const MaskShape mask{p.seqlen_q, p.seqlen_k, p.causal};
+    int kv_loads = 0;
+    for (int tiles = 0;; ++tiles) {
+      const int slot = tiles % Config::kTileSlots;
+      Barrier::wait(&smem.tile_full[slot], (tiles / Config::kTileSlots) & 1);
+      const ForwardTileRecord tile = smem.tiles[slot];
+      Barrier::arrive(&smem.tile_empty[slot]);
+      if (tile.kv_tiles == kEndOfTiles) break;
+
+      Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
+      Tensor out = make_tensor(tOrO.data(), accumulator_rows_by_columns(tOrO.layout()));
+      clear(tOrO);
+      float row_max[kRows];
+      float row_sum[kRows];
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+      const int q_row0 = tile.q_tile * kBlockM;
+      Barrier::wait(&smem.q_full, tiles & 1);
+      for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
+        const int stage = kv_loads % Config::kStages;
+        Barrier::wait(&smem.kv_full[stage], (kv_loads / Config::kStages) & 1);
+        Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, stage), tSrS);
+        warpgroup_wait<0>();
+        Tensor scores = make_tensor(tSrS.data(), accumulator_rows_by_columns(tSrS.layout()));
+        // Only tiles crossing the causal diagonal or the key tail need the mask.
+        const bool needs_mask = (j + 1) * kBlockN > mask.visible_keys(q_row0);
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const int row = q_row0 + get<0>(tScS(r, 0));
+          const int visible = mask.visible_keys(row);
+          float tile_max = -INFINITY;
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(scores); ++c) {
+            const bool hidden = needs_mask && j * kBlockN + get<1>(tScS(r, c)) >= visible;
+            scores(r, c) = hidden ? -INFINITY : scores(r, c) * p.scale_log2;
+            tile_max = fmaxf(tile_max, scores(r, c));
+          }
+          // The four threads of a quad hold the same row.
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          const float new_max = fmaxf(row_max[r], tile_max);
+          // A row with no visible key so far keeps max -inf; use 0 so that exp2 gives 0, not NaN.
+          const float base = new_max == -INFINITY ? 0.0f : new_max;
+          const float correction = fast_exp2(row_max[r] - base);
+          row_max[r] = new_max;
+          float tile_sum = 0.0f;
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(scores); ++c) {
+            scores(r, c) = fast_exp2(scores(r, c) - base);
+            tile_sum += scores(r, c);
+          }
+          row_sum[r] = row_sum[r] * correction + tile_sum;
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(out); ++c) out(r, c) *= correction;
+        }
+        Tensor tOrP = make_operand_a<Element>(tSrS);
+        warpgroup_gemm<false>(mma_o, tOrP, tOrVt(_, _, _, stage), tOrO);
+        warpgroup_wait<0>();
+        Barrier::arrive(&smem.kv_empty[stage]);
+      }
+      Barrier::arrive(&smem.q_empty);
+      store(p, tile, out, row_max, row_sum, thread);
+    }
+  }
+
+ private:
+  __device__ static void publish(SharedStorage& smem, const ForwardTileRecord& record, int tiles) {
+    const int slot = tiles % Config::kTileSlots;
+    Barrier::wait(&smem.tile_empty[slot], ((tiles / Config::kTileSlots) & 1) ^ 1);
+    smem.tiles[slot] = record;
+    Barrier::arrive(&smem.tile_full[slot]);
+  }
+
+  template <class Tma, class Extent, class SmemTensor>
+  __device__ static void tma_tile(const Tma& tma, const Extent& extent, int head, int batch, int tile, uint64_t& full,
+                                  SmemTensor dst) {
+    auto m = tma.get_tma_tensor(extent);
+    auto g = local_tile(m(_, _, head, batch), product_each(shape(dst)), make_coord(_, _0{}));
+    auto [src_part, dst_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(dst), group_modes<0, 2>(g));
+    copy(tma.with(full), src_part(_, tile), dst_part);
+  }
+
+  // O / l in the output type and LSE = (m + log2 l) ln 2 (natural log); -inf and O = 0 for rows that
+  // see no key. Rows past seqlen_q are not written.
+  template <class Out>
+  __device__ static void store(const Params& p, const ForwardTileRecord& tile, Out& out, const float* row_max,
+                               const float* row_sum, int thread) {
+    typename Config::TiledMmaO mma_o;
+    Tensor cO = mma_o.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<Config::kHeadDim>>{}));
+    Tensor coords = make_tensor(cO.data(), accumulator_rows_by_columns(cO.layout()));
+    Element* o = p.out + tile.batch * p.out_strides[0] + tile.head * p.out_strides[2];
+    constexpr float kLn2 = 0.6931471805599453f;
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(out); ++r) {
+      const int row = tile.q_tile * kBlockM + get<0>(coords(r, 0));
+      if (row >= p.seqlen_q) continue;
+      // Each row's sum is spread over the four threads of a quad.
+      float sum = row_sum[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(out); ++c) {
+        o[row * p.out_strides[1] + get<1>(coords(r, c))] = static_cast<Element>(out(r, c) * inverse);
+      }
+      if (get<1>(coords(r, 0)) == 0) {
+        const float lse = sum > 0.0f ? (row_max[r] + __log2f(sum)) * kLn2 : -INFINITY;
+        p.lse[(static_cast<int64_t>(tile.batch) * p.heads_q + tile.head) * p.seqlen_q + row] = lse;
+      }
+    }
+  }
+};
+
+template <class Config>
+__device__ void init_forward_barriers(typename Config::SharedStorage& smem) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  Barrier::init(&smem.q_full, 1);
+  Barrier::init(&smem.q_empty, Config::kMmaThreads);
+  for (int s = 0; s < Config::kStages; ++s) {
+    Barrier::init(&smem.kv_full[s], 1);
+    Barrier::init(&smem.kv_empty[s], Config::kMmaThreads);
+  }
+  for (int t = 0; t < Config::kTileSlots; ++t) {
+    Barrier::init(&smem.tile_full[t], 1);
+    Barrier::init(&smem.tile_empty[t], Config::kMmaThreads);
+  }
+  cutlass::arch::fence_barrier_init();
+}
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    forward_kernel(const __grid_constant__ typename Config::Params params) {
+  extern __shared__ __align__(1024) char shared_bytes[];
+  auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(shared_bytes);
+  if (threadIdx.x == 0) init_forward_barriers<Config>(smem);
+  __syncthreads();
+  const int warp_group = static_cast<int>(threadIdx.x) / Config::kWarpGroupThreads;
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+    if (threadIdx.x == 0) ForwardKernel<Config>::load(params, smem);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
+    ForwardKernel<Config>::compute(params, smem, static_cast<int>(threadIdx.x) - Config::kWarpGroupThreads);
+  }
+}
+
+}  // namespace dash::sm90

@@ -1,0 +1,47 @@
+// Host side of the forward pass for one (head dim, element type): TMA descriptors, parameters, and
+// the launch (the tile counter is zeroed on the stream first). Returns a cudaError_t value.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/kernel_params.hpp"
+#include "kernels/sm90/bwd_launch.cuh"
+#include "kernels/sm90/fwd_config.cuh"
+#include "kernels/sm90/fwd_kernel.cuh"
+
+namespace dash::sm90 {
+
+template <int kHeadDim, class Element>
+int launch_forward(const kernels::ForwardParams& a, cudaStream_t stream) {
+  using Config = ForwardConfig<kHeadDim, Element>;
+  const AttentionShape& shape = a.shape;
+  typename Config::Params p{};
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q, shape.seqlen_q, shape.heads_q, shape.batch, a.q_strides), typename Config::SmemLayoutQ{});
+  const auto kv_tile_layout = take<0, 2>(typename Config::SmemLayoutKV{});
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k, shape.seqlen_k, shape.heads_kv, shape.batch, a.k_strides), kv_tile_layout);
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v, shape.seqlen_k, shape.heads_kv, shape.batch, a.v_strides), kv_tile_layout);
+  p.out = static_cast<Element*>(a.out);
+  copy_strides(p.out_strides, a.out_strides);
+  p.lse = a.lse;
+  p.tile_counter = a.tile_counter;
+  p.seqlen_q = static_cast<int>(shape.seqlen_q);
+  p.seqlen_k = static_cast<int>(shape.seqlen_k);
+  p.heads_q = static_cast<int>(shape.heads_q);
+  p.heads_kv = static_cast<int>(shape.heads_kv);
+  p.batch = static_cast<int>(shape.batch);
+  p.q_tiles = ceil_div(p.seqlen_q, Config::kBlockM);
+  p.causal = shape.causal;
+  p.scale_log2 = shape.softmax_scale * kLog2e;
+
+  cudaError_t err = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
+  if (err != cudaSuccess) return err;
+  auto kernel = forward_kernel<Config>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes);
+  if (err != cudaSuccess) return err;
+  const long long tiles = 1LL * p.q_tiles * p.heads_q * p.batch;
+  const int grid = static_cast<int>(tiles < a.num_sms ? tiles : a.num_sms);
+  kernel<<<grid, Config::kThreads, Config::kSharedBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace dash::sm90

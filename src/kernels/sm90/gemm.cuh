@@ -1,0 +1,69 @@
+// wgmma helpers shared by the forward and backward kernels: issuing a warpgroup GEMM over all
+// k-blocks, reusing an accumulator fragment as a register A operand, and the fast exp2.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+namespace dash::sm90 {
+
+using namespace cute;
+
+// C (+)= A B over every k-block, issued asynchronously as one wgmma batch; the caller waits with
+// warpgroup_wait<N>() before reading C. With kZeroInit the first k-block overwrites C.
+template <bool kZeroInit, class TiledMma, class TensorA, class TensorB, class TensorC>
+__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, const TensorA& a, const TensorB& b, TensorC& c) {
+  // A is either a shared-memory descriptor (SS wgmma) or a register fragment (RS wgmma).
+  constexpr bool kAInRegisters = !is_same_v<typename TensorA::engine_type, ViewEngine<GMMA::DescriptorIterator>>;
+  if constexpr (kAInRegisters) warpgroup_fence_operand(const_cast<TensorA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  if constexpr (kAInRegisters) warpgroup_fence_operand(const_cast<TensorA&>(a));
+}
+
+// The accumulator layout of a 64 x N wgmma, ((2, 2, N/8), M, N'), re-read as the register A operand
+// of a 64 x K wgmma with K = N: ((2, 2, 2), M, (N/16, N')). Both give each thread the same rows and
+// column pairs, so the conversion moves no data.
+template <class AccumulatorLayout>
+__device__ __forceinline__ auto accumulator_as_operand_a(AccumulatorLayout acc) {
+  auto values = layout<0>(acc);                                // (2, 2, N/8)
+  auto col_blocks = logical_divide(layout<2>(values), Layout<_2>{});  // ((2), (N/16))
+  return make_layout(make_layout(layout<0>(values), layout<1>(values), layout<0>(col_blocks)), layout<1>(acc),
+                     make_layout(layout<1>(col_blocks), layout<2>(acc)));
+}
+
+// Converts an fp32 accumulator fragment to a register A operand of element type T (same registers
+// order, re-read through the operand layout).
+template <class T, class Accumulator>
+__device__ __forceinline__ auto make_operand_a(const Accumulator& acc) {
+  Tensor operand = make_tensor<T>(accumulator_as_operand_a(acc.layout()));
+  Tensor as_accumulator = make_tensor(operand.data(), acc.layout());
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) as_accumulator(i) = static_cast<T>(acc(i));
+  return operand;
+}
+
+// 2^x with the hardware approximation (relative error ~2^-22), flushing denormals; exp2(-inf) = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The accumulator layout ((2, 2, N/8), M, N') of a 64 x N wgmma viewed as (rows, columns) of this
+// thread's values: ((2, M), (2, N/8, N')). Row r and r + 8 of each 16-row slab belong to the thread.
+template <class AccumulatorLayout>
+__device__ __forceinline__ auto accumulator_rows_by_columns(AccumulatorLayout acc) {
+  auto values = layout<0>(acc);
+  return make_layout(make_layout(layout<1>(values), layout<1>(acc)),
+                     make_layout(layout<0>(values), layout<2>(values), layout<2>(acc)));
+}
+
+}  // namespace dash::sm90
