@@ -1,0 +1,71 @@
+// CPU emulator: executes a SchedulePlan the way the GPU backward kernel will, one host thread per
+// persistent CTA, real float32 tile arithmetic, dQ semaphores and random delays before every
+// reduction. Running it several times shows that the gradient bits do not depend on timing for every
+// deterministic schedule (and that they do for the nondeterministic one).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dash/attention.hpp"
+#include "schedule/plan.hpp"
+#include "schedule/tile_config.hpp"
+
+namespace dash {
+
+// Random inputs of one shape (fixed seed) and what the references compute from them.
+struct EmulatorInputs {
+  AttentionShape shape;
+  std::vector<float> q, k, v, dout;            // packed (B, S, H, D), uniform in [-1, 1]
+  std::vector<float> out, lse;                 // float32 reference forward: what the kernel reads
+  std::vector<double> ref_dq, ref_dk, ref_dv;  // float64 reference backward of the same inputs
+};
+
+EmulatorInputs make_emulator_inputs(const AttentionShape& shape, uint64_t seed);
+
+// The tiled problem of `shape` with `tiles` instead of the kernel's tile shape: small tiles give many
+// tiles, and so non-trivial schedules, on shapes small enough for the CPU. group_splits = 0 picks
+// choose_group_splits() for these tiles.
+TiledProblem make_emulator_problem(const AttentionShape& shape, int num_sms, TileShape tiles, int group_splits = 0);
+
+struct EmulatorOptions {
+  int runs = 5;
+  int max_delay_us = 50;         // each reduction is preceded by a random delay in [0, max_delay_us]
+  uint64_t seed = 1;             // seeds the delays of every (run, CTA)
+  double wait_timeout_s = 30.0;  // a semaphore wait longer than this is reported as a deadlock
+};
+
+struct Gradients {
+  std::vector<float> dq, dk, dv;  // packed like q, k, v
+};
+
+struct GradientErrors {
+  double dq = 0.0;
+  double dk = 0.0;
+  double dv = 0.0;
+  double max() const;
+};
+
+struct EmulationResult {
+  bool completed = false;           // every run finished every job with every contribution summed
+  std::string error;                // why not, when !completed
+  int runs = 0;                     // runs that completed
+  bool bitwise_identical = false;   // dQ, dK and dV bits equal in every run
+  std::vector<uint64_t> run_hashes; // per run: FNV-1a hash of the dQ, dK and dV bits
+  Gradients gradients;              // of the first run
+  // Largest over the runs of max |x - ref| / max |ref| per tensor, against the float64 reference.
+  // Normwise rather than elementwise, because elementwise ratios blow up on near-zero gradients.
+  GradientErrors error_vs_reference;
+
+  double max_rel_error() const { return error_vs_reference.max(); }
+};
+
+// Runs `plan` (whose problem must describe inputs.shape, tile sizes aside) options.runs times.
+// Throws std::invalid_argument when plan and shape disagree or options are out of range (runs < 2).
+EmulationResult emulate(const EmulatorInputs& inputs, const SchedulePlan& plan, const EmulatorOptions& options);
+
+// The same on make_emulator_inputs(shape, options.seed).
+EmulationResult emulate(const AttentionShape& shape, const SchedulePlan& plan, const EmulatorOptions& options);
+
+}  // namespace dash

@@ -1,0 +1,341 @@
+// Tests of the dash-attn command line: runs the built binary with popen and checks exit codes, usage
+// messages, the --json output (read back with a minimal JSON parser, as no JSON library is available)
+// and the Gantt SVG.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+// --- a minimal JSON reader: enough to check the structure and values dash-attn prints -------------
+struct Json {
+  enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
+  Type type = Type::kNull;
+  bool boolean = false;
+  double number = 0.0;
+  std::string string;
+  std::vector<Json> array;
+  std::vector<std::pair<std::string, Json>> object;
+
+  bool has(const std::string& key) const {
+    for (const auto& [k, v] : object) {
+      if (k == key) return true;
+    }
+    return false;
+  }
+  const Json& operator[](const std::string& key) const {
+    for (const auto& [k, v] : object) {
+      if (k == key) return v;
+    }
+    throw std::runtime_error("missing key '" + key + "'");
+  }
+};
+
+class JsonReader {
+ public:
+  explicit JsonReader(std::string text) : text_(std::move(text)) {}
+
+  // The one value the text holds; throws on malformed input or trailing garbage.
+  Json read_document() {
+    Json value = read_value();
+    skip_space();
+    if (pos_ != text_.size()) fail("trailing characters");
+    return value;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error("JSON: " + what + " at offset " + std::to_string(pos_));
+  }
+  void skip_space() {
+    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+  }
+  bool consume(char c) {
+    skip_space();
+    if (pos_ < text_.size() && text_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!consume(c)) fail(std::string("expected '") + c + "'");
+  }
+  bool consume_word(const std::string& word) {
+    if (text_.compare(pos_, word.size(), word) != 0) return false;
+    pos_ += word.size();
+    return true;
+  }
+
+  Json read_value() {
+    skip_space();
+    if (pos_ >= text_.size()) fail("unexpected end");
+    Json v;
+    const char c = text_[pos_];
+    if (c == '{') {
+      v.type = Json::Type::kObject;
+      ++pos_;
+      if (consume('}')) return v;
+      do {
+        skip_space();
+        std::string key = read_string();
+        expect(':');
+        v.object.emplace_back(std::move(key), read_value());
+      } while (consume(','));
+      expect('}');
+    } else if (c == '[') {
+      v.type = Json::Type::kArray;
+      ++pos_;
+      if (consume(']')) return v;
+      do {
+        v.array.push_back(read_value());
+      } while (consume(','));
+      expect(']');
+    } else if (c == '"') {
+      v.type = Json::Type::kString;
+      v.string = read_string();
+    } else if (consume_word("true")) {
+      v.type = Json::Type::kBool;
+      v.boolean = true;
+    } else if (consume_word("false")) {
+      v.type = Json::Type::kBool;
+    } else if (consume_word("null")) {
+      v.type = Json::Type::kNull;
+    } else {
+      v.type = Json::Type::kNumber;
+      const size_t start = pos_;
+      while (pos_ < text_.size() && std::string("+-0123456789.eE").find(text_[pos_]) != std::string::npos) ++pos_;
+      if (start == pos_) fail("unexpected character");
+      char* end = nullptr;
+      const std::string number = text_.substr(start, pos_ - start);
+      v.number = std::strtod(number.c_str(), &end);
+      if (end != number.c_str() + number.size()) fail("bad number '" + number + "'");
+    }
+    return v;
+  }
+
+  std::string read_string() {
+    if (pos_ >= text_.size() || text_[pos_] != '"') fail("expected a string");
+    ++pos_;
+    std::string out;
+    while (pos_ < text_.size() && text_[pos_] != '"') {
+      char c = text_[pos_++];
+      if (static_cast<unsigned char>(c) < ' ') fail("unescaped control character");
+      if (c == '\\') {
+        if (pos_ >= text_.size()) fail("unfinished escape");
+        const char e = text_[pos_++];
+        if (e == 'n') c = '\n';
+        else if (e == 't') c = '\t';
+        else if (e == 'r') c = '\r';
+        else if (e == '"' || e == '\\' || e == '/') c = e;
+        else if (e == 'u' && pos_ + 4 <= text_.size()) {
+          c = static_cast<char>(std::stoi(text_.substr(pos_, 4), nullptr, 16));
+          pos_ += 4;
+        } else {
+          fail("bad escape");
+        }
+      }
+      out += c;
+    }
+    if (pos_ >= text_.size()) fail("unterminated string");
+    ++pos_;
+    return out;
+  }
+
+  std::string text_;
+  size_t pos_ = 0;
+};
+
+Json parse_json(const std::string& text) { return JsonReader(text).read_document(); }
+
+// --- running the binary ----------------------------------------------------------------------------
+constexpr size_t kReadChunk = 4096;
+
+struct Output {
+  int status = -1;
+  std::string text;
+};
+
+// Runs dash-attn with `args` and captures stdout, or stderr with `want_stderr`.
+Output run(const std::string& args, bool want_stderr = false) {
+  const std::string redirect = want_stderr ? " 2>&1 1>/dev/null" : " 2>/dev/null";
+  const std::string command = std::string(DASH_ATTN_BINARY) + " " + args + redirect;
+  FILE* pipe = popen(command.c_str(), "r");
+  Output out;
+  if (pipe == nullptr) return out;
+  char buffer[kReadChunk];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.text.append(buffer, n);
+  const int status = pclose(pipe);
+  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+const Json& find_schedule(const Json& report, const std::string& name) {
+  for (const Json& s : report["schedules"].array) {
+    if (s["name"].string == name) return s;
+  }
+  throw std::runtime_error("no schedule '" + name + "' in the report");
+}
+
+// --- tests -----------------------------------------------------------------------------------------
+TEST(Cli, NoCommandPrintsUsageAndFails) {
+  const Output out = run("", /*want_stderr=*/true);
+  EXPECT_EQ(out.status, 2);
+  EXPECT_NE(out.text.find("usage: dash-attn <command>"), std::string::npos) << out.text;
+}
+
+TEST(Cli, HelpListsCommands) {
+  const Output out = run("--help");
+  EXPECT_EQ(out.status, 0);
+  EXPECT_NE(out.text.find("plan"), std::string::npos);
+  EXPECT_NE(out.text.find("emulate"), std::string::npos);
+  const Output plan_help = run("plan --help");
+  EXPECT_EQ(plan_help.status, 0);
+  EXPECT_NE(plan_help.text.find("--preset NAME"), std::string::npos);
+}
+
+TEST(Cli, BadCommandLinesExitWithUsage) {
+  for (const char* args : {"bogus", "plan --bogus", "plan --batch", "plan --batch x", "plan --batch -3",
+                           "plan --seqlen 0", "plan --reduce-cost abc", "plan --schedule fastest",
+                           "plan --heads 6 --heads-kv 4", "plan --preset paper-example --causal",
+                           "plan --preset nope", "plan stray", "plan --json=yes", "emulate --runs 1",
+                           "emulate --schedule nope", "emulate --max-delay-us -1"}) {
+    SCOPED_TRACE(args);
+    const Output err = run(args, /*want_stderr=*/true);
+    EXPECT_EQ(err.status, 2);
+    EXPECT_NE(err.text.find("usage: dash-attn"), std::string::npos) << err.text;
+    EXPECT_TRUE(run(args).text.empty());
+  }
+  const Output unknown = run("plan --schedule fastest", /*want_stderr=*/true);
+  EXPECT_NE(unknown.text.find("unknown schedule 'fastest'"), std::string::npos) << unknown.text;
+}
+
+TEST(Cli, PlanPaperExampleJson) {
+  const Output out = run("plan --preset paper-example --json");
+  ASSERT_EQ(out.status, 0);
+  const Json report = parse_json(out.text);
+  EXPECT_EQ(report["recommended"].string, "symmetric-shift");
+  EXPECT_EQ(report["auto"].string, "symmetric-shift");
+  const Json& problem = report["problem"];
+  EXPECT_EQ(problem["num_kv_tiles"].number, 8);
+  EXPECT_EQ(problem["num_q_tiles"].number, 8);
+  EXPECT_EQ(problem["sms"].number, 4);
+  EXPECT_TRUE(problem["causal"].boolean);
+  ASSERT_EQ(report["schedules"].array.size(), 6u);
+  for (const Json& s : report["schedules"].array) {
+    for (const char* key : {"name", "valid", "reason", "deadlock_free", "critical_path", "makespan",
+                            "bubble_fraction", "lemma_violations"}) {
+      EXPECT_TRUE(s.has(key)) << key;
+    }
+  }
+  const Json& symmetric = find_schedule(report, "symmetric-shift");
+  EXPECT_TRUE(symmetric["valid"].boolean);
+  EXPECT_TRUE(symmetric["deadlock_free"].boolean);
+  // n + 1 = 9 tile visits per CTA, each c + r = 1 + 0.25, with no stall.
+  EXPECT_DOUBLE_EQ(symmetric["makespan"].number, 9 * (1 + 0.25));
+  EXPECT_DOUBLE_EQ(symmetric["critical_path"].number, 9 * (1 + 0.25));
+  EXPECT_EQ(symmetric["lemma_violations"].number, 0);
+  const Json& shift = find_schedule(report, "shift");
+  EXPECT_FALSE(shift["valid"].boolean);
+  EXPECT_NE(shift["reason"].string.find("full mask"), std::string::npos);
+}
+
+TEST(Cli, PlanScheduleFilter) {
+  const Output out = run("plan --preset paper-example --schedule auto --json");
+  ASSERT_EQ(out.status, 0);
+  const Json report = parse_json(out.text);
+  ASSERT_EQ(report["schedules"].array.size(), 1u);
+  EXPECT_EQ(report["schedules"].array[0]["name"].string, "symmetric-shift");
+}
+
+TEST(Cli, PlanFullMaskRecommendsShift) {
+  const Output out = run("plan --batch 2 --heads 8 --seqlen 2048 --head-dim 64 --json");
+  ASSERT_EQ(out.status, 0);
+  const Json report = parse_json(out.text);
+  EXPECT_EQ(report["recommended"].string, "shift");
+  EXPECT_EQ(report["auto"].string, "shift");
+  EXPECT_FALSE(report["problem"]["causal"].boolean);
+  const Output text = run("plan --batch 2 --heads 8 --seqlen 2048 --head-dim 64");
+  EXPECT_NE(text.text.find("recommended: shift"), std::string::npos) << text.text;
+}
+
+TEST(Cli, PlanWritesGanttSvg) {
+  const std::string path = testing::TempDir() + "dash_attn_test_gantt.svg";
+  std::remove(path.c_str());
+  const Output out = run("plan --preset paper-example --svg " + path);
+  ASSERT_EQ(out.status, 0);
+  EXPECT_NE(out.text.find("written to " + path), std::string::npos);
+  std::ifstream file(path);
+  ASSERT_TRUE(file.good());
+  std::stringstream content;
+  content << file.rdbuf();
+  std::string svg = content.str();
+  while (!svg.empty() && std::isspace(static_cast<unsigned char>(svg.back()))) svg.pop_back();
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_GE(svg.size(), 6u);
+  EXPECT_EQ(svg.substr(svg.size() - 6), "</svg>");
+  EXPECT_NE(svg.find("symmetric-shift"), std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(Cli, PaperGridJson) {
+  const Output out = run("plan --preset paper-grid --json");
+  ASSERT_EQ(out.status, 0);
+  const Json report = parse_json(out.text);
+  // Head dims {64, 128} x seqlens 512..16384 (6) x {full, causal}.
+  ASSERT_EQ(report["grid"].array.size(), 24u);
+  for (const Json& point : report["grid"].array) {
+    const Json& problem = point["problem"];
+    EXPECT_EQ(problem["batch"].number * problem["seqlen_q"].number, 16384);
+    EXPECT_EQ(problem["heads_q"].number * problem["head_dim"].number, 2048);
+    EXPECT_EQ(problem["sms"].number, 132);
+    const char* paper_schedule = problem["causal"].boolean ? "symmetric-shift" : "shift";
+    EXPECT_TRUE(find_schedule(point, paper_schedule)["valid"].boolean);
+    EXPECT_EQ(point["auto"].string, paper_schedule);
+  }
+}
+
+TEST(Cli, EmulateReportsBits) {
+  // Eight key/value tiles of 32 rows on eight CTAs: eight partials per dQ tile, so the unordered sum
+  // changes bits when the arrival order does.
+  const std::string shape = "emulate --heads 2 --seqlen 256 --head-dim 16 --block-q 32 --block-kv 32 --sms 8 ";
+  const Output ascending = run(shape + "--schedule ascending --json");
+  ASSERT_EQ(ascending.status, 0);
+  const Json a = parse_json(ascending.text);
+  EXPECT_TRUE(a["bitwise_identical"].boolean);
+  EXPECT_TRUE(a["schedules"].array.at(0)["within_tolerance"].boolean);
+  EXPECT_EQ(a["schedules"].array.at(0)["runs"].number, 5);
+
+  const Output nondeterministic = run(shape + "--schedule nondeterministic --max-delay-us 200 --json");
+  ASSERT_EQ(nondeterministic.status, 0);
+  const Json n = parse_json(nondeterministic.text);
+  EXPECT_FALSE(n["bitwise_identical"].boolean);
+  EXPECT_GT(n["schedules"].array.at(0)["distinct_results"].number, 1);
+
+  const Output all = run(shape + "--json");
+  ASSERT_EQ(all.status, 0);
+  const Json every = parse_json(all.text);
+  EXPECT_FALSE(every.has("bitwise_identical"));
+  EXPECT_TRUE(every["ok"].boolean);
+  for (const char* name : {"ascending", "descending", "shortest-first", "shift"}) {
+    EXPECT_TRUE(find_schedule(every, name)["bitwise_identical"].boolean) << name;
+  }
+  EXPECT_FALSE(find_schedule(every, "symmetric-shift")["valid"].boolean);
+}
+
+TEST(Cli, EmulateRejectedScheduleFails) {
+  const Output out = run("emulate --causal --schedule shift");
+  EXPECT_EQ(out.status, 1);
+  EXPECT_NE(out.text.find("not applicable"), std::string::npos) << out.text;
+}
+
+}  // namespace

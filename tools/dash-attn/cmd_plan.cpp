@@ -1,0 +1,310 @@
+// dash-attn plan: compares the backward schedules of one shape (or of the paper's grid) in the DAG
+// model: validity, deadlock freedom, critical path, simulated makespan, bubbles and lemma
+// violations; says which schedule it recommends and which one `auto` runs; draws a Gantt chart.
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include "commands.hpp"
+#include "json.hpp"
+#include "options.hpp"
+#include "planner/compare.hpp"
+#include "planner/expanded_schedule.hpp"
+#include "planner/gantt_svg.hpp"
+#include "planner/schedule_plan.hpp"
+#include "planner/simulator.hpp"
+
+namespace dash::cli {
+namespace {
+
+// The worked example of the notes: one causal head of 8 x 8 tiles (d = 64 tiles are 128 x 128) on 4 SMs.
+constexpr int kExampleSeqlen = 1024;
+constexpr int kExampleHeadDim = 64;
+constexpr int kExampleSms = 4;
+// The paper's benchmark grid: 16k tokens per batch, hidden size 2048, an H800's 132 SMs.
+constexpr int kPaperTokens = 16384;
+constexpr int kPaperHidden = 2048;
+constexpr int kPaperSms = 132;
+constexpr int kPaperHeadDims[] = {64, 128};
+constexpr int kPaperSeqlens[] = {512, 1024, 2048, 4096, 8192, 16384};
+
+constexpr int kNameWidth = 17;
+constexpr int kYesNoWidth = 7;
+constexpr int kFlagWidth = 15;
+constexpr int kNumberWidth = 14;
+constexpr int kSmallWidth = 9;
+constexpr int kViolationWidth = 17;
+constexpr int kPercentDigits = 3;
+constexpr double kPercent = 100.0;
+
+struct PlanFlags {
+  ShapeFlags shape;
+  CostModel costs;
+  std::string schedule;
+  std::string svg;
+  std::string preset;
+  bool json = false;
+};
+
+struct Point {
+  AttentionShape shape;
+  int sms;
+  TiledProblem problem;
+  Comparison comparison;
+};
+
+Point evaluate(const AttentionShape& shape, int sms, const CostModel& costs, const FlagParser& parser) {
+  Point point{shape, sms, make_tiled_problem(shape, sms), {}};
+  check_problem_size(point.problem, parser);
+  point.comparison = compare_schedules(point.problem, sms, costs);
+  return point;
+}
+
+std::vector<AttentionShape> paper_grid() {
+  std::vector<AttentionShape> grid;
+  for (int head_dim : kPaperHeadDims) {
+    for (int seqlen : kPaperSeqlens) {
+      for (bool causal : {false, true}) {
+        AttentionShape s;
+        s.batch = kPaperTokens / seqlen;
+        s.heads_q = s.heads_kv = kPaperHidden / head_dim;
+        s.seqlen_q = s.seqlen_k = seqlen;
+        s.head_dim = head_dim;
+        s.causal = causal;
+        s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        grid.push_back(s);
+      }
+    }
+  }
+  return grid;
+}
+
+// The schedule rows to show: all, or the one --schedule names (auto: what auto picks for this point).
+bool shown(const ScheduleReport& r, const Point& point, std::optional<Schedule> only) {
+  if (!only) return true;
+  return r.schedule == (*only == Schedule::kAuto ? point.comparison.auto_choice : *only);
+}
+
+std::string note(const ScheduleReport& r, const Comparison& c) {
+  if (!r.valid) return r.reason;
+  std::string text;
+  if (r.schedule == c.recommended) text = "recommended";
+  if (r.schedule == c.auto_choice) text += text.empty() ? "auto" : ", auto";
+  if (r.schedule == Schedule::kNondeterministic) text = "no fixed order: bits vary from run to run";
+  return text;
+}
+
+// "-" where the validator never ran (a precondition failed first).
+const char* deadlock_text(const ScheduleReport& r) {
+  if (r.deadlock_free) return "yes";
+  return r.valid || r.reason.rfind("deadlock", 0) == 0 ? "no" : "-";
+}
+
+std::string row(const ScheduleReport& r, const Comparison& c) {
+  std::ostringstream out;
+  out << std::left << std::setw(kNameWidth) << schedule_name(r.schedule) << std::setw(kYesNoWidth)
+      << (r.valid ? "yes" : "no") << std::setw(kFlagWidth) << deadlock_text(r) << std::right;
+  if (r.valid) {
+    out << std::setw(kNumberWidth) << format_number(r.critical_path) << std::setw(kNumberWidth)
+        << format_number(r.makespan) << std::setw(kSmallWidth)
+        << format_number(kPercent * r.bubble_fraction, kPercentDigits) + "%" << std::setw(kViolationWidth)
+        << r.lemma_violations;
+  } else {
+    out << std::setw(kNumberWidth) << "-" << std::setw(kNumberWidth) << "-" << std::setw(kSmallWidth) << "-"
+        << std::setw(kViolationWidth) << "-";
+  }
+  const std::string why = note(r, c);
+  if (!why.empty()) out << "  " << why;
+  return out.str();
+}
+
+std::string header() {
+  std::ostringstream out;
+  out << std::left << std::setw(kNameWidth) << "schedule" << std::setw(kYesNoWidth) << "valid"
+      << std::setw(kFlagWidth) << "deadlock-free" << std::right << std::setw(kNumberWidth) << "critical-path"
+      << std::setw(kNumberWidth) << "makespan" << std::setw(kSmallWidth) << "bubble" << std::setw(kViolationWidth)
+      << "lemma-violations" << "  note";
+  return out.str();
+}
+
+std::string point_json(const Point& point, const CostModel& costs, std::optional<Schedule> only,
+                       const std::string& svg) {
+  const Comparison& c = point.comparison;
+  std::vector<std::string> schedules;
+  for (const ScheduleReport& r : c.schedules) {
+    if (!shown(r, point, only)) continue;
+    schedules.push_back(JsonObject()
+                            .add("name", json_string(schedule_name(r.schedule)))
+                            .add("valid", json_bool(r.valid))
+                            .add("reason", json_string(r.reason))
+                            .add("deadlock_free", json_bool(r.deadlock_free))
+                            .add("critical_path", json_number(r.critical_path))
+                            .add("makespan", json_number(r.makespan))
+                            .add("bubble_fraction", json_number(r.bubble_fraction))
+                            .add("lemma_violations", json_number(r.lemma_violations))
+                            .str());
+  }
+  const std::string cost_json = JsonObject()
+                                    .add("compute", json_number(costs.compute))
+                                    .add("reduce", json_number(costs.reduce))
+                                    .add("signal_latency", json_number(costs.signal_latency))
+                                    .str();
+  JsonObject o;
+  o.add("recommended", json_string(schedule_name(c.recommended)))
+      .add("auto", json_string(schedule_name(c.auto_choice)))
+      .add("problem", problem_json(point.shape, point.problem, point.sms, {{"costs", cost_json}}))
+      .add("schedules", json_array(schedules));
+  if (!svg.empty()) o.add("svg", json_string(svg));
+  return o.str();
+}
+
+void print_point(const Point& point, const CostModel& costs, std::optional<Schedule> only) {
+  std::cout << "problem: " << describe_shape(point.shape) << "; " << point.sms << " SMs\n"
+            << "tiles:   " << describe_tiles(point.problem) << "\n"
+            << "costs:   compute " << format_number(costs.compute) << ", reduce " << format_number(costs.reduce)
+            << ", signal latency " << format_number(costs.signal_latency) << "\n\n"
+            << header() << "\n";
+  for (const ScheduleReport& r : point.comparison.schedules) {
+    if (shown(r, point, only)) std::cout << row(r, point.comparison) << "\n";
+  }
+  std::cout << "\nrecommended: " << schedule_name(point.comparison.recommended)
+            << " (smallest simulated makespan among the valid deterministic schedules)\n"
+            << "auto picks:  " << schedule_name(point.comparison.auto_choice) << "\n";
+}
+
+void print_grid(const std::vector<Point>& points, const CostModel& costs, std::optional<Schedule> only) {
+  std::cout << "paper grid: " << kPaperTokens << " tokens per batch, heads x head_dim = " << kPaperHidden
+            << ", costs compute " << format_number(costs.compute) << ", reduce " << format_number(costs.reduce)
+            << ", signal latency " << format_number(costs.signal_latency) << "\n\n";
+  constexpr int kDimWidth = 5;
+  constexpr int kSeqWidth = 7;
+  constexpr int kCountWidth = 6;
+  constexpr int kMaskWidth = 8;
+  std::cout << std::left << std::setw(kDimWidth) << "d" << std::setw(kSeqWidth) << "seqlen" << std::setw(kCountWidth)
+            << "batch" << std::setw(kCountWidth) << "heads" << std::setw(kCountWidth) << "sms" << std::setw(kMaskWidth)
+            << "mask" << header() << "\n";
+  for (const Point& p : points) {
+    for (const ScheduleReport& r : p.comparison.schedules) {
+      if (!shown(r, p, only)) continue;
+      std::cout << std::left << std::setw(kDimWidth) << p.shape.head_dim << std::setw(kSeqWidth) << p.shape.seqlen_q
+                << std::setw(kCountWidth) << p.shape.batch << std::setw(kCountWidth) << p.shape.heads_q
+                << std::setw(kCountWidth) << p.sms << std::setw(kMaskWidth) << (p.shape.causal ? "causal" : "full")
+                << row(r, p.comparison) << "\n";
+    }
+  }
+}
+
+// Simulates `schedule` with a timeline and writes its Gantt chart; returns an error or "".
+std::string write_svg(const Point& point, Schedule schedule, const CostModel& costs, const std::string& path) {
+  for (const ScheduleReport& r : point.comparison.schedules) {
+    if (r.schedule == schedule && !r.valid) {
+      return "cannot draw " + std::string(schedule_name(schedule)) + ": " + r.reason;
+    }
+  }
+  const ExpandedSchedule expanded = expand_schedule(make_schedule_plan(point.problem, schedule, point.sms).plan);
+  const SimulationResult sim = simulate(expanded, costs, /*record_timeline=*/true);
+  std::ofstream out(path);
+  if (!out) return "cannot open '" + path + "' for writing";
+  GanttOptions options;
+  options.title = std::string(schedule_name(schedule)) + ": " + describe_shape(point.shape) + "; " +
+                  std::to_string(point.sms) + " SMs";
+  write_gantt_svg(expanded, sim, options, out);
+  out.close();
+  if (!out) return "could not write '" + path + "'";
+  return {};
+}
+
+}  // namespace
+
+int cmd_plan(const std::vector<std::string>& args) {
+  PlanFlags f;
+  FlagParser parser("plan",
+                    "Compares the backward schedules of a shape in the paper's DAG model (compute c and reduce r per\n"
+                    "tile visit, dQ reductions in each schedule's fixed order) and recommends one. No GPU needed.");
+  add_shape_flags(parser, &f.shape);
+  parser.add_double("compute-cost", "c, one tile visit's compute (> 0)", &f.costs.compute, 0.0);
+  parser.add_double("reduce-cost", "r, one dQ tile's serialized reduction", &f.costs.reduce, 0.0);
+  parser.add_double("signal-latency", "delay before another SM sees a released semaphore", &f.costs.signal_latency,
+                    0.0);
+  parser.add_string("schedule", "NAME",
+                    "show only this schedule (auto: the one auto picks), and draw it with --svg", &f.schedule, "all");
+  parser.add_string("svg", "FILE", "write the Gantt chart of the recommended schedule (or of --schedule)", &f.svg,
+                    "none");
+  parser.add_string("preset", "NAME",
+                    "paper-example: the notes' 8x8 causal example (d 64, seqlen 1024, 1 head, 4 SMs);\n"
+                    "paper-grid: the paper's grid (16k tokens, heads*d = 2048, d 64 and 128, seqlen\n"
+                    "512..16384, full and causal, 132 SMs), one line per point and schedule.\n"
+                    "A preset sets every shape flag but --sms",
+                    &f.preset, "none");
+  parser.add_switch("json", "print exactly one JSON object instead of tables", &f.json);
+  if (!parser.parse(args)) return kExitOk;
+
+  if (!(f.costs.compute > 0.0)) parser.fail("--compute-cost must be > 0");
+  std::optional<Schedule> only;
+  if (parser.given("schedule")) {
+    Schedule s{};
+    const Status status = parse_schedule(f.schedule, &s);
+    if (!status.ok()) parser.fail(status.message());
+    only = s;
+  }
+  std::vector<AttentionShape> shapes;
+  int sms = static_cast<int>(f.shape.sms);
+  if (parser.given("preset")) {
+    if (const std::vector<std::string> given = given_shape_flags(parser); !given.empty()) {
+      parser.fail("--preset sets the shape; drop " + given.front());
+    }
+    if (f.preset == "paper-example") {
+      f.shape.batch = f.shape.heads = 1;
+      f.shape.seqlen = kExampleSeqlen;
+      f.shape.head_dim = kExampleHeadDim;
+      f.shape.causal = true;
+      if (!parser.given("sms")) sms = kExampleSms;
+      shapes.push_back(make_shape(f.shape, parser));
+    } else if (f.preset == "paper-grid") {
+      if (parser.given("svg")) parser.fail("--svg draws one shape; it does not combine with --preset paper-grid");
+      if (!parser.given("sms")) sms = kPaperSms;
+      shapes = paper_grid();
+    } else {
+      parser.fail("unknown preset '" + f.preset + "' (valid: paper-example, paper-grid)");
+    }
+  } else {
+    shapes.push_back(make_shape(f.shape, parser));
+  }
+
+  std::vector<Point> points;
+  for (const AttentionShape& shape : shapes) points.push_back(evaluate(shape, sms, f.costs, parser));
+
+  if (f.preset == "paper-grid") {
+    if (f.json) {
+      std::vector<std::string> grid;
+      for (const Point& p : points) grid.push_back(point_json(p, f.costs, only, ""));
+      std::cout << JsonObject().add("grid", json_array(grid)).str() << "\n";
+    } else {
+      print_grid(points, f.costs, only);
+    }
+    return kExitOk;
+  }
+
+  const Point& point = points.front();
+  std::optional<Schedule> drawn;
+  if (parser.given("svg")) {
+    drawn = !only ? point.comparison.recommended
+                  : (*only == Schedule::kAuto ? point.comparison.auto_choice : *only);
+    if (const std::string error = write_svg(point, *drawn, f.costs, f.svg); !error.empty()) {
+      std::cerr << "dash-attn plan: " << error << "\n";
+      return kExitFailure;
+    }
+  }
+  if (f.json) {
+    std::cout << point_json(point, f.costs, only, drawn ? f.svg : "") << "\n";
+  } else {
+    print_point(point, f.costs, only);
+    if (drawn) std::cout << "\nGantt chart of " << schedule_name(*drawn) << " written to " << f.svg << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace dash::cli

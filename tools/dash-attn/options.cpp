@@ -1,0 +1,223 @@
+#include "options.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <iostream>
+#include <sstream>
+
+#include "json.hpp"
+
+namespace dash::cli {
+namespace {
+
+// Width of the "--flag VALUE" column of the usage text.
+constexpr size_t kFlagColumn = 26;
+// Bounds that keep every tile count and index of the schedule model inside int.
+constexpr int64_t kMaxBatchOrHeads = 1 << 16;
+constexpr int64_t kMaxSeqlen = 1 << 24;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxSms = 4096;
+// Tile visits the planner expands (12 bytes each, plus the DAG): ~16 M stays within a few GiB.
+constexpr long long kMaxTileVisits = 1LL << 24;
+
+template <class T>
+bool parse_number(const std::string& text, T* value) {
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, *value);
+  return ec == std::errc() && ptr == end && !text.empty();
+}
+
+std::string to_text(double value) { return format_number(value); }
+
+}  // namespace
+
+FlagParser::Flag* FlagParser::find(const std::string& name) {
+  for (Flag& f : flags_) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+void FlagParser::add_int(const std::string& name, const std::string& help, int64_t* target, int64_t min_value,
+                         int64_t max_value, const std::string& default_text) {
+  Flag f{name, "N", help, default_text.empty() ? std::to_string(*target) : default_text, nullptr};
+  f.set = [this, name, target, min_value, max_value](const std::string& text) {
+    int64_t value = 0;
+    if (!parse_number(text, &value)) fail("--" + name + ": '" + text + "' is not an integer");
+    if (value < min_value || value > max_value) {
+      fail("--" + name + ": " + text + " is outside [" + std::to_string(min_value) + ", " + std::to_string(max_value) +
+           "]");
+    }
+    *target = value;
+  };
+  flags_.push_back(std::move(f));
+}
+
+void FlagParser::add_double(const std::string& name, const std::string& help, double* target, double min_value,
+                            const std::string& default_text) {
+  Flag f{name, "X", help, default_text.empty() ? to_text(*target) : default_text, nullptr};
+  f.set = [this, name, target, min_value](const std::string& text) {
+    double value = 0.0;
+    if (!parse_number(text, &value) || !std::isfinite(value)) fail("--" + name + ": '" + text + "' is not a number");
+    if (value < min_value) fail("--" + name + ": " + text + " is below " + to_text(min_value));
+    *target = value;
+  };
+  flags_.push_back(std::move(f));
+}
+
+void FlagParser::add_string(const std::string& name, const std::string& value_name, const std::string& help,
+                            std::string* target, const std::string& default_text) {
+  Flag f{name, value_name, help, default_text.empty() ? *target : default_text, nullptr};
+  f.set = [target](const std::string& text) { *target = text; };
+  flags_.push_back(std::move(f));
+}
+
+void FlagParser::add_switch(const std::string& name, const std::string& help, bool* target) {
+  Flag f{name, "", help, "", nullptr};
+  f.set = [target](const std::string&) { *target = true; };
+  flags_.push_back(std::move(f));
+}
+
+bool FlagParser::parse(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << usage();
+      return false;
+    }
+    if (arg.rfind("--", 0) != 0) fail("unexpected argument '" + arg + "'");
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    Flag* flag = find(name);
+    if (flag == nullptr) fail("unknown flag '--" + name + "'");
+    if (flag->value_name.empty()) {
+      if (eq != std::string::npos) fail("--" + name + " takes no value");
+      flag->set("");
+    } else if (eq != std::string::npos) {
+      flag->set(arg.substr(eq + 1));
+    } else {
+      if (i + 1 == args.size()) fail("--" + name + " needs a value");
+      flag->set(args[++i]);
+    }
+    flag->seen = true;
+  }
+  return true;
+}
+
+bool FlagParser::given(const std::string& name) const {
+  for (const Flag& f : flags_) {
+    if (f.name == name) return f.seen;
+  }
+  return false;
+}
+
+void FlagParser::fail(const std::string& message) const { throw UsageError(message, usage()); }
+
+std::string FlagParser::usage() const {
+  std::ostringstream out;
+  out << "usage: dash-attn " << command_ << " [flags]\n\n" << summary_ << "\n\nflags:\n";
+  for (const Flag& f : flags_) {
+    std::string left = "  --" + f.name + (f.value_name.empty() ? "" : " " + f.value_name);
+    left.resize(std::max(left.size() + 1, kFlagColumn), ' ');
+    std::string help = f.help + (f.default_text.empty() ? "" : " (default: " + f.default_text + ")");
+    for (size_t at = help.find('\n'); at != std::string::npos; at = help.find('\n', at + 1)) {
+      help.insert(at + 1, kFlagColumn, ' ');
+    }
+    out << left << help << "\n";
+  }
+  std::string help_flag = "  --help";
+  help_flag.resize(kFlagColumn, ' ');
+  out << help_flag << "this text\n";
+  return out.str();
+}
+
+void add_shape_flags(FlagParser& parser, ShapeFlags* f) {
+  parser.add_int("batch", "batch size", &f->batch, 1, kMaxBatchOrHeads);
+  parser.add_int("heads", "query heads", &f->heads, 1, kMaxBatchOrHeads);
+  parser.add_int("heads-kv", "key/value heads, dividing --heads (GQA/MQA)", &f->heads_kv, 1, kMaxBatchOrHeads,
+                 "--heads");
+  parser.add_int("seqlen", "query and key length", &f->seqlen, 1, kMaxSeqlen);
+  parser.add_int("seqlen-q", "query length", &f->seqlen_q, 1, kMaxSeqlen, "--seqlen");
+  parser.add_int("seqlen-k", "key/value length", &f->seqlen_k, 1, kMaxSeqlen, "--seqlen");
+  parser.add_int("head-dim", "head dimension (picks the kernel's tile shape)", &f->head_dim, 1, kMaxHeadDim);
+  parser.add_switch("causal", "causal mask, aligned to the bottom-right corner (default: full mask)", &f->causal);
+  parser.add_int("sms", "SMs, i.e. persistent CTAs", &f->sms, 1, kMaxSms);
+}
+
+std::vector<std::string> given_shape_flags(const FlagParser& parser) {
+  std::vector<std::string> given;
+  for (const char* name : {"batch", "heads", "heads-kv", "seqlen", "seqlen-q", "seqlen-k", "head-dim", "causal"}) {
+    if (parser.given(name)) given.push_back(std::string("--") + name);
+  }
+  return given;
+}
+
+AttentionShape make_shape(const ShapeFlags& f, const FlagParser& parser) {
+  AttentionShape s;
+  s.batch = f.batch;
+  s.heads_q = f.heads;
+  s.heads_kv = f.heads_kv > 0 ? f.heads_kv : f.heads;
+  s.seqlen_q = f.seqlen_q > 0 ? f.seqlen_q : f.seqlen;
+  s.seqlen_k = f.seqlen_k > 0 ? f.seqlen_k : f.seqlen;
+  s.head_dim = f.head_dim;
+  s.causal = f.causal;
+  s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(f.head_dim));
+  if (s.heads_q % s.heads_kv != 0) {
+    parser.fail("--heads-kv " + std::to_string(s.heads_kv) + " does not divide --heads " + std::to_string(s.heads_q));
+  }
+  return s;
+}
+
+void check_problem_size(const TiledProblem& p, const FlagParser& parser) {
+  // Multiplied out in 64 bits from the per-axis counts, which all fit in int (unlike their products).
+  const long long visits = 1LL * p.batch * p.heads_kv * p.group_size * p.real_q_tiles() * p.num_kv_tiles();
+  if (visits > kMaxTileVisits) {
+    parser.fail("the shape has " + std::to_string(visits) + " (key/value tile, query tile) visits; at most " +
+                std::to_string(kMaxTileVisits) + " are supported");
+  }
+}
+
+std::string describe_shape(const AttentionShape& s) {
+  std::ostringstream out;
+  out << "batch " << s.batch << ", heads " << s.heads_q << " (kv " << s.heads_kv << "), seqlen_q " << s.seqlen_q
+      << ", seqlen_k " << s.seqlen_k << ", head_dim " << s.head_dim << ", " << (s.causal ? "causal" : "full mask");
+  return out.str();
+}
+
+std::string describe_tiles(const TiledProblem& p) {
+  std::ostringstream out;
+  out << "block_q " << p.block_q << ", block_kv " << p.block_kv << "; " << p.num_kv_tiles() << " key/value x "
+      << p.num_q_tiles() << " query tiles in each of " << p.num_heads() << " schedule heads (GQA group splits "
+      << p.group_splits << ")";
+  return out.str();
+}
+
+std::string problem_json(const AttentionShape& s, const TiledProblem& p, int sms,
+                         const std::vector<std::pair<std::string, std::string>>& extra) {
+  JsonObject o;
+  o.add("batch", json_number(s.batch))
+      .add("heads_q", json_number(s.heads_q))
+      .add("heads_kv", json_number(s.heads_kv))
+      .add("seqlen_q", json_number(s.seqlen_q))
+      .add("seqlen_k", json_number(s.seqlen_k))
+      .add("head_dim", json_number(s.head_dim))
+      .add("causal", json_bool(s.causal))
+      .add("sms", json_number(sms))
+      .add("block_q", json_number(p.block_q))
+      .add("block_kv", json_number(p.block_kv))
+      .add("num_kv_tiles", json_number(p.num_kv_tiles()))
+      .add("num_q_tiles", json_number(p.num_q_tiles()))
+      .add("group_splits", json_number(p.group_splits))
+      .add("schedule_heads", json_number(p.num_heads()));
+  for (const auto& [key, value] : extra) o.add(key, value);
+  return o.str();
+}
+
+std::string format_number(double value, int digits) {
+  std::ostringstream out;
+  out.precision(digits);
+  out << value;
+  return out.str();
+}
+
+}  // namespace dash::cli

@@ -1,0 +1,104 @@
+// Flag parsing shared by the dash-attn subcommands: a small declarative parser (--name VALUE or
+// --name=VALUE, switches, range-checked numbers, per-command usage text) and the attention-shape flags
+// every subcommand takes. Bad input throws UsageError, which main() turns into exit code 2.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dash/attention.hpp"
+#include "schedule/tiled_problem.hpp"
+
+namespace dash::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;  // the command ran and found a problem (or could not write a file)
+inline constexpr int kExitUsage = 2;
+
+// A bad command line; `usage` is the usage text of the command it was meant for.
+class UsageError : public std::runtime_error {
+ public:
+  UsageError(const std::string& message, std::string usage) : std::runtime_error(message), usage_(std::move(usage)) {}
+  const std::string& usage() const { return usage_; }
+
+ private:
+  std::string usage_;
+};
+
+class FlagParser {
+ public:
+  FlagParser(std::string command, std::string summary) : command_(std::move(command)), summary_(std::move(summary)) {}
+  // The flags' setters point back at the parser.
+  FlagParser(const FlagParser&) = delete;
+  FlagParser& operator=(const FlagParser&) = delete;
+
+  // `default_text` replaces the target's current value in the usage text when not empty.
+  void add_int(const std::string& name, const std::string& help, int64_t* target, int64_t min_value,
+               int64_t max_value, const std::string& default_text = {});
+  void add_double(const std::string& name, const std::string& help, double* target, double min_value,
+                  const std::string& default_text = {});
+  void add_string(const std::string& name, const std::string& value_name, const std::string& help,
+                  std::string* target, const std::string& default_text = {});
+  void add_switch(const std::string& name, const std::string& help, bool* target);
+
+  // Parses `args` (the words after the subcommand). Returns false when --help was given: the usage
+  // text is then printed on stdout and nothing else should happen.
+  bool parse(const std::vector<std::string>& args);
+  bool given(const std::string& name) const;
+  [[noreturn]] void fail(const std::string& message) const;
+  std::string usage() const;
+
+ private:
+  struct Flag {
+    std::string name;
+    std::string value_name;  // empty for a switch
+    std::string help;
+    std::string default_text;
+    std::function<void(const std::string&)> set;
+    bool seen = false;
+  };
+  Flag* find(const std::string& name);
+
+  std::string command_;
+  std::string summary_;
+  std::vector<Flag> flags_;
+};
+
+// The shape flags; a subcommand sets its defaults before add_shape_flags().
+struct ShapeFlags {
+  int64_t batch = 1;
+  int64_t heads = 16;
+  int64_t heads_kv = 0;  // 0: same as heads
+  int64_t seqlen = 4096;
+  int64_t seqlen_q = 0;  // 0: --seqlen
+  int64_t seqlen_k = 0;  // 0: --seqlen
+  int64_t head_dim = 128;
+  bool causal = false;
+  int64_t sms = 132;
+};
+
+void add_shape_flags(FlagParser& parser, ShapeFlags* flags);
+// The shape flags given on the command line other than --sms, e.g. {"--batch", "--causal"}: a preset
+// replaces the shape and refuses them.
+std::vector<std::string> given_shape_flags(const FlagParser& parser);
+// Checks the flags together (heads divisible by heads-kv) and builds the shape, with softmax scale
+// 1/sqrt(head_dim) and bf16 as dtype (the planner and emulator do not depend on it).
+AttentionShape make_shape(const ShapeFlags& flags, const FlagParser& parser);
+
+// Refuses shapes with more tile visits than the planner and emulator enumerate in reasonable memory.
+void check_problem_size(const TiledProblem& problem, const FlagParser& parser);
+
+// "batch 1, heads 16 (kv 16), seqlen_q 4096, seqlen_k 4096, head_dim 128, full mask"
+std::string describe_shape(const AttentionShape& shape);
+// "block_q 64, block_kv 128; 32 key/value x 64 query tiles in each of 16 schedule heads (GQA group splits 1)"
+std::string describe_tiles(const TiledProblem& problem);
+// The shape, SM count and tiling as a JSON object; `extra` members (already encoded) are appended.
+std::string problem_json(const AttentionShape& shape, const TiledProblem& problem, int sms,
+                         const std::vector<std::pair<std::string, std::string>>& extra = {});
+// A number as the tables print it: up to `digits` significant digits, no trailing zeros.
+std::string format_number(double value, int digits = 6);
+
+}  // namespace dash::cli
