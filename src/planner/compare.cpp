@@ -1,5 +1,8 @@
 #include "planner/compare.hpp"
 
+#include <vector>
+
+#include "planner/dag.hpp"
 #include "planner/expanded_schedule.hpp"
 #include "planner/schedule_plan.hpp"
 #include "planner/validator.hpp"
@@ -23,8 +26,15 @@ ScheduleReport evaluate_schedule(const TiledProblem& problem, Schedule schedule,
   }
   const SimulationResult sim = simulate(expanded, costs);
   report.valid = true;
-  report.critical_path = validation.dag.critical_path;
-  report.lemma_violations = validation.dag.lemma_violations;
+  // The validator's DAG uses its own unit costs; the critical path must use the caller's c and r (and,
+  // under dynamic dispatch, the CTA assignment those costs produce).
+  const CostModel instant{costs.compute, costs.reduce, 0.0};
+  const std::vector<std::vector<int>> cta_jobs = planned.plan.dispatch == Dispatch::kStatic
+                                                     ? static_cta_jobs(expanded)
+                                                     : simulate(expanded, instant).cta_jobs;
+  const DagAnalysis dag = analyze_dag(expanded, cta_jobs, instant);
+  report.critical_path = dag.critical_path;
+  report.lemma_violations = dag.lemma_violations;
   report.makespan = sim.makespan;
   report.bubble_fraction = sim.bubble_fraction;
   return report;
