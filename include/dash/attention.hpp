@@ -14,7 +14,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <span>
 #include <string_view>
 
 #include "dash/status.hpp"
@@ -110,9 +109,9 @@ struct BackwardArgs {
   Schedule schedule = Schedule::kAuto;
 };
 
-// Head dims and dtypes this build has kernels for.
-std::span<const int> supported_head_dims();
+// Whether this build has kernels at all, and for this (head dim, dtype).
 bool kernels_available();
+bool kernel_available(int64_t head_dim, DType dtype);
 
 // Checks `args` without touching the GPU (shape, pointers, alignment, strides, overlap).
 Status validate(const ForwardArgs& args);

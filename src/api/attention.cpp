@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <string>
-#include <vector>
 
 #include "api/device.hpp"
 #include "api/proven_schedules.hpp"
@@ -81,18 +80,13 @@ Status plan_backward(const AttentionShape& shape, Schedule schedule, SchedulePla
 
 }  // namespace
 
-std::span<const int> supported_head_dims() {
-  static const std::vector<int> head_dims = [] {
-    std::vector<int> dims;
-    for (const auto& k : kernels::kernel_instances()) {
-      if (std::find(dims.begin(), dims.end(), k.head_dim) == dims.end()) dims.push_back(k.head_dim);
-    }
-    return dims;
-  }();
-  return head_dims;
-}
-
 bool kernels_available() { return !kernels::kernel_instances().empty(); }
+
+bool kernel_available(int64_t head_dim, DType dtype) {
+  const auto instances = kernels::kernel_instances();
+  return std::any_of(instances.begin(), instances.end(),
+                     [&](const kernels::KernelInstance& k) { return k.head_dim == head_dim && k.dtype == dtype; });
+}
 
 Status forward_workspace_size(const AttentionShape& /*shape*/, size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "forward_workspace_size: bytes is null"};

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kernels/kernel_params.hpp"
+#include "kernels/sm90/primitives.cuh"
 #include "schedule/tile_config.hpp"
 
 namespace dash::sm90 {
@@ -48,9 +49,13 @@ struct BackwardConfig {
   static constexpr int kWarpGroupThreads = 128;
   static constexpr int kMmaThreads = kWarpGroupThreads * kMmaWarpGroups;
   static constexpr int kThreads = kMmaThreads + kWarpGroupThreads;
-  // setmaxnreg budget: 2 x 128 x 240 + 128 x 32 = 65536 registers, the whole register file.
-  static constexpr int kProducerRegisters = 32;
+  // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation (168 per thread
+  // for 384 threads); asking for more than the producer released would block the MMA warpgroups forever.
+  static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = 240;
+  static_assert(kProducerRegisters * kWarpGroupThreads + kMmaRegisters * kMmaThreads <=
+                    launch_registers_per_thread(kThreads) * kThreads,
+                "setmaxnreg budget exceeds the CTA's register allocation");
   static_assert(kBlockN == 64 * kMmaWarpGroups, "each MMA warpgroup owns 64 key/value rows");
   static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
 
@@ -110,6 +115,7 @@ struct BackwardConfig {
     uint64_t dq_empty[kMmaWarpGroups];  // dQ writer -> MMA warpgroup: the buffer may be overwritten
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
+  static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");
 
   static constexpr uint32_t kQStageBytes = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kBlockM * sizeof(float);
   static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);

@@ -28,13 +28,14 @@ struct BackwardDqWriter {
     int steps = 0;
     for (int jobs = 0;; ++jobs) {
       const int slot = jobs % Config::kJobSlots;
-      Barrier::wait(&smem.job_full[slot], (jobs / Config::kJobSlots) & 1);
+      wait_barrier(smem.job_full[slot], (jobs / Config::kJobSlots) & 1, "job_full");
       const int num_steps = smem.jobs[slot].num_steps;
       Barrier::arrive(&smem.job_empty[slot]);
       if (num_steps == kEndOfWork) break;
       for (int s = 0; s < num_steps; ++s, ++steps) {
+        for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) wait_barrier(smem.dq_full[wg], steps & 1, "dq_full");
+        // Read only now: the record is published before the step's data, which dq_full comes after.
         const StepRecord step = smem.steps[steps % Config::kStepRing];
-        for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) Barrier::wait(&smem.dq_full[wg], steps & 1);
         if (leader) {
           float* tile = p.buffers.dq_accum + static_cast<int64_t>(step.dq_index) * kTileFloats;
           int* semaphore = p.buffers.dq_semaphores + step.dq_index;

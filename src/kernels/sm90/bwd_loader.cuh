@@ -54,7 +54,7 @@ struct BackwardLoader {
  private:
   __device__ static void publish(SharedStorage& smem, const JobRecord& record, int jobs) {
     const int slot = jobs % Config::kJobSlots;
-    Barrier::wait(&smem.job_empty[slot], ((jobs / Config::kJobSlots) & 1) ^ 1);
+    wait_barrier(smem.job_empty[slot], ((jobs / Config::kJobSlots) & 1) ^ 1, "job_empty");
     smem.jobs[slot] = record;
     Barrier::arrive(&smem.job_full[slot]);
   }
@@ -65,7 +65,7 @@ struct BackwardLoader {
   }
 
   __device__ static void load_kv(const Params& p, SharedStorage& smem, const Job& job, int jobs) {
-    Barrier::wait(&smem.kv_empty, (jobs & 1) ^ 1);
+    wait_barrier(smem.kv_empty, (jobs & 1) ^ 1, "kv_empty");
     Barrier::arrive_and_expect_tx(&smem.kv_full, Config::kKVBytes);
     const KvJobCoord c = p.plan.problem.kv_coord(job.head);
     const auto kv_extent = make_shape(p.seqlen_k, int{Config::kHeadDim}, p.heads_kv, p.batch);
@@ -80,7 +80,7 @@ struct BackwardLoader {
     const int v = q_tile_at(plan, job, step);
     const QTileCoord q = plan.problem.q_coord(job.head, v);
     const int stage = steps % Config::kStages;
-    Barrier::wait(&smem.q_empty[stage], ((steps / Config::kStages) & 1) ^ 1);
+    wait_barrier(smem.q_empty[stage], ((steps / Config::kStages) & 1) ^ 1, "q_empty");
     smem.steps[steps % Config::kStepRing] =
         StepRecord{q.q_tile, plan.problem.dq_tile_index(job.head, v), rank_of(plan, job, v)};
     uint64_t& full = smem.q_full[stage];

@@ -65,7 +65,7 @@ struct BackwardMma {
     int steps = 0;
     for (int jobs = 0;; ++jobs) {
       const int slot = jobs % Config::kJobSlots;
-      Barrier::wait(&smem.job_full[slot], (jobs / Config::kJobSlots) & 1);
+      wait_barrier(smem.job_full[slot], (jobs / Config::kJobSlots) & 1, "job_full");
       const JobRecord job = smem.jobs[slot];
       Barrier::arrive(&smem.job_empty[slot]);
       if (job.num_steps == kEndOfWork) break;
@@ -74,11 +74,11 @@ struct BackwardMma {
       Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
       clear(tdVrdV);
       clear(tdKrdK);
-      Barrier::wait(&smem.kv_full, jobs & 1);
+      wait_barrier(smem.kv_full, jobs & 1, "kv_full");
       const int kv_row0 = job.kv_tile * kBlockN;
       for (int s = 0; s < job.num_steps; ++s, ++steps) {
         const int stage = steps % Config::kStages;
-        Barrier::wait(&smem.q_full[stage], (steps / Config::kStages) & 1);
+        wait_barrier(smem.q_full[stage], (steps / Config::kStages) & 1, "q_full");
         const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
 
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -131,7 +131,7 @@ struct BackwardMma {
   // values as consecutive float4s), which the postprocess kernel undoes with the same tiled MMA.
   template <class Fragment>
   __device__ static void hand_over_dq(SharedStorage& smem, const Fragment& dq, int warp_group, int thread, int steps) {
-    Barrier::wait(&smem.dq_empty[warp_group], (steps & 1) ^ 1);
+    wait_barrier(smem.dq_empty[warp_group], (steps & 1) ^ 1, "dq_empty");
     constexpr int kVectors = decltype(size(dq))::value / 4;
     float4* dst = reinterpret_cast<float4*>(smem.dq.data() + warp_group * Config::kdQPartialFloats);
     const int lane = thread % Config::kWarpGroupThreads;

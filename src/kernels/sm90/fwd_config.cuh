@@ -10,6 +10,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "kernels/kernel_params.hpp"
+#include "kernels/sm90/primitives.cuh"
 #include "schedule/tile_config.hpp"
 
 namespace dash::sm90 {
@@ -37,8 +38,13 @@ struct ForwardConfig {
   static constexpr int kWarpGroupThreads = 128;
   static constexpr int kMmaThreads = kWarpGroupThreads * kMmaWarpGroups;
   static constexpr int kThreads = kMmaThreads + kWarpGroupThreads;
-  static constexpr int kProducerRegisters = 32;
+  // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation (168 per thread
+  // for 384 threads); asking for more than the producer released would block the MMA warpgroups forever.
+  static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = 240;
+  static_assert(kProducerRegisters * kWarpGroupThreads + kMmaRegisters * kMmaThreads <=
+                    launch_registers_per_thread(kThreads) * kThreads,
+                "setmaxnreg budget exceeds the CTA's register allocation");
   static_assert(kBlockM == 64 * kMmaWarpGroups, "each MMA warpgroup owns 64 query rows");
 
   using BlockM = Int<kBlockM>;
@@ -74,6 +80,7 @@ struct ForwardConfig {
     uint64_t tile_empty[kTileSlots];
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
+  static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVStageBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
 

@@ -59,12 +59,12 @@ struct ForwardKernel {
     for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1), ++tiles) {
       const ForwardTileRecord tile = tile_at(p, t);
       publish(smem, tile, tiles);
-      Barrier::wait(&smem.q_empty, (tiles & 1) ^ 1);
+      wait_barrier(smem.q_empty, (tiles & 1) ^ 1, "q_empty");
       Barrier::arrive_and_expect_tx(&smem.q_full, Config::kQBytes);
       tma_tile(p.tma_q, q_extent, tile.head, tile.batch, tile.q_tile, smem.q_full, sQ);
       for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
         const int stage = kv_loads % Config::kStages;
-        Barrier::wait(&smem.kv_empty[stage], ((kv_loads / Config::kStages) & 1) ^ 1);
+        wait_barrier(smem.kv_empty[stage], ((kv_loads / Config::kStages) & 1) ^ 1, "kv_empty");
         Barrier::arrive_and_expect_tx(&smem.kv_full[stage], Config::kKVStageBytes);
         tma_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, j, smem.kv_full[stage], sK(_, _, stage));
         tma_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, j, smem.kv_full[stage], sV(_, _, stage));
@@ -93,7 +93,7 @@ struct ForwardKernel {
     int kv_loads = 0;
     for (int tiles = 0;; ++tiles) {
       const int slot = tiles % Config::kTileSlots;
-      Barrier::wait(&smem.tile_full[slot], (tiles / Config::kTileSlots) & 1);
+      wait_barrier(smem.tile_full[slot], (tiles / Config::kTileSlots) & 1, "tile_full");
       const ForwardTileRecord tile = smem.tiles[slot];
       Barrier::arrive(&smem.tile_empty[slot]);
       if (tile.kv_tiles == kEndOfTiles) break;
@@ -106,10 +106,10 @@ struct ForwardKernel {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
       const int q_row0 = tile.q_tile * kBlockM;
-      Barrier::wait(&smem.q_full, tiles & 1);
+      wait_barrier(smem.q_full, tiles & 1, "q_full");
       for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
         const int stage = kv_loads % Config::kStages;
-        Barrier::wait(&smem.kv_full[stage], (kv_loads / Config::kStages) & 1);
+        wait_barrier(smem.kv_full[stage], (kv_loads / Config::kStages) & 1, "kv_full");
         Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
         warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, stage), tSrS);
         warpgroup_wait<0>();
@@ -158,7 +158,7 @@ struct ForwardKernel {
  private:
   __device__ static void publish(SharedStorage& smem, const ForwardTileRecord& record, int tiles) {
     const int slot = tiles % Config::kTileSlots;
-    Barrier::wait(&smem.tile_empty[slot], ((tiles / Config::kTileSlots) & 1) ^ 1);
+    wait_barrier(smem.tile_empty[slot], ((tiles / Config::kTileSlots) & 1) ^ 1, "tile_empty");
     smem.tiles[slot] = record;
     Barrier::arrive(&smem.tile_full[slot]);
   }

@@ -6,15 +6,49 @@
 #include <cstdint>
 
 #include <cute/arch/util.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include <cstdio>
 
 namespace dash::sm90 {
+
+#if defined(DASH_DEBUG_HANGS)
+// Cycles after which a debug build reports a wait as hung (about 5 s at 1.98 GHz).
+inline constexpr long long kHangCycles = 10'000'000'000LL;
+
+__device__ __forceinline__ void report_hang(const char* what, int detail) {
+  printf("dash: CTA %d thread %d stuck in %s (%d)\n", static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x),
+         what, detail);
+  __trap();
+}
+#endif
+
+// Waits until phase `parity` of an mbarrier has completed. Debug builds (-DDASH_DEBUG_HANGS) turn a
+// wait that never ends into a printed diagnosis and a trapped launch instead of a hang.
+__device__ __forceinline__ void wait_barrier(uint64_t& barrier, int parity, const char* what) {
+#if defined(DASH_DEBUG_HANGS)
+  const long long start = clock64();
+  while (!cutlass::arch::ClusterBarrier::test_wait(&barrier, parity, 1)) {
+    if (clock64() - start > kHangCycles) report_hang(what, parity);
+  }
+#else
+  (void)what;
+  cutlass::arch::ClusterBarrier::wait(&barrier, parity);
+#endif
+}
 
 // Spins until *semaphore == expected. The acquire makes every global write released by the previous
 // holder visible; the proxy fence then orders them before this thread's bulk (async-proxy) reduce.
 __device__ __forceinline__ void wait_semaphore(const int* semaphore, int expected) {
   int value;
+#if defined(DASH_DEBUG_HANGS)
+  const long long start = clock64();
+#endif
   do {
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(value) : "l"(semaphore) : "memory");
+#if defined(DASH_DEBUG_HANGS)
+    if (clock64() - start > kHangCycles) report_hang("dQ semaphore wait", expected);
+#endif
   } while (value != expected);
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
@@ -49,6 +83,17 @@ __device__ __forceinline__ void bulk_wait_complete_all() { asm volatile("cp.asyn
 // operands, bulk copies) of the same memory.
 __device__ __forceinline__ void fence_shared_for_async_proxy() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Dynamic shared memory one CTA may use on sm90 (227 KB).
+inline constexpr int kMaxSharedBytesPerBlock = 227 * 1024;
+
+// Registers per thread a CTA of `threads` threads gets at launch under __launch_bounds__(threads, 1):
+// the 64K register file split evenly, in the allocation granularity of 8.
+constexpr int launch_registers_per_thread(int threads) {
+  constexpr int kRegisterFile = 65536;
+  constexpr int kGranularity = 8;
+  return kRegisterFile / threads / kGranularity * kGranularity;
 }
 
 __device__ __forceinline__ int warp_index() { return static_cast<int>(threadIdx.x) / 32; }
