@@ -67,7 +67,7 @@ Status check_workspace(const void* workspace, size_t given, size_t needed) {
 Status plan_backward(const AttentionShape& shape, Schedule schedule, SchedulePlan* plan) {
   int sms = 0;
   if (Status s = multiprocessor_count(&sms); !s.ok()) return s;
-  const TiledProblem problem = make_tiled_problem(shape, sms);
+  const TiledProblem problem = make_tiled_problem(shape);
   const PlanResult planned = plan_schedule(problem, schedule, sms);
   if (!planned.ok()) {
     return {StatusCode::kScheduleRejected,

@@ -390,12 +390,12 @@ EmulatorInputs make_emulator_inputs(const AttentionShape& shape, uint64_t seed) 
   return in;
 }
 
-TiledProblem make_emulator_problem(const AttentionShape& shape, int num_sms, TileShape tiles, int group_splits) {
-  TiledProblem p = make_tiled_problem(shape, num_sms, std::max(group_splits, 1));
+TiledProblem make_emulator_problem(const AttentionShape& shape, TileShape tiles, int group_splits) {
+  TiledProblem p = make_tiled_problem(shape, std::max(group_splits, 1));
   p.block_q = tiles.block_q;
   p.block_kv = tiles.block_kv;
   if (group_splits <= 0) {
-    p.group_splits = choose_group_splits(p.batch, p.heads_kv, p.group_size, p.num_kv_tiles(), num_sms);
+    p.group_splits = choose_group_splits(p.batch, p.heads_kv, p.group_size, p.num_kv_tiles());
   }
   return p;
 }

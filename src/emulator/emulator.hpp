@@ -27,7 +27,7 @@ EmulatorInputs make_emulator_inputs(const AttentionShape& shape, uint64_t seed);
 // The tiled problem of `shape` with `tiles` instead of the kernel's tile shape: small tiles give many
 // tiles, and so non-trivial schedules, on shapes small enough for the CPU. group_splits = 0 picks
 // choose_group_splits() for these tiles.
-TiledProblem make_emulator_problem(const AttentionShape& shape, int num_sms, TileShape tiles, int group_splits = 0);
+TiledProblem make_emulator_problem(const AttentionShape& shape, TileShape tiles, int group_splits = 0);
 
 struct EmulatorOptions {
   int runs = 5;

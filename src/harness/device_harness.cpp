@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -189,6 +190,11 @@ BackwardArgs backward_args(Problem& p, Schedule schedule) {
   return a;
 }
 
+void use_forward_outputs_for_backward(Problem& p) {
+  check_cuda(cudaMemcpy(p.d_ref_out.get(), p.d_out.get(), p.d_out.bytes(), cudaMemcpyDeviceToDevice), "copy O");
+  check_cuda(cudaMemcpy(p.d_ref_lse.get(), p.d_lse.get(), p.d_lse.bytes(), cudaMemcpyDeviceToDevice), "copy LSE");
+}
+
 std::string ErrorStats::describe() const {
   std::ostringstream out;
   out << "rel_l2 " << relative_l2 << ", max_err " << max_abs_error << " (max |ref| " << max_abs_reference << ")";
@@ -243,6 +249,39 @@ bool within(const ErrorStats& stats, const Tolerance& tol) {
   constexpr double kMagnitudeFloor = 1e-2;
   return stats.not_finite == 0 && stats.relative_l2 <= tol.relative_l2 &&
          stats.max_abs_error <= tol.max_error_fraction * std::max(stats.max_abs_reference, kMagnitudeFloor);
+}
+
+double median_milliseconds(const std::function<Status()>& launch, int warmup, int iterations) {
+  constexpr double kHangSeconds = 60.0;
+  auto call = [&] {
+    const Status s = launch();
+    if (!s.ok()) throw std::runtime_error(s.to_string());
+  };
+  for (int i = 0; i < warmup; ++i) call();
+  if (!synchronize_with_watchdog(nullptr, kHangSeconds)) throw std::runtime_error("warm-up did not finish (hang)");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<float> times(static_cast<size_t>(iterations));
+  for (float& t : times) {
+    check_cuda(cudaEventRecord(start, nullptr), "cudaEventRecord");
+    call();
+    check_cuda(cudaEventRecord(stop, nullptr), "cudaEventRecord");
+    if (!synchronize_with_watchdog(nullptr, kHangSeconds)) throw std::runtime_error("timed call did not finish (hang)");
+    check_cuda(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+double forward_flops(const AttentionShape& s) {
+  const double sq = static_cast<double>(s.seqlen_q), sk = static_cast<double>(s.seqlen_k);
+  // Bottom-right causal: row i sees i + 1 + sk - sq keys, clamped to [0, sk].
+  const double keys = s.causal ? (std::max(0.0, sk - sq) + sk) / 2.0 : sk;
+  constexpr double kFlopsPerScoreAndDim = 4.0;  // two GEMMs (Q K^T and P V), 2 FLOPs per multiply-add
+  return kFlopsPerScoreAndDim * static_cast<double>(s.batch * s.heads_q) * sq * keys * static_cast<double>(s.head_dim);
 }
 
 }  // namespace dash::harness

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,8 @@ Problem make_problem(const AttentionShape& shape, uint64_t seed, bool with_refer
 ForwardArgs forward_args(Problem& p);
 // Backward arguments reading the reference O and LSE (so a backward check does not depend on the forward).
 BackwardArgs backward_args(Problem& p, Schedule schedule);
+// Makes backward_args() read the GPU forward's O and LSE instead (benchmarks, which skip the reference).
+void use_forward_outputs_for_backward(Problem& p);
 
 struct ErrorStats {
   double relative_l2 = 0;   // ||x - ref|| / ||ref||
@@ -87,5 +90,15 @@ struct Tolerance {
 };
 Tolerance tolerance_for(DType dtype);
 bool within(const ErrorStats& stats, const Tolerance& tol);
+
+// Median wall time in milliseconds of `iterations` calls of `launch` (each enqueues work on the
+// default stream), timed one by one with CUDA events after `warmup` untimed calls. Throws when a call
+// returns an error or a call hangs.
+double median_milliseconds(const std::function<Status()>& launch, int warmup, int iterations);
+
+// FLOPs of the attention forward: 4 B Hq Sq Sk_avg D, where Sk_avg counts the keys each query row
+// sees on average (half of a square causal matrix); the backward does 2.5 times as many.
+double forward_flops(const AttentionShape& shape);
+inline constexpr double kBackwardFlopsPerForwardFlop = 2.5;
 
 }  // namespace dash::harness

@@ -51,9 +51,12 @@ Comparison compare_schedules(const TiledProblem& problem, int num_sms, const Cos
     if (schedule == Schedule::kAuto) continue;
     out.schedules.push_back(evaluate_schedule(problem, schedule, num_sms, costs));
   }
+  // Ties go to the schedule auto runs, so that plan and the GPU default agree whenever they can.
   for (const ScheduleReport& r : out.schedules) {
     if (!r.valid || r.schedule == Schedule::kNondeterministic) continue;
-    if (!best || r.makespan < best->makespan) best = &r;
+    const bool better = !best || r.makespan < best->makespan ||
+                        (r.makespan == best->makespan && r.schedule == out.auto_choice);
+    if (better) best = &r;
   }
   if (best) out.recommended = best->schedule;
   return out;

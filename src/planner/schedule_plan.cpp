@@ -6,15 +6,15 @@
 
 namespace dash {
 
-int choose_group_splits(int batch, int heads_kv, int group_size, int num_kv_tiles, int num_sms) {
+int choose_group_splits(int batch, int heads_kv, int group_size, int num_kv_tiles) {
   const long long jobs_per_split = 1LL * batch * heads_kv * num_kv_tiles;
   for (int splits = 1; splits < group_size; ++splits) {
-    if (group_size % splits == 0 && jobs_per_split * splits >= 1LL * kMinJobsPerSm * num_sms) return splits;
+    if (group_size % splits == 0 && jobs_per_split * splits >= kTargetJobs) return splits;
   }
   return group_size;
 }
 
-TiledProblem make_tiled_problem(const AttentionShape& shape, int num_sms, int group_splits) {
+TiledProblem make_tiled_problem(const AttentionShape& shape, int group_splits) {
   const TileShape tile = backward_tile_shape(static_cast<int>(shape.head_dim));
   TiledProblem p{};
   p.batch = static_cast<int>(shape.batch);
@@ -26,8 +26,7 @@ TiledProblem make_tiled_problem(const AttentionShape& shape, int num_sms, int gr
   p.block_kv = tile.block_kv;
   p.causal = shape.causal;
   p.group_splits = group_splits > 0 ? group_splits
-                                    : choose_group_splits(p.batch, p.heads_kv, p.group_size,
-                                                          p.num_kv_tiles(), num_sms);
+                                    : choose_group_splits(p.batch, p.heads_kv, p.group_size, p.num_kv_tiles());
   return p;
 }
 

@@ -11,12 +11,15 @@ namespace dash {
 
 // The tiled problem the backward kernel runs for `shape` (tile sizes from tile_config.hpp).
 // group_splits = 0 picks choose_group_splits().
-TiledProblem make_tiled_problem(const AttentionShape& shape, int num_sms, int group_splits = 0);
+TiledProblem make_tiled_problem(const AttentionShape& shape, int group_splits = 0);
 
-// How many parts to split each GQA query-head group into: the fewest that still give every SM at
-// least kMinJobsPerSm jobs (each part costs one fp32 dK/dV reduction in the postprocess kernel).
-int choose_group_splits(int batch, int heads_kv, int group_size, int num_kv_tiles, int num_sms);
-inline constexpr int kMinJobsPerSm = 2;
+// How many parts to split each GQA query-head group into: the fewest that still give at least
+// kTargetJobs jobs (each part costs one fp32 dK/dV reduction in the postprocess kernel). The target is
+// a fixed number, not the device's SM count, because the split fixes the order in which dK and dV
+// are summed: results must not depend on which GPU runs them.
+int choose_group_splits(int batch, int heads_kv, int group_size, int num_kv_tiles);
+// Two waves of a 132-SM H100/H200.
+inline constexpr long long kTargetJobs = 264;
 
 struct PlanResult {
   SchedulePlan plan{};

@@ -71,7 +71,7 @@ TEST_P(DeterministicSchedules, BitwiseIdenticalAcrossRunsAndMatchReference) {
   const Case& c = GetParam();
   const AttentionShape shape = shape_of(c);
   const EmulatorInputs inputs = make_emulator_inputs(shape, /*seed=*/7);
-  const TiledProblem problem = make_emulator_problem(shape, c.sms, kSmallTiles, c.group_splits);
+  const TiledProblem problem = make_emulator_problem(shape, kSmallTiles, c.group_splits);
   int emulated = 0;
   for (Schedule schedule : kAllSchedules) {
     if (schedule == Schedule::kAuto || schedule == Schedule::kNondeterministic) continue;
@@ -97,8 +97,8 @@ TEST(Emulator, PaperScheduleAppliesWhereExpected) {
   // Guards the suite above against silently skipping the DASH schedules.
   const AttentionShape full = shape_of(kCases[0]);
   const AttentionShape causal = shape_of(kCases[1]);
-  EXPECT_TRUE(make_schedule_plan(make_emulator_problem(full, 3, kSmallTiles), Schedule::kShift, 3).ok());
-  EXPECT_TRUE(make_schedule_plan(make_emulator_problem(causal, 7, kSmallTiles), Schedule::kSymmetricShift, 7).ok());
+  EXPECT_TRUE(make_schedule_plan(make_emulator_problem(full, kSmallTiles), Schedule::kShift, 3).ok());
+  EXPECT_TRUE(make_schedule_plan(make_emulator_problem(causal, kSmallTiles), Schedule::kSymmetricShift, 7).ok());
 }
 
 TEST(Emulator, NondeterministicScheduleIsCaught) {
@@ -108,7 +108,7 @@ TEST(Emulator, NondeterministicScheduleIsCaught) {
   const Case c{"nondeterministic", 1, 2, 2, 256, 256, false, 8, 0};
   const AttentionShape shape = shape_of(c);
   const PlanResult planned =
-      make_schedule_plan(make_emulator_problem(shape, c.sms, kSmallTiles), Schedule::kNondeterministic, c.sms);
+      make_schedule_plan(make_emulator_problem(shape, kSmallTiles), Schedule::kNondeterministic, c.sms);
   ASSERT_TRUE(planned.ok());
   const EmulationResult r = emulate(shape, planned.plan, options(/*delay_us=*/200));
   ASSERT_TRUE(r.completed) << r.error;
@@ -126,7 +126,7 @@ TEST(Emulator, KvOrderedSchedulesDoNotDependOnSmCount) {
     SCOPED_TRACE(std::string(schedule_name(schedule)));
     std::vector<EmulationResult> results;
     for (int sms : {3, 132}) {
-      const PlanResult planned = make_schedule_plan(make_emulator_problem(shape, sms, kSmallTiles, c.group_splits),
+      const PlanResult planned = make_schedule_plan(make_emulator_problem(shape, kSmallTiles, c.group_splits),
                                                     schedule, sms);
       ASSERT_TRUE(planned.ok());
       results.push_back(emulate(inputs, planned.plan, options()));
@@ -146,7 +146,7 @@ TEST(Emulator, MissingCtaIsReportedAsDeadlock) {
   // contribution to query tile 3 forever. The emulator must say so instead of hanging.
   const Case c{"shift", 1, 1, 1, 128, 128, false, 4, 0};
   const AttentionShape shape = shape_of(c);
-  PlanResult planned = make_schedule_plan(make_emulator_problem(shape, c.sms, kSmallTiles), Schedule::kShift, c.sms);
+  PlanResult planned = make_schedule_plan(make_emulator_problem(shape, kSmallTiles), Schedule::kShift, c.sms);
   ASSERT_TRUE(planned.ok());
   planned.plan.num_units -= 1;
   EmulatorOptions o = options(0);
@@ -161,11 +161,11 @@ TEST(Emulator, RejectsPlanOfAnotherShape) {
   AttentionShape other = shape;
   other.seqlen_k = shape.seqlen_k / 2;
   const PlanResult planned =
-      make_schedule_plan(make_emulator_problem(other, 3, kSmallTiles), Schedule::kAscending, 3);
+      make_schedule_plan(make_emulator_problem(other, kSmallTiles), Schedule::kAscending, 3);
   EXPECT_THROW(emulate(shape, planned.plan, options()), std::invalid_argument);
   EmulatorOptions one_run = options();
   one_run.runs = 1;
-  const PlanResult right = make_schedule_plan(make_emulator_problem(shape, 3, kSmallTiles), Schedule::kAscending, 3);
+  const PlanResult right = make_schedule_plan(make_emulator_problem(shape, kSmallTiles), Schedule::kAscending, 3);
   EXPECT_THROW(emulate(shape, right.plan, one_run), std::invalid_argument);
 }
 

@@ -283,14 +283,12 @@ TEST(Preconditions, AutoPrefersTheShiftSchedules) {
   EXPECT_EQ(plan_schedule(abstract_problem(1, 8, 6, true), Schedule::kAuto, 132).plan.kind, Schedule::kShortestFirst);
 }
 
-TEST(Preconditions, GroupSplitsGiveEverySmTwoJobs) {
-  // 1 x 1 x 40 jobs per split: 132 SMs need 264 jobs (all 8 splits give only 320 >= 264 -> 8),
-  // 77 SMs need 154 (4 splits give 160).
-  EXPECT_EQ(choose_group_splits(1, 1, 8, 40, 132), 8);
-  EXPECT_EQ(choose_group_splits(1, 1, 8, 40, 77), 4);
-  EXPECT_EQ(choose_group_splits(4, 8, 8, 64, 132), 1);
-  EXPECT_EQ(choose_group_splits(1, 1, 6, 50, 132), 6) << "only divisors of the group size are allowed";
-  EXPECT_EQ(choose_group_splits(1, 1, 6, 50, 40), 2);
+TEST(Preconditions, GroupSplitsReachTheTargetJobCount) {
+  // 1 x 1 x 40 jobs per split: 264 jobs need 8 splits (320); 4 splits (160) are not enough.
+  EXPECT_EQ(choose_group_splits(1, 1, 8, 40), 8);
+  EXPECT_EQ(choose_group_splits(1, 1, 8, 70), 4) << "4 x 70 = 280 >= 264";
+  EXPECT_EQ(choose_group_splits(4, 8, 8, 64), 1);
+  EXPECT_EQ(choose_group_splits(1, 1, 6, 50), 6) << "only divisors of the group size are allowed";
 }
 
 }  // namespace

@@ -161,7 +161,7 @@ int cmd_emulate(const std::vector<std::string>& args) {
     parser.fail("--group-splits " + std::to_string(f.group_splits) + " does not divide the " +
                 std::to_string(group_size) + " query heads per key/value head");
   }
-  const TiledProblem problem = make_emulator_problem(shape, sms, tiles, static_cast<int>(f.group_splits));
+  const TiledProblem problem = make_emulator_problem(shape, tiles, static_cast<int>(f.group_splits));
   check_problem_size(problem, parser);
   std::vector<Schedule> schedules;
   if (parser.given("schedule")) {

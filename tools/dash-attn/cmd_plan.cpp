@@ -57,7 +57,7 @@ struct Point {
 };
 
 Point evaluate(const AttentionShape& shape, int sms, const CostModel& costs, const FlagParser& parser) {
-  Point point{shape, sms, make_tiled_problem(shape, sms), {}};
+  Point point{shape, sms, make_tiled_problem(shape), {}};
   check_problem_size(point.problem, parser);
   point.comparison = compare_schedules(point.problem, sms, costs);
   return point;

@@ -19,5 +19,7 @@ struct Command {
 
 int cmd_plan(const std::vector<std::string>& args);
 int cmd_emulate(const std::vector<std::string>& args);
+int cmd_check(const std::vector<std::string>& args);
+int cmd_bench(const std::vector<std::string>& args);
 
 }  // namespace dash::cli

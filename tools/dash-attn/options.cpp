@@ -131,7 +131,7 @@ std::string FlagParser::usage() const {
   return out.str();
 }
 
-void add_shape_flags(FlagParser& parser, ShapeFlags* f) {
+void add_shape_flags(FlagParser& parser, ShapeFlags* f, bool with_sms) {
   parser.add_int("batch", "batch size", &f->batch, 1, kMaxBatchOrHeads);
   parser.add_int("heads", "query heads", &f->heads, 1, kMaxBatchOrHeads);
   parser.add_int("heads-kv", "key/value heads, dividing --heads (GQA/MQA)", &f->heads_kv, 1, kMaxBatchOrHeads,
@@ -141,7 +141,7 @@ void add_shape_flags(FlagParser& parser, ShapeFlags* f) {
   parser.add_int("seqlen-k", "key/value length", &f->seqlen_k, 1, kMaxSeqlen, "--seqlen");
   parser.add_int("head-dim", "head dimension (picks the kernel's tile shape)", &f->head_dim, 1, kMaxHeadDim);
   parser.add_switch("causal", "causal mask, aligned to the bottom-right corner (default: full mask)", &f->causal);
-  parser.add_int("sms", "SMs, i.e. persistent CTAs", &f->sms, 1, kMaxSms);
+  if (with_sms) parser.add_int("sms", "SMs, i.e. persistent CTAs", &f->sms, 1, kMaxSms);
 }
 
 std::vector<std::string> given_shape_flags(const FlagParser& parser) {

@@ -81,7 +81,8 @@ struct ShapeFlags {
   int64_t sms = 132;
 };
 
-void add_shape_flags(FlagParser& parser, ShapeFlags* flags);
+// `with_sms` false for the GPU commands, where the device decides the number of persistent CTAs.
+void add_shape_flags(FlagParser& parser, ShapeFlags* flags, bool with_sms = true);
 // The shape flags given on the command line other than --sms, e.g. {"--batch", "--causal"}: a preset
 // replaces the shape and refuses them.
 std::vector<std::string> given_shape_flags(const FlagParser& parser);

@@ -1,0 +1,101 @@
+/* C ABI of DASH, for callers that cannot link C++ (the Python package loads libdash_attn_c.so with ctypes).
+ * Plain structs and ints mirror include/dash/attention.hpp one to one; every function returns a
+ * dash_status_code and copies the Status message into the caller's buffer, so no C++ type, exception
+ * or allocation crosses the boundary. */
+#ifndef DASH_C_H_
+#define DASH_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(DASH_C_BUILDING)
+#define DASH_C_API __attribute__((visibility("default")))
+#else
+#define DASH_C_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever a struct or signature below changes, so a binding can refuse a library it does not match. */
+#define DASH_C_ABI_VERSION 1
+
+/* dash::StatusCode values, plus one code of the C layer alone. */
+enum dash_status_code {
+  DASH_STATUS_OK = 0,
+  DASH_STATUS_INVALID_ARGUMENT = 1,
+  DASH_STATUS_NOT_SUPPORTED = 2,
+  DASH_STATUS_NOT_AVAILABLE = 3,
+  DASH_STATUS_NO_DEVICE = 4,
+  DASH_STATUS_UNSUPPORTED_DEVICE = 5,
+  DASH_STATUS_WORKSPACE_TOO_SMALL = 6,
+  DASH_STATUS_SCHEDULE_REJECTED = 7,
+  DASH_STATUS_CUDA_ERROR = 8,
+  /* A C++ exception (in practice: host memory exhausted) stopped the call before it could return a Status. */
+  DASH_STATUS_HOST_ERROR = -1,
+};
+
+/* dash::DType values. */
+enum dash_dtype { DASH_DTYPE_BF16 = 0, DASH_DTYPE_FP16 = 1 };
+
+/* dash::AttentionShape. causal != 0 selects the bottom-right aligned causal mask. */
+typedef struct dash_shape {
+  int64_t batch;
+  int64_t seqlen_q;
+  int64_t seqlen_k;
+  int64_t heads_q;
+  int64_t heads_kv;
+  int64_t head_dim;
+  int dtype; /* enum dash_dtype */
+  float softmax_scale;
+  int causal;
+} dash_shape;
+
+/* One (B, S, H, D) tensor: its data and its element strides in that order. Inputs are only read. */
+typedef struct dash_tensor {
+  void* data;
+  int64_t strides[4];
+} dash_tensor;
+
+DASH_C_API int dash_abi_version(void);
+
+/* Stable short name of a code, e.g. "invalid-argument"; "unknown-status" for a value that is none. */
+DASH_C_API const char* dash_status_name(int code);
+
+/* The canonical schedule names, comma-separated ("auto,ascending,..."); a static string. */
+DASH_C_API const char* dash_schedule_names(void);
+
+/* Nonzero if this build has kernels for (head_dim, dtype). */
+DASH_C_API int dash_kernel_available(int64_t head_dim, int dtype);
+
+/* In every function below, `message` (when not null and message_size > 0) receives the Status message,
+ * truncated to message_size - 1 bytes and NUL-terminated; it is the empty string on success. `stream` is a
+ * cudaStream_t value (null: the legacy default stream). `schedule` is a canonical name, e.g. "auto". */
+
+/* DASH_STATUS_OK if the current CUDA device can run the kernels. */
+DASH_C_API int dash_check_device(char* message, size_t message_size);
+
+DASH_C_API int dash_forward_workspace_size(const dash_shape* shape, size_t* bytes, char* message,
+                                           size_t message_size);
+
+/* Plans and proves the schedule on the current device, so it needs a GPU. */
+DASH_C_API int dash_backward_workspace_size(const dash_shape* shape, const char* schedule, size_t* bytes,
+                                            char* message, size_t message_size);
+
+/* out, lse = attention(q, k, v); lse is (B, Hq, Sq) packed fp32. */
+DASH_C_API int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
+                            const dash_tensor* out, float* lse, void* workspace, size_t workspace_bytes, void* stream,
+                            char* message, size_t message_size);
+
+/* dq, dk, dv for upstream gradient dout, summed in the order `schedule` fixes. */
+DASH_C_API int dash_backward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
+                             const dash_tensor* out, const dash_tensor* dout, const float* lse, const dash_tensor* dq,
+                             const dash_tensor* dk, const dash_tensor* dv, const char* schedule, void* workspace,
+                             size_t workspace_bytes, void* stream, char* message, size_t message_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DASH_C_H_ */

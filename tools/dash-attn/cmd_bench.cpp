@@ -1,0 +1,238 @@
+// dash-attn bench (GPU): backward (or, with --fwd, forward) TFLOPS of every schedule on the paper's grid
+// (16384 tokens, hidden 2048, head dims 64 and 128, seqlen 512..16384, full and causal) or on one
+// shape. Times with CUDA events, median of --iters runs after --warmup; backward times include the
+// preprocess and postprocess kernels. --anchors merges PyTorch SDPA numbers measured in the same run
+// (python/benchmarks/sdpa_anchors.py) into the Markdown table. Exit code 1 without a usable GPU.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "commands.hpp"
+#include "harness/device_harness.hpp"
+#include "options.hpp"
+
+namespace dash::cli {
+namespace {
+
+constexpr int64_t kDefaultWarmup = 5;
+constexpr int64_t kDefaultIters = 30;
+constexpr int64_t kMaxIters = 100000;
+constexpr int64_t kGridTokens = 16384;
+constexpr int64_t kGridHidden = 2048;
+constexpr int64_t kGridSeqlens[] = {512, 1024, 2048, 4096, 8192, 16384};
+constexpr int64_t kGridHeadDims[] = {64, 128};
+constexpr double kTera = 1e12;
+constexpr double kMillisecondsPerSecond = 1e3;
+constexpr uint64_t kSeed = 7;
+
+struct Measurement {
+  std::string implementation;  // "dash:<schedule>" or "sdpa:<backend>"
+  double ms = 0;
+  double tflops = 0;
+};
+
+struct Point {
+  AttentionShape shape;
+  std::vector<Measurement> results;
+};
+
+std::string mask_name(const AttentionShape& s) { return s.causal ? "causal" : "full"; }
+
+std::vector<AttentionShape> paper_grid(DType dtype) {
+  std::vector<AttentionShape> grid;
+  for (int64_t head_dim : kGridHeadDims) {
+    for (bool causal : {false, true}) {
+      for (int64_t seqlen : kGridSeqlens) {
+        AttentionShape s;
+        s.batch = kGridTokens / seqlen;
+        s.seqlen_q = s.seqlen_k = seqlen;
+        s.heads_q = s.heads_kv = kGridHidden / head_dim;
+        s.head_dim = head_dim;
+        s.dtype = dtype;
+        s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        s.causal = causal;
+        grid.push_back(s);
+      }
+    }
+  }
+  return grid;
+}
+
+double tflops(const AttentionShape& s, bool backward, double ms) {
+  const double flops = harness::forward_flops(s) * (backward ? harness::kBackwardFlopsPerForwardFlop : 1.0);
+  return flops / (ms / kMillisecondsPerSecond) / kTera;
+}
+
+void run_forward(harness::Problem& p) {
+  size_t bytes = 0;
+  if (Status s = forward_workspace_size(p.shape, &bytes); !s.ok()) throw std::runtime_error(s.to_string());
+  if (p.workspace.bytes() < bytes) p.workspace = harness::DeviceBuffer(bytes);
+  if (Status s = forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr); !s.ok()) {
+    throw std::runtime_error(s.to_string());
+  }
+  if (!harness::synchronize_with_watchdog(nullptr, 60.0)) throw std::runtime_error("forward hang");
+}
+
+Point measure(const AttentionShape& shape, bool backward, const std::vector<Schedule>& schedules, int warmup,
+              int iters) {
+  Point point{shape, {}};
+  harness::Problem p = harness::make_problem(shape, kSeed, /*with_reference=*/false);
+  run_forward(p);
+  if (!backward) {
+    const double ms = harness::median_milliseconds(
+        [&] { return forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup,
+        iters);
+    point.results.push_back({"dash", ms, tflops(shape, false, ms)});
+    return point;
+  }
+  harness::use_forward_outputs_for_backward(p);
+  for (Schedule schedule : schedules) {
+    size_t bytes = 0;
+    if (Status s = backward_workspace_size(shape, schedule, &bytes); !s.ok()) continue;  // not applicable
+    if (p.workspace.bytes() < bytes) p.workspace = harness::DeviceBuffer(bytes);
+    const BackwardArgs args = harness::backward_args(p, schedule);
+    const double ms = harness::median_milliseconds(
+        [&] { return dash::backward(args, p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup, iters);
+    point.results.push_back({"dash:" + std::string(schedule_name(schedule)), ms, tflops(shape, true, ms)});
+  }
+  return point;
+}
+
+// SDPA rows (hdim,mask,seqlen,batch,heads,backend,direction,ms,tflops) keyed by (hdim, mask, seqlen).
+using AnchorKey = std::tuple<int64_t, std::string, int64_t>;
+std::map<AnchorKey, std::vector<Measurement>> read_anchors(const std::string& path, bool backward) {
+  std::map<AnchorKey, std::vector<Measurement>> anchors;
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read --anchors file " + path);
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream row(line);
+    for (std::string cell; std::getline(row, cell, ',');) f.push_back(cell);
+    constexpr size_t kColumns = 9;
+    if (f.size() != kColumns || f[6] != (backward ? "bwd" : "fwd")) continue;
+    anchors[{std::stoll(f[0]), f[1], std::stoll(f[2])}].push_back({"sdpa:" + f[5], std::stod(f[7]), std::stod(f[8])});
+  }
+  return anchors;
+}
+
+void write_csv(const std::vector<Point>& points, bool backward, std::ostream& out) {
+  out << "direction,hdim,mask,seqlen,batch,heads,dtype,implementation,ms,tflops\n";
+  for (const Point& p : points) {
+    for (const Measurement& m : p.results) {
+      out << (backward ? "bwd" : "fwd") << "," << p.shape.head_dim << "," << mask_name(p.shape) << ","
+          << p.shape.seqlen_q << "," << p.shape.batch << "," << p.shape.heads_q << "," << dtype_name(p.shape.dtype)
+          << "," << m.implementation << "," << m.ms << "," << m.tflops << "\n";
+    }
+  }
+}
+
+// One row per shape, one column per implementation (TFLOPS); for the backward also the best
+// deterministic schedule and its ratio to the nondeterministic one.
+void write_markdown(const std::vector<Point>& points, bool backward, std::ostream& out) {
+  std::vector<std::string> columns;
+  for (const Point& p : points) {
+    for (const Measurement& m : p.results) {
+      if (std::find(columns.begin(), columns.end(), m.implementation) == columns.end()) columns.push_back(m.implementation);
+    }
+  }
+  out << "| hdim | mask | seqlen | batch | heads |";
+  for (const std::string& c : columns) out << " " << c << " |";
+  if (backward) out << " best deterministic | best det / nondet |";
+  out << "\n|" << std::string(5, ' ') << "---|---|---|---|---|";
+  for (size_t i = 0; i < columns.size() + (backward ? 2 : 0); ++i) out << "---|";
+  out << "\n";
+  for (const Point& p : points) {
+    out << "| " << p.shape.head_dim << " | " << mask_name(p.shape) << " | " << p.shape.seqlen_q << " | " << p.shape.batch
+        << " | " << p.shape.heads_q << " |";
+    const Measurement* best = nullptr;
+    const Measurement* nondet = nullptr;
+    for (const std::string& c : columns) {
+      const auto it = std::find_if(p.results.begin(), p.results.end(), [&](const Measurement& m) { return m.implementation == c; });
+      if (it == p.results.end()) {
+        out << " - |";
+        continue;
+      }
+      out << " " << format_number(it->tflops, 4) << " |";
+      const bool dash_det = c.rfind("dash:", 0) == 0 && c != "dash:nondeterministic";
+      if (dash_det && (!best || it->tflops > best->tflops)) best = &*it;
+      if (c == "dash:nondeterministic") nondet = &*it;
+    }
+    if (backward) {
+      out << " " << (best ? best->implementation.substr(5) + " " + format_number(best->tflops, 4) : "-") << " | "
+          << (best && nondet ? format_number(best->tflops / nondet->tflops, 3) : "-") << " |";
+    }
+    out << "\n";
+  }
+}
+
+}  // namespace
+
+int cmd_bench(const std::vector<std::string>& args) {
+  ShapeFlags shape_flags;
+  std::string dtype = "bf16";
+  std::string schedule_flag, csv_path, markdown_path, anchors_path;
+  int64_t warmup = kDefaultWarmup, iters = kDefaultIters;
+  bool fwd = false;
+  FlagParser parser("bench",
+                    "Times the backward pass (every schedule) or, with --fwd, the forward pass on this GPU: the paper's\n"
+                    "grid unless shape flags are given. TFLOPS = 4 B H Sq Sk_avg D (x 2.5 for the backward) / time.");
+  add_shape_flags(parser, &shape_flags, /*with_sms=*/false);
+  parser.add_string("dtype", "NAME", "bf16 or fp16", &dtype);
+  parser.add_switch("fwd", "benchmark the forward pass instead of the backward pass", &fwd);
+  parser.add_string("schedule", "NAME", "time only this backward schedule", &schedule_flag, "every schedule");
+  parser.add_int("warmup", "untimed calls before timing", &warmup, 0, kMaxIters);
+  parser.add_int("iters", "timed calls; the median is reported", &iters, 1, kMaxIters);
+  parser.add_string("csv", "FILE", "also write every measurement as CSV", &csv_path);
+  parser.add_string("markdown", "FILE", "also write the table as Markdown", &markdown_path);
+  parser.add_string("anchors", "FILE", "merge SDPA measurements (python/benchmarks/sdpa_anchors.py CSV)", &anchors_path);
+  if (!parser.parse(args)) return kExitOk;
+  if (dtype != "bf16" && dtype != "fp16") parser.fail("--dtype must be bf16 or fp16, got '" + dtype + "'");
+  const DType element = dtype == "bf16" ? DType::kBF16 : DType::kFP16;
+  std::vector<Schedule> schedules(std::begin(kAllSchedules), std::end(kAllSchedules));
+  if (parser.given("schedule")) {
+    Schedule s{};
+    if (Status status = parse_schedule(schedule_flag, &s); !status.ok()) parser.fail(status.message());
+    schedules = {s};
+  }
+  std::vector<AttentionShape> shapes;
+  if (given_shape_flags(parser).empty()) {
+    shapes = paper_grid(element);
+  } else {
+    AttentionShape s = make_shape(shape_flags, parser);
+    s.dtype = element;
+    shapes = {s};
+  }
+  if (Status s = check_current_device(); !s.ok()) {
+    std::cerr << "dash-attn bench needs a Hopper GPU: " << s.message() << "\n";
+    return kExitFailure;
+  }
+  const bool backward = !fwd;
+  std::map<AnchorKey, std::vector<Measurement>> anchors;
+  if (!anchors_path.empty()) anchors = read_anchors(anchors_path, backward);
+  std::vector<Point> points;
+  for (const AttentionShape& shape : shapes) {
+    Point point = measure(shape, backward, schedules, static_cast<int>(warmup), static_cast<int>(iters));
+    const auto it = anchors.find({shape.head_dim, mask_name(shape), shape.seqlen_q});
+    if (it != anchors.end()) point.results.insert(point.results.end(), it->second.begin(), it->second.end());
+    std::cerr << describe_shape(shape) << ": done\n";
+    points.push_back(std::move(point));
+  }
+  write_markdown(points, backward, std::cout);
+  if (!csv_path.empty()) {
+    std::ofstream csv(csv_path);
+    write_csv(points, backward, csv);
+  }
+  if (!markdown_path.empty()) {
+    std::ofstream md(markdown_path);
+    write_markdown(points, backward, md);
+  }
+  return kExitOk;
+}
+
+}  // namespace dash::cli

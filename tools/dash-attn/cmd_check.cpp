@@ -1,0 +1,161 @@
+// dash-attn check (GPU): runs the backward pass of one shape N times per schedule on the current GPU,
+// compares dQ, dK and dV bit for bit across the runs, and measures their error against the float64
+// CPU reference on the same rounded inputs. Exit code 1 when a deterministic schedule changed bits
+// or missed the tolerance; 1 with a message when there is no usable GPU.
+#include <cstring>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "commands.hpp"
+#include "harness/device_harness.hpp"
+#include "json.hpp"
+#include "options.hpp"
+
+namespace dash::cli {
+namespace {
+
+constexpr int64_t kDefaultRuns = 20;
+constexpr int64_t kMaxRuns = 100000;
+constexpr int kErrorDigits = 3;
+constexpr int kNameWidth = 17;
+constexpr int kColumnWidth = 12;
+constexpr uint64_t kSeed = 2026;
+
+struct CheckOutcome {
+  Schedule schedule;
+  std::string rejected;
+  int differing_runs = 0;
+  harness::ErrorStats dq, dk, dv;
+  bool within_tolerance = false;
+};
+
+std::vector<uint16_t> gradient_bits(const harness::Problem& p) {
+  std::vector<uint16_t> bits(p.q_elements() + 2 * p.kv_elements());
+  p.d_dq.download(bits.data(), p.q_elements() * 2);
+  p.d_dk.download(bits.data() + p.q_elements(), p.kv_elements() * 2);
+  p.d_dv.download(bits.data() + p.q_elements() + p.kv_elements(), p.kv_elements() * 2);
+  return bits;
+}
+
+CheckOutcome check_schedule(harness::Problem& p, Schedule schedule, int runs) {
+  CheckOutcome o{schedule, {}, 0, {}, {}, {}, false};
+  size_t bytes = 0;
+  if (Status s = backward_workspace_size(p.shape, schedule, &bytes); !s.ok()) {
+    if (s.code() != StatusCode::kScheduleRejected) throw std::runtime_error(s.to_string());
+    o.rejected = s.message();
+    return o;
+  }
+  if (p.workspace.bytes() < bytes) p.workspace = harness::DeviceBuffer(bytes);
+  std::vector<uint16_t> first;
+  for (int run = 0; run < runs; ++run) {
+    p.d_dq.poison();
+    p.d_dk.poison();
+    p.d_dv.poison();
+    if (Status s = backward(harness::backward_args(p, schedule), p.workspace.get(), bytes, nullptr); !s.ok()) {
+      throw std::runtime_error(s.to_string());
+    }
+    if (!harness::synchronize_with_watchdog(nullptr, 60.0)) throw std::runtime_error("backward hang");
+    std::vector<uint16_t> bits = gradient_bits(p);
+    if (run == 0) {
+      first = std::move(bits);
+      o.dq = harness::compare(p.d_dq, p.dq, p.shape.dtype);
+      o.dk = harness::compare(p.d_dk, p.dk, p.shape.dtype);
+      o.dv = harness::compare(p.d_dv, p.dv, p.shape.dtype);
+    } else if (std::memcmp(bits.data(), first.data(), bits.size() * 2) != 0) {
+      ++o.differing_runs;
+    }
+  }
+  const auto tol = harness::tolerance_for(p.shape.dtype);
+  o.within_tolerance = harness::within(o.dq, tol) && harness::within(o.dk, tol) && harness::within(o.dv, tol);
+  return o;
+}
+
+std::string outcome_json(const CheckOutcome& o, int runs) {
+  const bool ran = o.rejected.empty();
+  JsonObject j;
+  j.add("name", json_string(schedule_name(o.schedule)))
+      .add("valid", json_bool(ran))
+      .add("reason", json_string(o.rejected))
+      .add("bitwise_identical", json_bool(ran && o.differing_runs == 0))
+      .add("differing_runs", json_number(o.differing_runs))
+      .add("runs", json_number(runs))
+      .add("rel_l2", JsonObject()
+                         .add("dq", json_number(o.dq.relative_l2))
+                         .add("dk", json_number(o.dk.relative_l2))
+                         .add("dv", json_number(o.dv.relative_l2))
+                         .str())
+      .add("within_tolerance", json_bool(o.within_tolerance));
+  return j.str();
+}
+
+}  // namespace
+
+int cmd_check(const std::vector<std::string>& args) {
+  ShapeFlags shape_flags{.batch = 4, .heads = 4, .seqlen = 1024, .head_dim = 128};
+  std::string dtype = "bf16";
+  std::string schedule_flag;
+  int64_t runs = kDefaultRuns;
+  bool json = false;
+  FlagParser parser("check",
+                    "Runs the backward pass of one shape --runs times per schedule on this GPU, compares dQ, dK and\n"
+                    "dV bit for bit across runs and against the float64 CPU reference on the same inputs.");
+  add_shape_flags(parser, &shape_flags, /*with_sms=*/false);
+  parser.add_string("dtype", "NAME", "bf16 or fp16", &dtype);
+  parser.add_string("schedule", "NAME", "check only this schedule", &schedule_flag, "every schedule");
+  parser.add_int("runs", "backward runs per schedule, compared bit for bit", &runs, 1, kMaxRuns);
+  parser.add_switch("json", "print exactly one JSON object instead of a table", &json);
+  if (!parser.parse(args)) return kExitOk;
+  AttentionShape shape = make_shape(shape_flags, parser);
+  if (dtype != "bf16" && dtype != "fp16") parser.fail("--dtype must be bf16 or fp16, got '" + dtype + "'");
+  shape.dtype = dtype == "bf16" ? DType::kBF16 : DType::kFP16;
+  std::vector<Schedule> schedules(std::begin(kAllSchedules), std::end(kAllSchedules));
+  if (parser.given("schedule")) {
+    Schedule s{};
+    if (Status status = parse_schedule(schedule_flag, &s); !status.ok()) parser.fail(status.message());
+    schedules = {s};
+  }
+  if (Status s = check_current_device(); !s.ok()) {
+    std::cerr << "dash-attn check needs a Hopper GPU: " << s.message() << "\n";
+    return kExitFailure;
+  }
+
+  harness::Problem problem = harness::make_problem(shape, kSeed);
+  std::vector<CheckOutcome> outcomes;
+  bool ok = true;
+  for (Schedule s : schedules) {
+    const CheckOutcome& o = outcomes.emplace_back(check_schedule(problem, s, static_cast<int>(runs)));
+    const bool deterministic = s != Schedule::kNondeterministic;
+    const bool skipped = !o.rejected.empty() && !parser.given("schedule");
+    ok = ok && (skipped || (o.rejected.empty() && o.within_tolerance && (o.differing_runs == 0 || !deterministic)));
+  }
+
+  if (json) {
+    std::vector<std::string> entries;
+    for (const CheckOutcome& o : outcomes) entries.push_back(outcome_json(o, static_cast<int>(runs)));
+    JsonObject j;
+    if (outcomes.size() == 1) j.add("bitwise_identical", json_bool(outcomes.front().differing_runs == 0));
+    j.add("shape", json_string(describe_shape(shape))).add("dtype", json_string(dtype)).add("schedules", json_array(entries));
+    std::cout << j.str() << "\n";
+    return ok ? kExitOk : kExitFailure;
+  }
+  std::cout << "check: " << describe_shape(shape) << ", " << dtype << ", " << runs << " runs per schedule\n\n";
+  std::cout << std::left << std::setw(kNameWidth) << "schedule" << std::setw(kColumnWidth) << "identical"
+            << std::setw(kColumnWidth) << "dQ rel_l2" << std::setw(kColumnWidth) << "dK rel_l2" << std::setw(kColumnWidth)
+            << "dV rel_l2" << "tolerance\n";
+  for (const CheckOutcome& o : outcomes) {
+    std::cout << std::left << std::setw(kNameWidth) << schedule_name(o.schedule);
+    if (!o.rejected.empty()) {
+      std::cout << "not applicable: " << o.rejected << "\n";
+      continue;
+    }
+    std::ostringstream identical;
+    identical << (o.differing_runs == 0 ? "yes" : "NO") << " (" << runs - o.differing_runs << "/" << runs << ")";
+    std::cout << std::setw(kColumnWidth) << identical.str();
+    for (const auto* e : {&o.dq, &o.dk, &o.dv}) std::cout << std::setw(kColumnWidth) << format_number(e->relative_l2, kErrorDigits);
+    std::cout << (o.within_tolerance ? "ok" : "EXCEEDED") << "\n";
+  }
+  return ok ? kExitOk : kExitFailure;
+}
+
+}  // namespace dash::cli
