@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Runs everything that needs a Hopper GPU from prebuilt binaries, writing full logs to OUT_DIR and
+# printing short summaries: the GPU tests, compute-sanitizer (memcheck, racecheck) on small shapes,
+# `dash-attn check`, and the forward/backward benchmarks on the paper's grid (with PyTorch SDPA
+# anchors measured in the same run when PyTorch is present).
+#   usage: scripts/gpu_run.sh BIN_DIR OUT_DIR [tests|sanitize|check|bench|python ...]  (default: all)
+set -uo pipefail
+bin=$(realpath "$1")
+out=$(realpath "$2")
+shift 2
+steps=("$@")
+((${#steps[@]})) || steps=(tests sanitize check bench python)
+repo=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+summary() { grep -E "$2" "$1" | cut -c1-200 | head -"${3:-40}"; }
+
+for step in "${steps[@]}"; do
+  case $step in
+    tests)
+      timeout 900 "$bin/test_sm90" > "$out/test_sm90.log" 2>&1
+      echo "== test_sm90 rc=$?"
+      summary "$out/test_sm90.log" '^\[  (PASSED|FAILED|SKIPPED) |rel_l2|differed|HANG|exception' ;;
+    sanitize)
+      # Small shapes only: the tools slow kernels down by orders of magnitude.
+      filter='Shapes/Sm90Correctness.*hdim128_bf16_B1_Sq130_Sk130*:Shapes/Sm90Correctness.*hdim64_bf16_B1_Sq77_Sk300*causal'
+      for tool in memcheck racecheck; do
+        timeout 600 compute-sanitizer --tool "$tool" "$bin/test_sm90" --gtest_filter="$filter" > "$out/sanitize_$tool.log" 2>&1
+        echo "== compute-sanitizer $tool rc=$?"
+        summary "$out/sanitize_$tool.log" 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED)' 6
+      done ;;
+    check)
+      for shape in "--causal" "" "--heads 8 --heads-kv 2 --causal --head-dim 64"; do
+        # shellcheck disable=SC2086  # $shape is a list of flags
+        timeout 300 "$bin/dash-attn" check --runs 50 $shape > "$out/check.log" 2>&1
+        echo "== dash-attn check $shape rc=$?"
+        cat "$out/check.log"
+      done ;;
+    bench)
+      anchors=()
+      if [ -f "$repo/python/benchmarks/sdpa_anchors.py" ] && python3 -c "import torch" 2>/dev/null; then
+        timeout 900 python3 "$repo/python/benchmarks/sdpa_anchors.py" --csv "$out/sdpa.csv" > "$out/sdpa.log" 2>&1
+        echo "== sdpa anchors rc=$?"
+        anchors=(--anchors "$out/sdpa.csv")
+      fi
+      timeout 1200 "$bin/dash-attn" bench "${anchors[@]}" --csv "$out/bwd.csv" --markdown "$out/bwd.md" > /dev/null 2> "$out/bench_bwd.log"
+      echo "== bench backward rc=$?"; cat "$out/bwd.md"
+      timeout 600 "$bin/dash-attn" bench --fwd "${anchors[@]}" --csv "$out/fwd.csv" --markdown "$out/fwd.md" > /dev/null 2> "$out/bench_fwd.log"
+      echo "== bench forward rc=$?"; cat "$out/fwd.md" ;;
+    python)
+      if [ -f "$bin/libdash_attn_c.so" ]; then
+        DASH_ATTN_LIBRARY="$bin/libdash_attn_c.so" PYTHONPATH="$repo/python" timeout 900 \
+          python3 -m pytest -q "$repo/python/tests" > "$out/pytest.log" 2>&1
+        echo "== pytest rc=$?"; tail -15 "$out/pytest.log"
+      fi ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
