@@ -81,14 +81,28 @@ namespace {
 constexpr size_t kHalfBytes = 2;
 
 // Draws N(0, 1) values, rounds them to the dtype, uploads the 16-bit patterns; returns the rounded values.
-std::vector<double> random_rounded(size_t count, DType dtype, std::mt19937_64& rng, DeviceBuffer& device) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
+// Chunks are drawn in parallel, each from its own generator seeded by (seed, chunk), so the values do
+// not depend on the number of threads.
+std::vector<double> random_rounded(size_t count, DType dtype, uint64_t seed, DeviceBuffer& device) {
+  constexpr size_t kChunk = size_t{1} << 20;
+  const size_t chunks = (count + kChunk - 1) / kChunk;
+  const size_t workers = std::max<size_t>(1, std::min<size_t>(chunks, std::thread::hardware_concurrency()));
   std::vector<uint16_t> bits(count);
   std::vector<double> values(count);
-  for (size_t i = 0; i < count; ++i) {
-    bits[i] = to_bits(normal(rng), dtype);
-    values[i] = from_bits(bits[i], dtype);
+  std::vector<std::thread> threads;
+  for (size_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (size_t chunk = w; chunk < chunks; chunk += workers) {
+        std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + chunk);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        for (size_t i = chunk * kChunk; i < std::min(count, (chunk + 1) * kChunk); ++i) {
+          bits[i] = to_bits(normal(rng), dtype);
+          values[i] = from_bits(bits[i], dtype);
+        }
+      }
+    });
   }
+  for (auto& t : threads) t.join();
   device = DeviceBuffer(count * kHalfBytes);
   device.upload(bits.data(), count * kHalfBytes);
   return values;
@@ -107,14 +121,13 @@ void for_each_batch(int64_t batch, Work work) {
 Problem make_problem(const AttentionShape& shape, uint64_t seed, bool with_reference) {
   Problem p;
   p.shape = shape;
-  std::mt19937_64 rng(seed);
   const size_t nq = p.q_elements();
   const size_t nkv = p.kv_elements();
   const size_t rows = static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q);
-  p.q = random_rounded(nq, shape.dtype, rng, p.d_q);
-  p.k = random_rounded(nkv, shape.dtype, rng, p.d_k);
-  p.v = random_rounded(nkv, shape.dtype, rng, p.d_v);
-  p.dout = random_rounded(nq, shape.dtype, rng, p.d_dout);
+  p.q = random_rounded(nq, shape.dtype, seed, p.d_q);
+  p.k = random_rounded(nkv, shape.dtype, seed + 1, p.d_k);
+  p.v = random_rounded(nkv, shape.dtype, seed + 2, p.d_v);
+  p.dout = random_rounded(nq, shape.dtype, seed + 3, p.d_dout);
   p.d_out = DeviceBuffer(nq * kHalfBytes);
   p.d_lse = DeviceBuffer(rows * sizeof(float));
   p.d_dq = DeviceBuffer(nq * kHalfBytes);

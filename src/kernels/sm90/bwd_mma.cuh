@@ -86,26 +86,22 @@ struct BackwardMma {
         warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
         warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
 
-        // P^T, in place of S^T. Only tiles crossing the causal diagonal or the key tail need the mask:
-        // visible_keys grows with the row, so the tile's first row bounds them all.
         warpgroup_wait<1>();
-        const bool needs_mask = kv_row0 + kBlockN > mask.visible_keys(q_row0);
-        const float* lse_log2 = smem.lse_log2[stage];
-        CUTE_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) {
-          const int key = get<0>(tScS(i));
-          const int query = get<1>(tScS(i));
-          const bool hidden = needs_mask && !mask.visible(q_row0 + query, kv_row0 + key);
-          tSrS(i) = hidden ? 0.0f : fast_exp2(tSrS(i) * p.scale_log2 - lse_log2[query]);
+        // P^T, in place of S^T. Only tiles crossing the causal diagonal or the key tail need the mask:
+        // visible_keys grows with the row, so the tile's first row bounds them all. The branch is
+        // uniform over the CTA, so each loop stays branch-free.
+        if (kv_row0 + kBlockN > mask.visible_keys(q_row0)) {
+          compute_probabilities<true>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p.scale_log2);
+        } else {
+          compute_probabilities<false>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p.scale_log2);
         }
-        // dS^T = P^T o (dP^T - dpsum), in place of dP^T.
+        // dS^T = P^T o (dP^T - dpsum). P^T and dS^T go straight to the MMA element type, so their fp32
+        // copies die element by element and the register peak stays low.
         warpgroup_wait<0>();
-        const float* dpsum = smem.dpsum[stage];
-        CUTE_UNROLL
-        for (int i = 0; i < size(tdPrdP); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dpsum[get<1>(tScS(i))]);
-
-        Tensor tdVrP = make_operand_a<Element>(tSrS);
-        Tensor tdKrdS = make_operand_a<Element>(tdPrdP);
+        Tensor tdVrP = make_operand_a_for<Element>(tSrS);
+        Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
+        compute_ds(tSrS, tdPrdP, operand_in_accumulator_layout(tdVrP, tSrS), operand_in_accumulator_layout(tdKrdS, tdPrdP),
+                   tScS, smem.dpsum[stage]);
         warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
 
         // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows.
@@ -127,6 +123,60 @@ struct BackwardMma {
   }
 
  private:
+  // The thread's S^T fragment viewed as (key rows, query columns); columns come in pairs of adjacent
+  // queries, so their LSE and dpsum are read as one float2 per pair.
+  template <class Fragment>
+  __device__ static auto by_rows_and_columns(Fragment& f) {
+    return make_tensor(f.data(), accumulator_rows_by_columns(f.layout()));
+  }
+
+  // P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), 0 where the key is hidden from the query row.
+  template <bool kMasked, class Fragment, class Coords>
+  __device__ static void compute_probabilities(Fragment& s_frag, const Coords& coords_frag, const float* lse_log2,
+                                               const MaskShape& mask, int q_row0, int kv_row0, float scale_log2) {
+    Tensor s = by_rows_and_columns(s_frag);
+    Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s); c += 2) {
+      const int query = get<1>(coords(0, c));
+      const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + query);
+      const int limits[2] = {kMasked ? mask.visible_keys(q_row0 + query) : 0,
+                             kMasked ? mask.visible_keys(q_row0 + query + 1) : 0};
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(s); ++r) {
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          float x = s(r, c + h) * scale_log2 - (h == 0 ? lse.x : lse.y);
+          if constexpr (kMasked) x = kv_row0 + get<0>(coords(r, c + h)) >= limits[h] ? -INFINITY : x;
+          s(r, c + h) = fast_exp2(x);
+        }
+      }
+    }
+  }
+
+  // dS^T = P^T o (dP^T - dpsum), stored with P^T in the MMA element type.
+  template <class Fragment, class Slots, class Coords>
+  __device__ static void compute_ds(const Fragment& p_frag, const Fragment& dp_frag, Slots p_slots, Slots ds_slots,
+                                    const Coords& coords_frag, const float* dpsum) {
+    Tensor p = make_tensor(p_frag.data(), accumulator_rows_by_columns(p_frag.layout()));
+    Tensor dp = make_tensor(dp_frag.data(), accumulator_rows_by_columns(dp_frag.layout()));
+    Tensor p_out = make_tensor(p_slots.data(), accumulator_rows_by_columns(p_slots.layout()));
+    Tensor ds_out = make_tensor(ds_slots.data(), accumulator_rows_by_columns(ds_slots.layout()));
+    Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(dp); c += 2) {
+      const float2 sum = *reinterpret_cast<const float2*>(dpsum + get<1>(coords(0, c)));
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(dp); ++r) {
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          ds_out(r, c + h) = static_cast<Element>(p(r, c + h) * (dp(r, c + h) - (h == 0 ? sum.x : sum.y)));
+          p_out(r, c + h) = static_cast<Element>(p(r, c + h));
+        }
+      }
+    }
+  }
+
   // Writes this warpgroup's dQ partial to its shared-memory buffer in fragment order (each thread's
   // values as consecutive float4s), which the postprocess kernel undoes with the same tiled MMA.
   template <class Fragment>

@@ -39,14 +39,24 @@ __device__ __forceinline__ auto accumulator_as_operand_a(AccumulatorLayout acc) 
                      make_layout(layout<1>(col_blocks), layout<2>(acc)));
 }
 
-// Converts an fp32 accumulator fragment to a register A operand of element type T (same registers
-// order, re-read through the operand layout).
+// An uninitialised register A operand of element type T for accumulator fragment `acc`, and a view of
+// it in the accumulator's layout, so that operand_in_accumulator_layout(op, acc)(i) is acc(i)'s slot.
+template <class T, class Accumulator>
+__device__ __forceinline__ auto make_operand_a_for(const Accumulator& acc) {
+  return make_tensor<T>(accumulator_as_operand_a(acc.layout()));
+}
+template <class Operand, class Accumulator>
+__device__ __forceinline__ auto operand_in_accumulator_layout(Operand& operand, const Accumulator& acc) {
+  return make_tensor(operand.data(), acc.layout());
+}
+
+// Converts an fp32 accumulator fragment to a register A operand of element type T.
 template <class T, class Accumulator>
 __device__ __forceinline__ auto make_operand_a(const Accumulator& acc) {
-  Tensor operand = make_tensor<T>(accumulator_as_operand_a(acc.layout()));
-  Tensor as_accumulator = make_tensor(operand.data(), acc.layout());
+  Tensor operand = make_operand_a_for<T>(acc);
+  Tensor slots = operand_in_accumulator_layout(operand, acc);
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) as_accumulator(i) = static_cast<T>(acc(i));
+  for (int i = 0; i < size(acc); ++i) slots(i) = static_cast<T>(acc(i));
   return operand;
 }
 
