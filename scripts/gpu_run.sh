@@ -3,13 +3,13 @@
 # printing short summaries: the GPU tests, compute-sanitizer (memcheck, racecheck) on small shapes,
 # `dash-attn check`, and the forward/backward benchmarks on the paper's grid (with PyTorch SDPA
 # anchors measured in the same run when PyTorch is present).
-#   usage: scripts/gpu_run.sh BIN_DIR OUT_DIR [tests|sanitize|check|bench|python ...]  (default: all)
+#   usage: scripts/gpu_run.sh BIN_DIR OUT_DIR [tests|sanitize|check|bench|profile|python ...]  (default: all)
 set -uo pipefail
 bin=$(realpath "$1")
 out=$(realpath "$2")
 shift 2
 steps=("$@")
-((${#steps[@]})) || steps=(tests sanitize check bench python)
+((${#steps[@]})) || steps=(tests sanitize check bench profile python)
 repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
@@ -47,6 +47,18 @@ for step in "${steps[@]}"; do
       echo "== bench backward rc=$?"; cat "$out/bwd.md"
       timeout 600 "$bin/dash-attn" bench --fwd "${anchors[@]}" --csv "$out/fwd.csv" --markdown "$out/fwd.md" > /dev/null 2> "$out/bench_fwd.log"
       echo "== bench forward rc=$?"; cat "$out/fwd.md" ;;
+    profile)
+      # Hardware counters of one backward and one forward main kernel (Nsight Compute, clocks untouched).
+      sections=(--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis)
+      for kernel in backward_kernel forward_kernel; do
+        fwd_flag=()
+        [ "$kernel" = forward_kernel ] && fwd_flag=(--fwd)
+        timeout 300 ncu --clock-control none --kernel-name "regex:$kernel" --launch-skip 3 --launch-count 1 \
+          "${sections[@]}" "$bin/dash-attn" bench "${fwd_flag[@]}" --batch 2 --heads 16 --seqlen 8192 --head-dim 128 \
+          --causal --schedule auto --warmup 3 --iters 1 > "$out/ncu_$kernel.log" 2>&1
+        echo "== ncu $kernel rc=$?"
+        summary "$out/ncu_$kernel.log" 'Duration|Compute \(SM\) Throughput|Memory Throughput|Tensor|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|Stall' 30
+      done ;;
     python)
       if [ -f "$bin/libdash_attn_c.so" ]; then
         DASH_ATTN_LIBRARY="$bin/libdash_attn_c.so" PYTHONPATH="$repo/python" timeout 900 \
