@@ -1,0 +1,238 @@
+"""ctypes binding of libdash_attn_c.so, the C ABI of DASH (src/capi/dash_c.h).
+
+The package never compiles against torch: this module is the only place that knows the C structs, and it
+does not import torch either, so it can be used (and tested) on any machine that has the library file.
+The library is loaded on first use rather than at import, so argument checking and torch.compile tracing
+work where it has not been built.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+LIBRARY_FILE = "libdash_attn_c.so"
+LIBRARY_ENV = "DASH_ATTN_LIBRARY"
+
+# DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
+ABI_VERSION = 1
+
+# The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
+# library is loaded; load() verifies that the library agrees.
+SCHEDULES = (
+    "auto",
+    "ascending",
+    "descending",
+    "shortest-first",
+    "shift",
+    "symmetric-shift",
+    "nondeterministic",
+)
+
+DTYPE_BF16 = 0
+DTYPE_FP16 = 1
+
+STATUS_OK = 0
+
+# Room for the longest Status message (they name an argument, a rule and a few numbers).
+_MESSAGE_BYTES = 4096
+
+
+class Shape(ctypes.Structure):
+    """struct dash_shape."""
+
+    _fields_ = [
+        ("batch", ctypes.c_int64),
+        ("seqlen_q", ctypes.c_int64),
+        ("seqlen_k", ctypes.c_int64),
+        ("heads_q", ctypes.c_int64),
+        ("heads_kv", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("dtype", ctypes.c_int),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+    ]
+
+
+class Tensor(ctypes.Structure):
+    """struct dash_tensor: a data pointer and the element strides of (B, S, H, D)."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("strides", ctypes.c_int64 * 4)]
+
+
+class LibraryError(RuntimeError):
+    """A DASH entry point returned a non-zero status; `status` is its stable name, e.g. "invalid-argument"."""
+
+    def __init__(self, what: str, status: str, message: str) -> None:
+        super().__init__(f"dash_attn {what} failed with status {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _candidates() -> list[Path]:
+    """Where the library may be, in order: inside the installed package, then $DASH_ATTN_LIBRARY."""
+    found = [Path(__file__).resolve().parent / LIBRARY_FILE]
+    env = os.environ.get(LIBRARY_ENV)
+    if env:
+        path = Path(env)
+        found.append(path / LIBRARY_FILE if path.is_dir() else path)
+    return found
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """Gives every function its C signature, so ctypes converts (and checks) arguments instead of guessing."""
+    c_int64, c_int, c_size_t = ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
+    c_char_p, c_void_p = ctypes.c_char_p, ctypes.c_void_p
+    shape_p, tensor_p = ctypes.POINTER(Shape), ctypes.POINTER(Tensor)
+    size_p = ctypes.POINTER(c_size_t)
+    message = [c_char_p, c_size_t]
+    signatures = {
+        "dash_abi_version": (c_int, []),
+        "dash_status_name": (c_char_p, [c_int]),
+        "dash_schedule_names": (c_char_p, []),
+        "dash_kernel_available": (c_int, [c_int64, c_int]),
+        "dash_check_device": (c_int, message),
+        "dash_forward_workspace_size": (c_int, [shape_p, size_p, *message]),
+        "dash_backward_workspace_size": (c_int, [shape_p, c_char_p, size_p, *message]),
+        "dash_forward": (
+            c_int,
+            [shape_p, tensor_p, tensor_p, tensor_p, tensor_p, c_void_p, c_void_p, c_size_t, c_void_p, *message],
+        ),
+        "dash_backward": (
+            c_int,
+            [shape_p, *[tensor_p] * 5, c_void_p, *[tensor_p] * 3, c_char_p, c_void_p, c_size_t, c_void_p, *message],
+        ),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+
+
+@functools.cache
+def load() -> ctypes.CDLL:
+    """Loads and checks libdash_attn_c.so once; raises ImportError naming every place it looked."""
+    candidates = _candidates()
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        env = os.environ.get(LIBRARY_ENV)
+        looked = [f"next to the package ({candidates[0]})"]
+        looked.append(f"${LIBRARY_ENV} ({env!r})" if env else f"${LIBRARY_ENV} (not set)")
+        raise ImportError(
+            f"dash_attn cannot find {LIBRARY_FILE}; looked {' and '.join(looked)}. Install the package with "
+            f"`pip install .` from the repository root, or build the CMake target dash_attn_c and set "
+            f"{LIBRARY_ENV} to the library file."
+        )
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as error:
+        raise ImportError(f"dash_attn cannot load {path}: {error}") from error
+    _declare(lib)
+    version = lib.dash_abi_version()
+    if version != ABI_VERSION:
+        raise ImportError(f"{path} has C ABI version {version}, this package needs {ABI_VERSION}; rebuild it")
+    names = tuple(lib.dash_schedule_names().decode().split(","))
+    if names != SCHEDULES:
+        raise ImportError(f"{path} knows the schedules {names}, this package {SCHEDULES}; rebuild it")
+    return lib
+
+
+def library_path() -> Path:
+    """The file load() uses (loading it if needed)."""
+    return Path(load()._name)
+
+
+def _call(what: str, function_name: str, *args: object) -> None:
+    """Calls a status-returning function; a non-zero status becomes LibraryError with the library's message."""
+    lib = load()
+    buffer = ctypes.create_string_buffer(_MESSAGE_BYTES)
+    code = getattr(lib, function_name)(*args, buffer, _MESSAGE_BYTES)
+    if code != STATUS_OK:
+        raise LibraryError(what, lib.dash_status_name(code).decode(), buffer.value.decode(errors="replace"))
+
+
+def kernel_available(head_dim: int, dtype: int) -> bool:
+    return bool(load().dash_kernel_available(head_dim, dtype))
+
+
+def check_device() -> None:
+    """Raises LibraryError unless the current CUDA device is a Hopper GPU."""
+    _call("device check", "dash_check_device")
+
+
+def forward_workspace_size(shape: Shape) -> int:
+    size = ctypes.c_size_t(0)
+    _call("forward workspace query", "dash_forward_workspace_size", ctypes.byref(shape), ctypes.byref(size))
+    return size.value
+
+
+def backward_workspace_size(shape: Shape, schedule: str) -> int:
+    size = ctypes.c_size_t(0)
+    _call(
+        "backward workspace query",
+        "dash_backward_workspace_size",
+        ctypes.byref(shape),
+        schedule.encode(),
+        ctypes.byref(size),
+    )
+    return size.value
+
+
+def forward(
+    shape: Shape,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: int,
+    workspace: int,
+    workspace_bytes: int,
+    stream: int | None,
+) -> None:
+    """Enqueues the forward on `stream`; `lse` and `workspace` are device addresses."""
+    _call(
+        "forward",
+        "dash_forward",
+        ctypes.byref(shape),
+        ctypes.byref(q),
+        ctypes.byref(k),
+        ctypes.byref(v),
+        ctypes.byref(out),
+        lse,
+        workspace,
+        workspace_bytes,
+        stream,
+    )
+
+
+def backward(
+    shape: Shape,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    dout: Tensor,
+    lse: int,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    schedule: str,
+    workspace: int,
+    workspace_bytes: int,
+    stream: int | None,
+) -> None:
+    """Enqueues the backward on `stream`, summing dQ in the order `schedule` fixes."""
+    _call(
+        "backward",
+        "dash_backward",
+        ctypes.byref(shape),
+        *(ctypes.byref(t) for t in (q, k, v, out, dout)),
+        lse,
+        *(ctypes.byref(t) for t in (dq, dk, dv)),
+        schedule.encode(),
+        workspace,
+        workspace_bytes,
+        stream,
+    )

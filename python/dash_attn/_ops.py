@@ -1,0 +1,199 @@
+"""The torch.library custom ops dash_attn::forward and dash_attn::backward, with fake kernels and autograd.
+
+Custom ops (not a torch.autograd.Function) keep the C library opaque to torch.compile: Dynamo records one
+node per call instead of tracing into ctypes, the fake kernels give it the output metadata, and the
+autograd formula wires the backward op in. Both ops take (B, S, H, D) tensors that passed the checks in
+interface.py; they fix only what the kernels cannot take but a caller may legitimately pass (odd strides,
+misaligned views, broadcast gradients) by copying.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from . import _library
+
+# TMA needs 16-byte aligned addresses and strides that are multiples of 16 bytes: 8 two-byte elements.
+_TMA_ALIGNMENT_BYTES = 16
+_ELEMENT_BYTES = 2
+_STRIDE_MULTIPLE = _TMA_ALIGNMENT_BYTES // _ELEMENT_BYTES
+
+_DTYPE_CODES = {torch.bfloat16: _library.DTYPE_BF16, torch.float16: _library.DTYPE_FP16}
+
+
+def _layout_ok(t: Tensor) -> bool:
+    """Whether the kernels can read or write `t` in place: the rules of validate() in src/api/validate.cpp."""
+    strides = t.stride()
+    if t.data_ptr() % _TMA_ALIGNMENT_BYTES or strides[-1] != 1:
+        return False
+    if any(s < 0 or s % _STRIDE_MULTIPLE for s in strides[:-1]):
+        return False
+    # One-to-one: ordered by stride, each dimension with more than one index must step over all that the
+    # smaller ones span (broadcast gradients with stride 0 fail here).
+    reach = 1
+    for stride, size in sorted((s, n) for s, n in zip(strides, t.shape) if n > 1):
+        if stride < reach:
+            return False
+        reach = stride * size
+    return True
+
+
+def _kernel_ready(t: Tensor) -> Tensor:
+    """`t` itself when the kernels can take it, else a packed copy (clone, since .contiguous() keeps a
+    misaligned or odd-strided tensor that torch already calls contiguous)."""
+    return t if _layout_ok(t) else t.clone(memory_format=torch.contiguous_format)
+
+
+def _c_tensor(t: Tensor) -> _library.Tensor:
+    c = _library.Tensor()
+    c.data = t.data_ptr()
+    c.strides[:] = t.stride()
+    return c
+
+
+def _c_shape(q: Tensor, k: Tensor, softmax_scale: float, causal: bool) -> _library.Shape:
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    _, seqlen_k, heads_kv, _ = k.shape
+    return _library.Shape(
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        heads_q=heads_q,
+        heads_kv=heads_kv,
+        head_dim=head_dim,
+        dtype=_DTYPE_CODES[q.dtype],
+        softmax_scale=softmax_scale,
+        causal=int(causal),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_workspace_bytes(device: int, shape_fields: tuple, schedule: str) -> int:
+    """The backward workspace size, which costs a CPU planning pass; a training loop repeats shapes, so
+    it is cached per device (the plan depends on its SM count), shape and schedule."""
+    return _library.backward_workspace_size(_library.Shape(*shape_fields), schedule)
+
+
+def _workspace(nbytes: int, device: torch.device) -> Tensor:
+    """Scratch memory from torch's caching allocator, whose blocks are aligned far beyond the 256 bytes needed."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
+    """Packed (B, Sq, Hq, D) output and (B, Hq, Sq) fp32 LSE; the fake kernel uses it too, so metadata agree."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+
+
+@torch.library.custom_op("dash_attn::forward", mutates_args=(), device_types="cuda")
+def forward(
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, schedule: str
+) -> tuple[Tensor, Tensor]:
+    """out, lse = attention(q, k, v). `schedule` is not used here: it is an input so that autograd records
+    the summation order the backward must use."""
+    q, k, v = (_kernel_ready(t) for t in (q, k, v))
+    out, lse = _forward_outputs(q)
+    shape = _c_shape(q, k, softmax_scale, causal)
+    with torch.cuda.device(q.device):
+        workspace_bytes = _library.forward_workspace_size(shape)
+        workspace = _workspace(workspace_bytes, q.device)
+        _library.forward(
+            shape,
+            _c_tensor(q),
+            _c_tensor(k),
+            _c_tensor(v),
+            _c_tensor(out),
+            lse.data_ptr(),
+            workspace.data_ptr(),
+            workspace_bytes,
+            torch.cuda.current_stream(q.device).cuda_stream,
+        )
+    return out, lse
+
+
+@forward.register_fake
+def _forward_fake(
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, schedule: str
+) -> tuple[Tensor, Tensor]:
+    return _forward_outputs(q)
+
+
+@torch.library.custom_op("dash_attn::backward", mutates_args=(), device_types="cuda")
+def backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of attention for upstream gradient `dout`, dQ summed in the order `schedule` fixes."""
+    dout, q, k, v, out = (_kernel_ready(t) for t in (dout, q, k, v, out))
+    lse = lse.contiguous()
+    dq, dk, dv = _backward_outputs(q, k, v)
+    shape = _c_shape(q, k, softmax_scale, causal)
+    with torch.cuda.device(q.device):
+        shape_fields = tuple(getattr(shape, name) for name, _ in _library.Shape._fields_)
+        workspace_bytes = _backward_workspace_bytes(q.device.index, shape_fields, schedule)
+        workspace = _workspace(workspace_bytes, q.device)
+        _library.backward(
+            shape,
+            *(_c_tensor(t) for t in (q, k, v, out, dout)),
+            lse.data_ptr(),
+            *(_c_tensor(t) for t in (dq, dk, dv)),
+            schedule,
+            workspace.data_ptr(),
+            workspace_bytes,
+            torch.cuda.current_stream(q.device).cuda_stream,
+        )
+    return dq, dk, dv
+
+
+@backward.register_fake
+def _backward_fake(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _backward_outputs(q, k, v)
+
+
+def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+    q, k, v, softmax_scale, causal, schedule = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale = softmax_scale
+    ctx.causal = causal
+    ctx.schedule = schedule
+    # The backward does not differentiate through the LSE; marking it keeps a loss that uses it from
+    # silently getting a wrong gradient.
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward_formula(
+    ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor, grad_lse: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.dash_attn.backward(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.schedule)
+    return dq, dk, dv, None, None, None
+
+
+forward.register_autograd(_backward_formula, setup_context=_setup_context)

@@ -1,0 +1,263 @@
+"""Bad-input tests that need neither a GPU nor the library: every check in interface.py runs before any CUDA
+call, so CPU (and meta) tensors reach it. Each test asserts the exception type and that the message names
+the argument the caller got wrong, spelled as that entry point spells it (q or query). The last tests load
+the C library (still without a GPU) to show its own messages reach the caller."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="dash_attn needs PyTorch")
+
+import dash_attn  # noqa: E402
+from dash_attn import flash_attn_func, scaled_dot_product_attention  # noqa: E402
+
+BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 16, 4, 64
+
+
+def bshd(
+    batch: int = BATCH,
+    seqlen: int = SEQLEN,
+    heads: int = HEADS,
+    head_dim: int = HEAD_DIM,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+) -> torch.Tensor:
+    return torch.zeros(batch, seqlen, heads, head_dim, dtype=dtype, device=device)
+
+
+def bhsd(heads: int = HEADS, seqlen: int = SEQLEN, **kwargs: object) -> torch.Tensor:
+    return bshd(heads=heads, seqlen=seqlen, **kwargs).transpose(1, 2)
+
+
+def raises(error: type[Exception], *fragments: str):
+    """pytest.raises that also demands every fragment in the message (the argument's name, the rule)."""
+    return pytest.raises(error, match=".*".join(map(re.escape, fragments)))
+
+
+# --- flash_attn_func: (B, S, H, D) -----------------------------------------------------------------------
+
+
+def test_non_tensor_argument_is_named() -> None:
+    with raises(TypeError, "k must be a torch.Tensor", "list"):
+        flash_attn_func(bshd(), [1.0], bshd())
+
+
+def test_wrong_rank_is_named() -> None:
+    with raises(ValueError, "v must be 4-D", "(batch, seqlen, heads, head_dim)"):
+        flash_attn_func(bshd(), bshd(), bshd()[0])
+
+
+def test_empty_tensor_is_named() -> None:
+    with raises(ValueError, "q must not be empty"):
+        flash_attn_func(bshd(seqlen=0), bshd(), bshd())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int8])
+def test_unsupported_dtype_is_named(dtype: torch.dtype) -> None:
+    with raises(TypeError, "q.dtype", "bfloat16 or torch.float16", str(dtype)):
+        flash_attn_func(bshd(dtype=dtype), bshd(dtype=dtype), bshd(dtype=dtype))
+
+
+def test_mixed_dtypes_are_named() -> None:
+    with raises(TypeError, "v.dtype (torch.float16) must equal q.dtype (torch.bfloat16)"):
+        flash_attn_func(bshd(), bshd(), bshd(dtype=torch.float16))
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 256])
+def test_unsupported_head_dim_is_named(head_dim: int) -> None:
+    t = bshd(head_dim=head_dim)
+    with raises(ValueError, "head_dim (q.shape[3])", "(64, 128)", str(head_dim)):
+        flash_attn_func(t, t, t)
+
+
+def test_head_dim_mismatch_is_named() -> None:
+    with raises(ValueError, "k.shape[3] (head_dim) = 128 must equal q.shape[3] = 64"):
+        flash_attn_func(bshd(), bshd(head_dim=128), bshd())
+
+
+def test_batch_mismatch_is_named() -> None:
+    with raises(ValueError, "v.shape[0] (batch) = 3 must equal q.shape[0] = 2"):
+        flash_attn_func(bshd(), bshd(), bshd(batch=3))
+
+
+def test_key_value_seqlen_mismatch_is_named() -> None:
+    with raises(ValueError, "v.shape[1] (seqlen) = 9 must equal k.shape[1] = 16"):
+        flash_attn_func(bshd(), bshd(), bshd(seqlen=9))
+
+
+def test_key_value_heads_mismatch_is_named() -> None:
+    with raises(ValueError, "v.shape[2] (heads) = 1 must equal k.shape[2] = 2"):
+        flash_attn_func(bshd(), bshd(heads=2), bshd(heads=1))
+
+
+def test_query_heads_not_a_multiple_of_kv_heads_is_named() -> None:
+    with raises(ValueError, "q.shape[2] (query heads) = 4 must be a multiple of k.shape[2]", "= 3"):
+        flash_attn_func(bshd(), bshd(heads=3), bshd(heads=3))
+
+
+def test_non_contiguous_last_dimension_is_named() -> None:
+    strided = bshd(head_dim=2 * HEAD_DIM)[..., ::2]
+    with raises(ValueError, "k's last dimension (head_dim) must be contiguous", "stride 2"):
+        flash_attn_func(bshd(), strided, bshd())
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, math.inf, math.nan])
+def test_bad_softmax_scale_is_named(scale: float) -> None:
+    with raises(ValueError, "softmax_scale must be finite and > 0"):
+        flash_attn_func(bshd(), bshd(), bshd(), softmax_scale=scale)
+
+
+def test_unknown_schedule_lists_the_valid_names() -> None:
+    with raises(ValueError, "schedule must be one of", *(repr(name) for name in dash_attn.SCHEDULES), "'fastest'"):
+        flash_attn_func(bshd(), bshd(), bshd(), schedule="fastest")
+
+
+def test_schedule_contradicting_deterministic_is_refused() -> None:
+    with raises(ValueError, "deterministic=False", "schedule='shift'"):
+        flash_attn_func(bshd(), bshd(), bshd(), deterministic=False, schedule="shift")
+    with raises(ValueError, "contradicts deterministic=True"):
+        flash_attn_func(bshd(), bshd(), bshd(), schedule="nondeterministic")
+
+
+def test_cpu_tensors_are_refused() -> None:
+    with raises(ValueError, "q, k and v must be CUDA tensors", "cpu"):
+        flash_attn_func(bshd(), bshd(), bshd())
+
+
+def test_mismatched_devices_are_named() -> None:
+    with raises(ValueError, "k is on meta but q is on cpu"):
+        flash_attn_func(bshd(), bshd(device="meta"), bshd())
+
+
+# --- scaled_dot_product_attention: (B, H, S, D), SDPA's names ------------------------------------------
+
+
+def test_sdpa_messages_use_sdpa_names_and_dimensions() -> None:
+    with raises(TypeError, "query.dtype"):
+        scaled_dot_product_attention(bhsd(dtype=torch.float32), bhsd(), bhsd())
+    with raises(ValueError, "value.shape[2] (seqlen) = 9 must equal key.shape[2] = 16"):
+        scaled_dot_product_attention(bhsd(), bhsd(), bhsd(seqlen=9))
+    with raises(ValueError, "value.shape[1] (heads) = 1 must equal key.shape[1] = 2"):
+        scaled_dot_product_attention(bhsd(), bhsd(heads=2), bhsd(heads=1), enable_gqa=True)
+    with raises(ValueError, "key must be 4-D", "(batch, heads, seqlen, head_dim)"):
+        scaled_dot_product_attention(bhsd(), bhsd()[0], bhsd())
+
+
+def test_sdpa_gqa_needs_enable_gqa() -> None:
+    with raises(ValueError, "query has 4 heads but key and value 2", "enable_gqa=True"):
+        scaled_dot_product_attention(bhsd(), bhsd(heads=2), bhsd(heads=2))
+
+
+def test_sdpa_causal_with_unequal_lengths_is_refused() -> None:
+    with raises(ValueError, "is_causal=True", "top-left", "bottom-right"):
+        scaled_dot_product_attention(bhsd(), bhsd(seqlen=32), bhsd(seqlen=32), is_causal=True)
+
+
+def test_sdpa_bad_scale_is_named() -> None:
+    with raises(ValueError, "scale must be finite and > 0"):
+        scaled_dot_product_attention(bhsd(), bhsd(), bhsd(), scale=-0.5)
+
+
+def test_sdpa_cpu_tensors_are_refused() -> None:
+    with raises(ValueError, "query, key and value must be CUDA tensors"):
+        scaled_dot_product_attention(bhsd(), bhsd(), bhsd())
+
+
+# --- metadata under fake tensors (what torch.compile sees), no GPU needed -------------------------------
+
+
+def test_fake_tensors_trace_with_the_output_metadata_of_the_real_ops() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        try:
+            q = bshd(heads=8, dtype=torch.float16, device="cuda", head_dim=128)
+        except (RuntimeError, AssertionError) as error:
+            pytest.skip(f"this torch build cannot make fake CUDA tensors: {error}")
+        kv = bshd(heads=2, seqlen=40, dtype=torch.float16, device="cuda", head_dim=128)
+        out, lse = flash_attn_func(q, kv, kv, causal=True, return_lse=True)
+        sdpa_out = scaled_dot_product_attention(q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2))
+    assert (out.shape, out.dtype, out.stride()) == (q.shape, q.dtype, q.contiguous().stride())
+    assert (lse.shape, lse.dtype) == ((BATCH, 8, SEQLEN), torch.float32)
+    assert sdpa_out.shape == (BATCH, 8, SEQLEN, 128)
+
+
+# --- the C library's own messages, without a GPU ----------------------------------------------------------
+
+
+def _c_args(library, head_dim: int) -> tuple:
+    shape = library.Shape(BATCH, SEQLEN, SEQLEN, HEADS, HEADS, head_dim, library.DTYPE_BF16, head_dim**-0.5, 0)
+    tensor = bshd(head_dim=head_dim)
+    c_tensor = library.Tensor(tensor.data_ptr(), (ctypes.c_int64 * 4)(*tensor.stride()))
+    return shape, c_tensor, tensor
+
+
+def test_library_schedule_names_match_the_package(library) -> None:
+    assert tuple(library.load().dash_schedule_names().decode().split(",")) == dash_attn.SCHEDULES
+
+
+def test_library_message_reaches_the_caller(library) -> None:
+    # Head dim 96 passes no Python check here: the message must be the library's own.
+    shape, c_tensor, tensor = _c_args(library, head_dim=96)
+    with pytest.raises(dash_attn.LibraryError) as caught:
+        library.forward(shape, c_tensor, c_tensor, c_tensor, c_tensor, tensor.data_ptr(), 0, 0, None)
+    assert isinstance(caught.value, RuntimeError)
+    assert caught.value.status == "not-supported"
+    assert "shape.head_dim must be one of {64, 128}, got 96" in str(caught.value)
+    assert "not-supported" in str(caught.value)
+
+
+def test_library_lists_schedules_when_the_name_is_unknown(library) -> None:
+    shape, _, _ = _c_args(library, head_dim=HEAD_DIM)
+    with pytest.raises(dash_attn.LibraryError, match="unknown schedule 'fastest' \\(valid: auto, ascending"):
+        library.backward_workspace_size(shape, "fastest")
+
+
+def test_library_truncates_messages_to_the_buffer(library) -> None:
+    shape, c_tensor, tensor = _c_args(library, head_dim=96)
+    size = 8
+    buffer = ctypes.create_string_buffer(b"\xff" * size, size)
+    code = library.load().dash_forward(
+        ctypes.byref(shape), *[ctypes.byref(c_tensor)] * 4, tensor.data_ptr(), None, 0, None, buffer, size
+    )
+    assert library.load().dash_status_name(code) == b"not-supported"
+    assert buffer.raw == b"shape.h\0"
+
+
+def test_library_names_every_status(library) -> None:
+    lib = library.load()
+    names = [lib.dash_status_name(code).decode() for code in range(9)]
+    assert names[0] == "ok" and "unknown-status" not in names
+    assert lib.dash_status_name(-1) == b"host-error"
+    assert lib.dash_status_name(99) == b"unknown-status"
+
+
+# --- layouts the kernels cannot read in place are copied, not refused -------------------------------------
+
+
+def test_layouts_the_kernels_take_are_used_in_place() -> None:
+    from dash_attn._ops import _kernel_ready
+
+    packed = bshd()
+    fused_qkv_slice = torch.zeros(BATCH, SEQLEN, 3 * HEADS, HEAD_DIM, dtype=torch.bfloat16)[:, :, HEADS : 2 * HEADS]
+    sdpa_view = bhsd().transpose(1, 2)
+    for t in (packed, fused_qkv_slice, sdpa_view):
+        assert _kernel_ready(t) is t
+
+
+def test_layouts_the_kernels_cannot_take_are_copied() -> None:
+    from dash_attn._ops import _kernel_ready
+
+    storage = torch.zeros(BATCH * SEQLEN * HEADS * HEAD_DIM + 1, dtype=torch.bfloat16)
+    misaligned = storage[1:].view(BATCH, SEQLEN, HEADS, HEAD_DIM)  # 2 bytes past a 16-byte boundary
+    odd_head_stride = bshd(head_dim=HEAD_DIM + 4)[..., :HEAD_DIM]  # head stride 68 elements
+    broadcast = torch.zeros(1, 1, 1, HEAD_DIM, dtype=torch.bfloat16).expand(BATCH, SEQLEN, HEADS, HEAD_DIM)
+    for t in (misaligned, odd_head_stride, broadcast):
+        ready = _kernel_ready(t)
+        assert ready is not t and torch.equal(ready, t)
+        assert ready.stride() == bshd().stride() and ready.data_ptr() % 16 == 0
