@@ -30,8 +30,8 @@ struct PlanResult {
 // The plan of `schedule` (not kAuto) for `problem` on `num_sms` persistent CTAs.
 PlanResult make_schedule_plan(const TiledProblem& problem, Schedule schedule, int num_sms);
 
-// What Schedule::kAuto runs: the preferred schedule for the mask if its preconditions hold, else a
-// fallback that always applies. See docs/DESIGN.md for the measurements behind the preference.
+// What Schedule::kAuto runs: the schedule measured fastest for the mask and tile shape, if its
+// preconditions hold, else one that always applies (see the measurements in schedule_plan.cpp).
 Schedule choose_schedule(const TiledProblem& problem, int num_sms);
 
 // make_schedule_plan, resolving kAuto first.

@@ -275,11 +275,11 @@ TEST(Preconditions, RejectionsSayWhy) {
   }
 }
 
-TEST(Preconditions, AutoPrefersTheShiftSchedules) {
-  EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 8, false), 132), Schedule::kShift);
-  EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 8, true), 132), Schedule::kSymmetricShift);
-  EXPECT_EQ(choose_schedule(abstract_problem(1, 8, 4, false), 132), Schedule::kAscending);
-  EXPECT_EQ(choose_schedule(abstract_problem(1, 8, 6, true), 132), Schedule::kShortestFirst);
+TEST(Preconditions, AutoFollowsTheMeasurements) {
+  EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 8, false), 132), Schedule::kShift) << "square tiles, full mask";
+  EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 16, false, 2), 132), Schedule::kAscending) << "64x128 tiles";
+  EXPECT_EQ(choose_schedule(abstract_problem(1, 8, 4, false), 132), Schedule::kAscending) << "shift not applicable";
+  EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 8, true), 132), Schedule::kShortestFirst);
   EXPECT_EQ(plan_schedule(abstract_problem(1, 8, 6, true), Schedule::kAuto, 132).plan.kind, Schedule::kShortestFirst);
 }
 
