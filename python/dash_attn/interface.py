@@ -135,8 +135,8 @@ def flash_attn_func(
     GQA/MQA: pass k and v with fewer heads; query heads [g*G, (g+1)*G) use key/value head g. With
     causal=True, query row i sees key j iff j <= i + seqlen_k - seqlen_q (bottom-right aligned, as in
     FlashAttention). The forward is always deterministic; the backward is bitwise reproducible for every
-    schedule but "nondeterministic", which deterministic=False selects. The default "auto" picks DASH's shift
-    (full mask) or symmetric-shift (causal) schedule where its preconditions hold, else FlashAttention-3's order.
+    schedule but "nondeterministic", which deterministic=False selects. The default "auto" picks the
+    deterministic schedule measured fastest for the mask and head dim whose preconditions hold for the shape.
 
     Returns out (batch, seqlen_q, heads_q, head_dim), or (out, lse) with the fp32 natural-log LSE
     (batch, heads_q, seqlen_q) when return_lse=True; lse carries no gradient.
