@@ -60,11 +60,12 @@ for step in "${steps[@]}"; do
         summary "$out/ncu_$kernel.log" 'Duration|Compute \(SM\) Throughput|Memory Throughput|Tensor|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|Stall' 30
       done ;;
     python)
-      if [ -f "$bin/libdash_attn_c.so" ]; then
-        DASH_ATTN_LIBRARY="$bin/libdash_attn_c.so" PYTHONPATH="$repo/python" timeout 900 \
-          python3 -m pytest -q "$repo/python/tests" > "$out/pytest.log" 2>&1
-        echo "== pytest rc=$?"; tail -15 "$out/pytest.log"
-      fi ;;
+      # The PyTorch front with a prebuilt libdash_attn_c.so: its tests, then the one-layer training-step benchmark.
+      export DASH_ATTN_LIBRARY="$bin/libdash_attn_c.so" PYTHONPATH="$repo/python"
+      timeout 900 python3 -m pytest -q -rs "$repo/python/tests" > "$out/pytest.log" 2>&1
+      echo "== pytest rc=$?"; tail -25 "$out/pytest.log"
+      timeout 900 python3 "$repo/python/benchmarks/e2e_layer.py" --csv "$out/e2e_layer.csv" > "$out/e2e_layer.log" 2>&1
+      echo "== e2e layer benchmark rc=$?"; cat "$out/e2e_layer.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
