@@ -13,6 +13,8 @@
 
 #include "kernels/kernel_params.hpp"
 #include "kernels/sm90/primitives.cuh"
+#include "kernels/sm90/record_ring.cuh"
+#include "kernels/sm90/warp_roles.cuh"
 #include "schedule/tile_config.hpp"
 
 namespace dash::sm90 {
@@ -37,7 +39,7 @@ struct StepRecord {
 };
 
 template <int kHeadDim_, class Element_>
-struct BackwardConfig {
+struct BackwardConfig : WarpRoles {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = backward_tile_shape(kHeadDim).block_q;
@@ -45,17 +47,6 @@ struct BackwardConfig {
   static constexpr int kStages = 2;         // query/dO pipeline depth
   static constexpr int kStepRing = 8;       // step records in flight; must exceed kStages + 1 (bwd_loader.cuh)
   static constexpr int kJobSlots = 2;
-  static constexpr int kMmaWarpGroups = 2;
-  static constexpr int kWarpGroupThreads = 128;
-  static constexpr int kMmaThreads = kWarpGroupThreads * kMmaWarpGroups;
-  static constexpr int kThreads = kMmaThreads + kWarpGroupThreads;
-  // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation (168 per thread
-  // for 384 threads); asking for more than the producer released would block the MMA warpgroups forever.
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kMmaRegisters = 240;
-  static_assert(kProducerRegisters * kWarpGroupThreads + kMmaRegisters * kMmaThreads <=
-                    launch_registers_per_thread(kThreads) * kThreads,
-                "setmaxnreg budget exceeds the CTA's register allocation");
   static_assert(kBlockN == 64 * kMmaWarpGroups, "each MMA warpgroup owns 64 key/value rows");
   static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
 
@@ -104,13 +95,11 @@ struct BackwardConfig {
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dpsum[kStages][kBlockM];
     StepRecord steps[kStepRing];
-    JobRecord jobs[kJobSlots];
+    RecordRing<JobRecord, kJobSlots> jobs;  // loader -> MMA warpgroups and dQ writer
     uint64_t q_full[kStages];   // loader -> MMA: Q, dO, LSE, dpsum of a stage have landed
     uint64_t q_empty[kStages];  // MMA -> loader: the stage may be refilled
     uint64_t kv_full;
     uint64_t kv_empty;
-    uint64_t job_full[kJobSlots];
-    uint64_t job_empty[kJobSlots];
     uint64_t dq_full[kMmaWarpGroups];   // MMA warpgroup -> dQ writer: a partial is in shared memory
     uint64_t dq_empty[kMmaWarpGroups];  // dQ writer -> MMA warpgroup: the buffer may be overwritten
   };

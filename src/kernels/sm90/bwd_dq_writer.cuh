@@ -27,10 +27,7 @@ struct BackwardDqWriter {
     constexpr int kPartialBytes = Config::kdQPartialFloats * sizeof(float);
     int steps = 0;
     for (int jobs = 0;; ++jobs) {
-      const int slot = jobs % Config::kJobSlots;
-      wait_barrier(smem.job_full[slot], (jobs / Config::kJobSlots) & 1, "job_full");
-      const int num_steps = smem.jobs[slot].num_steps;
-      Barrier::arrive(&smem.job_empty[slot]);
+      const int num_steps = smem.jobs.take(jobs).num_steps;
       if (num_steps == kEndOfWork) break;
       for (int s = 0; s < num_steps; ++s, ++steps) {
         for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) wait_barrier(smem.dq_full[wg], steps & 1, "dq_full");

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cutlass/arch/barrier.h>
-#include <cutlass/arch/reg_reconfig.h>
 
 #include "kernels/sm90/bwd_config.cuh"
 #include "kernels/sm90/bwd_dq_writer.cuh"
@@ -23,10 +22,7 @@ __device__ void init_backward_barriers(typename Config::SharedStorage& smem) {
   }
   Barrier::init(&smem.kv_full, 1);
   Barrier::init(&smem.kv_empty, Config::kMmaThreads);
-  for (int j = 0; j < Config::kJobSlots; ++j) {
-    Barrier::init(&smem.job_full[j], 1);
-    Barrier::init(&smem.job_empty[j], Config::kMmaThreads + kWriterThreads);
-  }
+  smem.jobs.init(Config::kMmaThreads + kWriterThreads);
   for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
     Barrier::init(&smem.dq_full[wg], Config::kWarpGroupThreads);
     Barrier::init(&smem.dq_empty[wg], 1);
@@ -42,19 +38,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (threadIdx.x == 0) init_backward_barriers<Config>(smem);
   __syncthreads();
 
-  const int warp_group = static_cast<int>(threadIdx.x) / Config::kWarpGroupThreads;
-  if (warp_group == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-    const int warp = warp_index();
-    if (warp == 0) {
-      if (lane_index() == 0) BackwardLoader<Config>::run(params, smem);
-    } else if (warp == 1) {
-      BackwardDqWriter<Config>::run(params, smem);
-    }
-  } else {
-    cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
-    BackwardMma<Config>::run(params, smem, static_cast<int>(threadIdx.x) - Config::kWarpGroupThreads);
-  }
+  run_warp_roles(
+      [&] {
+        const int warp = warp_index();
+        if (warp == 0 && lane_index() == 0) BackwardLoader<Config>::run(params, smem);
+        if (warp == 1) BackwardDqWriter<Config>::run(params, smem);
+      },
+      [&](int thread) { BackwardMma<Config>::run(params, smem, thread); });
 }
 
 }  // namespace dash::sm90

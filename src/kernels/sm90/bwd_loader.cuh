@@ -48,20 +48,13 @@ struct BackwardLoader {
     }
     JobRecord end{};
     end.num_steps = kEndOfWork;
-    publish(smem, end, jobs);
+    smem.jobs.publish(end, jobs);
   }
 
  private:
-  __device__ static void publish(SharedStorage& smem, const JobRecord& record, int jobs) {
-    const int slot = jobs % Config::kJobSlots;
-    wait_barrier(smem.job_empty[slot], ((jobs / Config::kJobSlots) & 1) ^ 1, "job_empty");
-    smem.jobs[slot] = record;
-    Barrier::arrive(&smem.job_full[slot]);
-  }
-
   __device__ static void publish_job(const Params& p, SharedStorage& smem, const Job& job, int jobs) {
     const KvJobCoord c = p.plan.problem.kv_coord(job.head);
-    publish(smem, JobRecord{job.num_steps, c.batch, c.head_kv, c.split, job.kv_tile, job.head}, jobs);
+    smem.jobs.publish(JobRecord{job.num_steps, c.batch, c.head_kv, c.split, job.kv_tile, job.head}, jobs);
   }
 
   __device__ static void load_kv(const Params& p, SharedStorage& smem, const Job& job, int jobs) {

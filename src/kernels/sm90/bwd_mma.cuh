@@ -64,10 +64,7 @@ struct BackwardMma {
     const MaskShape mask{p.seqlen_q, p.seqlen_k, p.plan.problem.causal};
     int steps = 0;
     for (int jobs = 0;; ++jobs) {
-      const int slot = jobs % Config::kJobSlots;
-      wait_barrier(smem.job_full[slot], (jobs / Config::kJobSlots) & 1, "job_full");
-      const JobRecord job = smem.jobs[slot];
-      Barrier::arrive(&smem.job_empty[slot]);
+      const JobRecord job = smem.jobs.take(jobs);
       if (job.num_steps == kEndOfWork) break;
 
       Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});

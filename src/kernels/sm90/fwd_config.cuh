@@ -11,6 +11,8 @@
 
 #include "kernels/kernel_params.hpp"
 #include "kernels/sm90/primitives.cuh"
+#include "kernels/sm90/record_ring.cuh"
+#include "kernels/sm90/warp_roles.cuh"
 #include "schedule/tile_config.hpp"
 
 namespace dash::sm90 {
@@ -27,24 +29,13 @@ struct ForwardTileRecord {
 inline constexpr int kEndOfTiles = -1;
 
 template <int kHeadDim_, class Element_>
-struct ForwardConfig {
+struct ForwardConfig : WarpRoles {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = forward_tile_shape(kHeadDim).block_q;
   static constexpr int kBlockN = forward_tile_shape(kHeadDim).block_kv;
   static constexpr int kStages = 2;  // key/value pipeline depth
   static constexpr int kTileSlots = 2;
-  static constexpr int kMmaWarpGroups = 2;
-  static constexpr int kWarpGroupThreads = 128;
-  static constexpr int kMmaThreads = kWarpGroupThreads * kMmaWarpGroups;
-  static constexpr int kThreads = kMmaThreads + kWarpGroupThreads;
-  // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation (168 per thread
-  // for 384 threads); asking for more than the producer released would block the MMA warpgroups forever.
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kMmaRegisters = 240;
-  static_assert(kProducerRegisters * kWarpGroupThreads + kMmaRegisters * kMmaThreads <=
-                    launch_registers_per_thread(kThreads) * kThreads,
-                "setmaxnreg budget exceeds the CTA's register allocation");
   static_assert(kBlockM == 64 * kMmaWarpGroups, "each MMA warpgroup owns 64 query rows");
 
   using BlockM = Int<kBlockM>;
@@ -71,13 +62,11 @@ struct ForwardConfig {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
-    ForwardTileRecord tiles[kTileSlots];
+    RecordRing<ForwardTileRecord, kTileSlots> tiles;  // loader -> MMA warpgroups
     uint64_t q_full;
     uint64_t q_empty;
     uint64_t kv_full[kStages];
     uint64_t kv_empty[kStages];
-    uint64_t tile_full[kTileSlots];
-    uint64_t tile_empty[kTileSlots];
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");

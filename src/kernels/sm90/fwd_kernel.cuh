@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cutlass/arch/barrier.h>
-#include <cutlass/arch/reg_reconfig.h>
 
 #include <cmath>
 
@@ -58,7 +57,7 @@ struct ForwardKernel {
     int kv_loads = 0;
     for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1), ++tiles) {
       const ForwardTileRecord tile = tile_at(p, t);
-      publish(smem, tile, tiles);
+      smem.tiles.publish(tile, tiles);
       wait_barrier(smem.q_empty, (tiles & 1) ^ 1, "q_empty");
       Barrier::arrive_and_expect_tx(&smem.q_full, Config::kQBytes);
       tma_tile(p.tma_q, q_extent, tile.head, tile.batch, tile.q_tile, smem.q_full, sQ);
@@ -70,7 +69,7 @@ struct ForwardKernel {
         tma_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, j, smem.kv_full[stage], sV(_, _, stage));
       }
     }
-    publish(smem, ForwardTileRecord{kEndOfTiles, 0, 0, 0}, tiles);
+    smem.tiles.publish(ForwardTileRecord{kEndOfTiles, 0, 0, 0}, tiles);
   }
 
   __device__ static void compute(const Params& p, SharedStorage& smem, int thread) {
@@ -92,10 +91,7 @@ struct ForwardKernel {
     const MaskShape mask{p.seqlen_q, p.seqlen_k, p.causal};
     int kv_loads = 0;
     for (int tiles = 0;; ++tiles) {
-      const int slot = tiles % Config::kTileSlots;
-      wait_barrier(smem.tile_full[slot], (tiles / Config::kTileSlots) & 1, "tile_full");
-      const ForwardTileRecord tile = smem.tiles[slot];
-      Barrier::arrive(&smem.tile_empty[slot]);
+      const ForwardTileRecord tile = smem.tiles.take(tiles);
       if (tile.kv_tiles == kEndOfTiles) break;
 
       Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
@@ -156,13 +152,6 @@ struct ForwardKernel {
   }
 
  private:
-  __device__ static void publish(SharedStorage& smem, const ForwardTileRecord& record, int tiles) {
-    const int slot = tiles % Config::kTileSlots;
-    wait_barrier(smem.tile_empty[slot], ((tiles / Config::kTileSlots) & 1) ^ 1, "tile_empty");
-    smem.tiles[slot] = record;
-    Barrier::arrive(&smem.tile_full[slot]);
-  }
-
   template <class Tma, class Extent, class SmemTensor>
   __device__ static void tma_tile(const Tma& tma, const Extent& extent, int head, int batch, int tile, uint64_t& full,
                                   SmemTensor dst) {
@@ -212,10 +201,7 @@ __device__ void init_forward_barriers(typename Config::SharedStorage& smem) {
     Barrier::init(&smem.kv_full[s], 1);
     Barrier::init(&smem.kv_empty[s], Config::kMmaThreads);
   }
-  for (int t = 0; t < Config::kTileSlots; ++t) {
-    Barrier::init(&smem.tile_full[t], 1);
-    Barrier::init(&smem.tile_empty[t], Config::kMmaThreads);
-  }
+  smem.tiles.init(Config::kMmaThreads);
   cutlass::arch::fence_barrier_init();
 }
 
@@ -226,14 +212,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(shared_bytes);
   if (threadIdx.x == 0) init_forward_barriers<Config>(smem);
   __syncthreads();
-  const int warp_group = static_cast<int>(threadIdx.x) / Config::kWarpGroupThreads;
-  if (warp_group == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-    if (threadIdx.x == 0) ForwardKernel<Config>::load(params, smem);
-  } else {
-    cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
-    ForwardKernel<Config>::compute(params, smem, static_cast<int>(threadIdx.x) - Config::kWarpGroupThreads);
-  }
+  run_warp_roles([&] { if (threadIdx.x == 0) ForwardKernel<Config>::load(params, smem); },
+                 [&](int thread) { ForwardKernel<Config>::compute(params, smem, thread); });
 }
 
 }  // namespace dash::sm90
