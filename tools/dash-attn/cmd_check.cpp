@@ -20,6 +20,7 @@ constexpr int64_t kMaxRuns = 100000;
 constexpr int kErrorDigits = 3;
 constexpr int kNameWidth = 17;
 constexpr int kColumnWidth = 12;
+constexpr int kIdenticalWidth = 16;  // "yes (100/100)" and a space
 constexpr uint64_t kSeed = 2026;
 
 struct CheckOutcome {
@@ -140,7 +141,7 @@ int cmd_check(const std::vector<std::string>& args) {
     return ok ? kExitOk : kExitFailure;
   }
   std::cout << "check: " << describe_shape(shape) << ", " << dtype << ", " << runs << " runs per schedule\n\n";
-  std::cout << std::left << std::setw(kNameWidth) << "schedule" << std::setw(kColumnWidth) << "identical"
+  std::cout << std::left << std::setw(kNameWidth) << "schedule" << std::setw(kIdenticalWidth) << "identical"
             << std::setw(kColumnWidth) << "dQ rel_l2" << std::setw(kColumnWidth) << "dK rel_l2" << std::setw(kColumnWidth)
             << "dV rel_l2" << "tolerance\n";
   for (const CheckOutcome& o : outcomes) {
@@ -151,7 +152,7 @@ int cmd_check(const std::vector<std::string>& args) {
     }
     std::ostringstream identical;
     identical << (o.differing_runs == 0 ? "yes" : "NO") << " (" << runs - o.differing_runs << "/" << runs << ")";
-    std::cout << std::setw(kColumnWidth) << identical.str();
+    std::cout << std::setw(kIdenticalWidth) << identical.str();
     for (const auto* e : {&o.dq, &o.dk, &o.dv}) std::cout << std::setw(kColumnWidth) << format_number(e->relative_l2, kErrorDigits);
     std::cout << (o.within_tolerance ? "ok" : "EXCEEDED") << "\n";
   }
