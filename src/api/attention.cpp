@@ -114,16 +114,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
   }
   if (Status s = check_workspace(workspace, workspace_bytes, kernels::kForwardWorkspaceBytes); !s.ok()) return s;
   kernels::ForwardParams params{};
-  params.shape = args.shape;
-  params.q = args.q;
-  params.q_strides = args.q_strides;
-  params.k = args.k;
-  params.k_strides = args.k_strides;
-  params.v = args.v;
-  params.v_strides = args.v_strides;
-  params.out = args.out;
-  params.out_strides = args.out_strides;
-  params.lse = args.lse;
+  params.args = args;
   params.tile_counter = static_cast<int*>(workspace);
   if (Status s = multiprocessor_count(&params.num_sms); !s.ok()) return s;
   return cuda_status(static_cast<cudaError_t>(instance->forward(params, stream)), "forward launch");
@@ -143,24 +134,7 @@ Status backward(const BackwardArgs& args, void* workspace, size_t workspace_byte
   if (Status s = plan_backward(args.shape, args.schedule, &params.plan); !s.ok()) return s;
   const auto layout = kernels::BackwardWorkspace::layout(args.shape, params.plan.problem);
   if (Status s = check_workspace(workspace, workspace_bytes, layout.total_bytes); !s.ok()) return s;
-  params.shape = args.shape;
-  params.q = args.q;
-  params.q_strides = args.q_strides;
-  params.k = args.k;
-  params.k_strides = args.k_strides;
-  params.v = args.v;
-  params.v_strides = args.v_strides;
-  params.out = args.out;
-  params.out_strides = args.out_strides;
-  params.dout = args.dout;
-  params.dout_strides = args.dout_strides;
-  params.lse = args.lse;
-  params.dq = args.dq;
-  params.dq_strides = args.dq_strides;
-  params.dk = args.dk;
-  params.dk_strides = args.dk_strides;
-  params.dv = args.dv;
-  params.dv_strides = args.dv_strides;
+  params.args = args;
   params.buffers = layout.carve(workspace);
   return cuda_status(static_cast<cudaError_t>(instance->backward(params, stream)), "backward launch");
 }

@@ -162,43 +162,41 @@ Problem make_problem(const AttentionShape& shape, uint64_t seed, bool with_refer
   return p;
 }
 
+namespace {
+
+// Packed (B, S, H, D) strides of the query-side and key/value-side tensors of a problem.
+Strides query_strides(const AttentionShape& s) { return packed_strides(s.seqlen_q, s.heads_q, s.head_dim); }
+Strides key_strides(const AttentionShape& s) { return packed_strides(s.seqlen_k, s.heads_kv, s.head_dim); }
+
+}  // namespace
+
 ForwardArgs forward_args(Problem& p) {
-  const AttentionShape& s = p.shape;
   ForwardArgs a;
-  a.shape = s;
+  a.shape = p.shape;
   a.q = p.d_q.get();
-  a.q_strides = packed_strides(s.seqlen_q, s.heads_q, s.head_dim);
   a.k = p.d_k.get();
-  a.k_strides = packed_strides(s.seqlen_k, s.heads_kv, s.head_dim);
   a.v = p.d_v.get();
-  a.v_strides = a.k_strides;
   a.out = p.d_out.get();
-  a.out_strides = a.q_strides;
+  a.q_strides = a.out_strides = query_strides(p.shape);
+  a.k_strides = a.v_strides = key_strides(p.shape);
   a.lse = static_cast<float*>(p.d_lse.get());
   return a;
 }
 
 BackwardArgs backward_args(Problem& p, Schedule schedule) {
-  const AttentionShape& s = p.shape;
   BackwardArgs a;
-  a.shape = s;
+  a.shape = p.shape;
   a.q = p.d_q.get();
-  a.q_strides = packed_strides(s.seqlen_q, s.heads_q, s.head_dim);
   a.k = p.d_k.get();
-  a.k_strides = packed_strides(s.seqlen_k, s.heads_kv, s.head_dim);
   a.v = p.d_v.get();
-  a.v_strides = a.k_strides;
   a.out = p.d_ref_out.get();
-  a.out_strides = a.q_strides;
   a.dout = p.d_dout.get();
-  a.dout_strides = a.q_strides;
-  a.lse = static_cast<const float*>(p.d_ref_lse.get());
   a.dq = p.d_dq.get();
-  a.dq_strides = a.q_strides;
   a.dk = p.d_dk.get();
-  a.dk_strides = a.k_strides;
   a.dv = p.d_dv.get();
-  a.dv_strides = a.k_strides;
+  a.q_strides = a.out_strides = a.dout_strides = a.dq_strides = query_strides(p.shape);
+  a.k_strides = a.v_strides = a.dk_strides = a.dv_strides = key_strides(p.shape);
+  a.lse = static_cast<const float*>(p.d_ref_lse.get());
   a.schedule = schedule;
   return a;
 }

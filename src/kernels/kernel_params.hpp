@@ -11,17 +11,9 @@
 
 namespace dash::kernels {
 
+// What a forward launch needs beyond the caller's (validated) arguments.
 struct ForwardParams {
-  AttentionShape shape;
-  const void* q;
-  Strides q_strides;
-  const void* k;
-  Strides k_strides;
-  const void* v;
-  Strides v_strides;
-  void* out;
-  Strides out_strides;
-  float* lse;
+  ForwardArgs args;
   int* tile_counter;  // workspace: dynamic tile dispatch, zeroed before the launch
   int num_sms;
 };
@@ -37,25 +29,9 @@ struct BackwardBuffers {
   int* unit_counter;   // dynamic dispatch: next work unit
 };
 
+// What a backward launch needs beyond the caller's (validated) arguments.
 struct BackwardParams {
-  AttentionShape shape;
-  const void* q;
-  Strides q_strides;
-  const void* k;
-  Strides k_strides;
-  const void* v;
-  Strides v_strides;
-  const void* out;
-  Strides out_strides;
-  const void* dout;
-  Strides dout_strides;
-  const float* lse;
-  void* dq;
-  Strides dq_strides;
-  void* dk;
-  Strides dk_strides;
-  void* dv;
-  Strides dv_strides;
+  BackwardArgs args;
   SchedulePlan plan;
   BackwardBuffers buffers;
 };

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kernels/kernel_params.hpp"
+#include "kernels/sm90/gmem_tensors.cuh"
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/record_ring.cuh"
 #include "kernels/sm90/warp_roles.cuh"
@@ -110,11 +111,8 @@ struct BackwardConfig : WarpRoles {
   static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
 
   // TMA over (seqlen, head_dim, heads, batch) tensors with arbitrary strides.
-  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
-  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
-  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}));
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{})));
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, take<0, 2>(SmemLayoutQ{})));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, SmemLayoutKV{}));
 
   struct Params {
     TmaQ tma_q;

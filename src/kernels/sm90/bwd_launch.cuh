@@ -7,30 +7,18 @@
 
 #include "kernels/kernel_params.hpp"
 #include "kernels/sm90/bwd_config.cuh"
+#include "kernels/sm90/gmem_tensors.cuh"
 #include "kernels/sm90/bwd_kernel.cuh"
 #include "kernels/sm90/bwd_prepost.cuh"
 
 namespace dash::sm90 {
 
-template <class Element, int kHeadDim>
-auto make_gmem_bshd(const void* data, int64_t seqlen, int64_t heads, int64_t batch, const Strides& s) {
-  return make_tensor(make_gmem_ptr(static_cast<const Element*>(data)),
-                     make_shape(static_cast<int32_t>(seqlen), static_cast<int32_t>(kHeadDim),
-                                static_cast<int32_t>(heads), static_cast<int32_t>(batch)),
-                     make_stride(s.seq, _1{}, s.head, s.batch));
-}
-
-inline void copy_strides(int64_t (&dst)[3], const Strides& s) {
-  dst[0] = s.batch;
-  dst[1] = s.seq;
-  dst[2] = s.head;
-}
-
 template <int kHeadDim, class Element>
-int launch_backward(const kernels::BackwardParams& a, cudaStream_t stream) {
+int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) {
+  const BackwardArgs& a = params.args;
   using Config = BackwardConfig<kHeadDim, Element>;
   const AttentionShape& shape = a.shape;
-  const TiledProblem& problem = a.plan.problem;
+  const TiledProblem& problem = params.plan.problem;
 
   typename Config::Params p{};
   const auto q_tile_layout = take<0, 2>(typename Config::SmemLayoutQ{});
@@ -38,8 +26,8 @@ int launch_backward(const kernels::BackwardParams& a, cudaStream_t stream) {
   p.tma_dout = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.dout, shape.seqlen_q, shape.heads_q, shape.batch, a.dout_strides), q_tile_layout);
   p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k, shape.seqlen_k, shape.heads_kv, shape.batch, a.k_strides), typename Config::SmemLayoutKV{});
   p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v, shape.seqlen_k, shape.heads_kv, shape.batch, a.v_strides), typename Config::SmemLayoutKV{});
-  p.plan = a.plan;
-  p.buffers = a.buffers;
+  p.plan = params.plan;
+  p.buffers = params.buffers;
   p.dk = static_cast<Element*>(a.dk);
   p.dv = static_cast<Element*>(a.dv);
   copy_strides(p.dk_strides, a.dk_strides);
@@ -64,7 +52,7 @@ int launch_backward(const kernels::BackwardParams& a, cudaStream_t stream) {
   pp.heads_q = p.heads_q;
   pp.real_q_tiles = problem.real_q_tiles();
   pp.softmax_scale = shape.softmax_scale;
-  pp.buffers = a.buffers;
+  pp.buffers = params.buffers;
 
   const dim3 tiles(static_cast<unsigned>(problem.real_q_tiles()), static_cast<unsigned>(shape.heads_q),
                    static_cast<unsigned>(shape.batch));
@@ -73,14 +61,14 @@ int launch_backward(const kernels::BackwardParams& a, cudaStream_t stream) {
   auto kernel = backward_kernel<Config>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<a.plan.num_ctas, Config::kThreads, Config::kSharedBytes, stream>>>(p);
+  kernel<<<params.plan.num_ctas, Config::kThreads, Config::kSharedBytes, stream>>>(p);
 
   backward_postprocess_kernel<Config><<<tiles, Config::kMmaThreads, 0, stream>>>(pp);
 
   if (problem.group_splits > 1) {
     SplitSumParams sp{};
-    sp.dk_accum = a.buffers.dk_accum;
-    sp.dv_accum = a.buffers.dv_accum;
+    sp.dk_accum = params.buffers.dk_accum;
+    sp.dv_accum = params.buffers.dv_accum;
     sp.dk = a.dk;
     sp.dv = a.dv;
     copy_strides(sp.dk_strides, a.dk_strides);

@@ -13,7 +13,6 @@
 namespace dash::sm90 {
 
 inline constexpr int kPrepostThreads = 256;
-inline constexpr float kLog2e = 1.4426950408889634f;
 
 struct PrepostParams {
   const void* out;

@@ -10,6 +10,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "kernels/kernel_params.hpp"
+#include "kernels/sm90/gmem_tensors.cuh"
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/record_ring.cuh"
 #include "kernels/sm90/warp_roles.cuh"
@@ -73,11 +74,8 @@ struct ForwardConfig : WarpRoles {
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVStageBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
 
-  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
-  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
-  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}));
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}));
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutKV{})));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, SmemLayoutQ{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, take<0, 2>(SmemLayoutKV{})));
 
   struct Params {
     TmaQ tma_q;

@@ -5,14 +5,15 @@
 #include <cuda_runtime.h>
 
 #include "kernels/kernel_params.hpp"
-#include "kernels/sm90/bwd_launch.cuh"
 #include "kernels/sm90/fwd_config.cuh"
 #include "kernels/sm90/fwd_kernel.cuh"
+#include "kernels/sm90/gmem_tensors.cuh"
 
 namespace dash::sm90 {
 
 template <int kHeadDim, class Element>
-int launch_forward(const kernels::ForwardParams& a, cudaStream_t stream) {
+int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
+  const ForwardArgs& a = params.args;
   using Config = ForwardConfig<kHeadDim, Element>;
   const AttentionShape& shape = a.shape;
   typename Config::Params p{};
@@ -23,7 +24,7 @@ int launch_forward(const kernels::ForwardParams& a, cudaStream_t stream) {
   p.out = static_cast<Element*>(a.out);
   copy_strides(p.out_strides, a.out_strides);
   p.lse = a.lse;
-  p.tile_counter = a.tile_counter;
+  p.tile_counter = params.tile_counter;
   p.seqlen_q = static_cast<int>(shape.seqlen_q);
   p.seqlen_k = static_cast<int>(shape.seqlen_k);
   p.heads_q = static_cast<int>(shape.heads_q);
@@ -33,13 +34,13 @@ int launch_forward(const kernels::ForwardParams& a, cudaStream_t stream) {
   p.causal = shape.causal;
   p.scale_log2 = shape.softmax_scale * kLog2e;
 
-  cudaError_t err = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
+  cudaError_t err = cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream);
   if (err != cudaSuccess) return err;
   auto kernel = forward_kernel<Config>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes);
   if (err != cudaSuccess) return err;
   const long long tiles = 1LL * p.q_tiles * p.heads_q * p.batch;
-  const int grid = static_cast<int>(tiles < a.num_sms ? tiles : a.num_sms);
+  const int grid = static_cast<int>(tiles < params.num_sms ? tiles : params.num_sms);
   kernel<<<grid, Config::kThreads, Config::kSharedBytes, stream>>>(p);
   return cudaGetLastError();
 }

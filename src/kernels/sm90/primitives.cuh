@@ -85,6 +85,9 @@ __device__ __forceinline__ void fence_shared_for_async_proxy() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// log2(e): the kernels work with exp2 and LSE * log2(e).
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 // Dynamic shared memory one CTA may use on sm90 (227 KB).
 inline constexpr int kMaxSharedBytesPerBlock = 227 * 1024;
 

@@ -1,0 +1,34 @@
+// Global-memory (B, S, H, D) tensors as the kernels see them: one CuTe type per element type, viewed as
+// (seqlen, head_dim, heads, batch) with head_dim contiguous, which is what the TMA descriptors are built
+// from; and the (batch, seq, head) strides the plain-store epilogues use.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+
+#include "dash/attention.hpp"
+
+namespace dash::sm90 {
+
+using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+template <class Element>
+using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{},
+                                              GmemStride{}));
+
+template <class Element, int kHeadDim>
+GmemTensor<Element> make_gmem_bshd(const void* data, int64_t seqlen, int64_t heads, int64_t batch, const Strides& s) {
+  return cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(data)),
+                           cute::make_shape(static_cast<int32_t>(seqlen), static_cast<int32_t>(kHeadDim),
+                                            static_cast<int32_t>(heads), static_cast<int32_t>(batch)),
+                           cute::make_stride(s.seq, cute::_1{}, s.head, s.batch));
+}
+
+inline void copy_strides(int64_t (&dst)[3], const Strides& s) {
+  dst[0] = s.batch;
+  dst[1] = s.seq;
+  dst[2] = s.head;
+}
+
+}  // namespace dash::sm90
