@@ -157,6 +157,97 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Correctness,
                          ::testing::Combine(::testing::ValuesIn(kInstances), ::testing::ValuesIn(kShapes)),
                          correctness_name);
 
+// --- ragged lengths: every remainder -------------------------------------------------------------
+// A length that ends inside a warp's rows (not a multiple of 8) once made lanes leave a full-mask
+// shuffle early, and the forward hung. These tests run every remainder mod 128 of seqlen_q and of
+// seqlen_k, at batch 3 with enough tiles that each persistent CTA runs several, under the watchdog,
+// and check that every output element was written (outputs start poisoned with NaN). Values are
+// checked against the float64 reference for a sample of remainders (kReferenceEvery).
+
+constexpr int kTile = 128;
+constexpr int64_t kRaggedBase = 1024;  // 8 or 9 query tiles x 16 heads x batch 3: about 3 tiles per CTA
+constexpr int kReferenceEvery = 16;
+
+// Elements of a 16-bit output (or of LSE, where -inf is legitimate) that are NaN or infinite.
+size_t count_unwritten_halves(const DeviceBuffer& buffer, size_t count, DType dtype) {
+  std::vector<uint16_t> bits(count);
+  buffer.download(bits.data(), count * sizeof(uint16_t));
+  size_t bad = 0;
+  for (uint16_t b : bits) bad += !std::isfinite(harness::from_bits(b, dtype));
+  return bad;
+}
+size_t count_nan_floats(const DeviceBuffer& buffer, size_t count) {
+  std::vector<float> values(count);
+  buffer.download(values.data(), count * sizeof(float));
+  size_t bad = 0;
+  for (float v : values) bad += std::isnan(v);
+  return bad;
+}
+
+// The shapes of one remainder sweep: seqlen_q (or seqlen_k) runs over kRaggedBase + [0, kTile).
+ShapeCase ragged_case(int remainder, bool vary_keys, bool causal) {
+  const int64_t ragged = kRaggedBase + remainder;
+  return vary_keys ? ShapeCase{3, kRaggedBase, ragged, 16, 4, causal} : ShapeCase{3, ragged, kRaggedBase, 16, 4, causal};
+}
+
+class Sm90RaggedSweep : public ::testing::TestWithParam<std::tuple<Instance, bool>> {};
+
+TEST_P(Sm90RaggedSweep, EveryRemainderTerminatesWritesEveryElementAndMatchesReferenceOnSamples) {
+  const auto& [inst, vary_keys] = GetParam();
+  if (const std::string why = skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  // One set of inputs sized for the longest case; each case views a packed prefix of it.
+  Problem big = harness::make_problem(make_shape(ragged_case(kTile - 1, vary_keys, true), inst), 0x4a66ed,
+                                      /*with_reference=*/false);
+  const AttentionShape largest = big.shape;
+  for (bool causal : {false, true}) {
+    for (int remainder = 0; remainder < kTile; ++remainder) {
+      const ShapeCase c = ragged_case(remainder, vary_keys, causal);
+      big.shape = make_shape(c, inst);
+      run_forward(big);
+      const size_t rows = static_cast<size_t>(c.batch * c.heads_q * c.seqlen_q);
+      ASSERT_EQ(count_unwritten_halves(big.d_out, big.q_elements(), inst.dtype), 0u) << shape_name(c) << ": O";
+      ASSERT_EQ(count_nan_floats(big.d_lse, rows), 0u) << shape_name(c) << ": LSE";
+      harness::use_forward_outputs_for_backward(big);
+      big.d_dq.poison();
+      big.d_dk.poison();
+      big.d_dv.poison();
+      ASSERT_TRUE(run_backward(big, Schedule::kAuto)) << shape_name(c);
+      ASSERT_EQ(count_unwritten_halves(big.d_dq, big.q_elements(), inst.dtype), 0u) << shape_name(c) << ": dQ";
+      ASSERT_EQ(count_unwritten_halves(big.d_dk, big.kv_elements(), inst.dtype), 0u) << shape_name(c) << ": dK";
+      ASSERT_EQ(count_unwritten_halves(big.d_dv, big.kv_elements(), inst.dtype), 0u) << shape_name(c) << ": dV";
+      if (remainder % kReferenceEvery != kReferenceEvery - 1) continue;
+      // Values: the same lengths with fewer heads, against the float64 reference.
+      ShapeCase small = c;
+      small.heads_q = 2;
+      small.heads_kv = 1;
+      Problem p = harness::make_problem(make_shape(small, inst), 0x4a66ed + remainder);
+      run_forward(p);
+      const auto tol = harness::tolerance_for(inst.dtype);
+      const auto out = harness::compare(p.d_out, p.out, inst.dtype);
+      const auto lse = harness::compare(p.d_lse, p.lse, inst.dtype, /*is_float=*/true);
+      EXPECT_TRUE(harness::within(out, tol)) << shape_name(small) << " O: " << out.describe();
+      EXPECT_TRUE(harness::within(lse, tol)) << shape_name(small) << " LSE: " << lse.describe();
+      ASSERT_TRUE(run_backward(p, Schedule::kAuto));
+      const auto dq = harness::compare(p.d_dq, p.dq, inst.dtype);
+      const auto dk = harness::compare(p.d_dk, p.dk, inst.dtype);
+      EXPECT_TRUE(harness::within(dq, tol)) << shape_name(small) << " dQ: " << dq.describe();
+      EXPECT_TRUE(harness::within(dk, tol)) << shape_name(small) << " dK: " << dk.describe();
+    }
+  }
+  big.shape = largest;
+}
+
+std::string ragged_sweep_name(const ::testing::TestParamInfo<std::tuple<Instance, bool>>& info) {
+  const auto& [inst, vary_keys] = info.param;
+  return "hdim" + std::to_string(inst.head_dim) + "_" + std::string(dtype_name(inst.dtype)) +
+         (vary_keys ? "_seqlen_k" : "_seqlen_q");
+}
+
+INSTANTIATE_TEST_SUITE_P(Remainders, Sm90RaggedSweep,
+                         ::testing::Combine(::testing::Values(Instance{64, DType::kBF16}, Instance{128, DType::kFP16}),
+                                            ::testing::Bool()),
+                         ragged_sweep_name);
+
 // --- determinism ----------------------------------------------------------------------------------
 
 std::vector<uint16_t> download_all(const Problem& p) {

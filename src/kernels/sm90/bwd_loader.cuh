@@ -70,12 +70,13 @@ struct BackwardLoader {
 
   __device__ static void load_step(const Params& p, SharedStorage& smem, const Job& job, int step, int steps) {
     const SchedulePlan& plan = p.plan;
+    // All schedule arithmetic before the wait: it then overlaps the MMA warpgroups' work on the stage.
     const int v = q_tile_at(plan, job, step);
     const QTileCoord q = plan.problem.q_coord(job.head, v);
+    const StepRecord record{q.q_tile, plan.problem.dq_tile_index(job.head, v), rank_of(plan, job, v)};
     const int stage = steps % Config::kStages;
     wait_barrier(smem.q_empty[stage], ((steps / Config::kStages) & 1) ^ 1, "q_empty");
-    smem.steps[steps % Config::kStepRing] =
-        StepRecord{q.q_tile, plan.problem.dq_tile_index(job.head, v), rank_of(plan, job, v)};
+    smem.steps[steps % Config::kStepRing] = record;
     uint64_t& full = smem.q_full[stage];
     Barrier::arrive_and_expect_tx(&full, Config::kQStageBytes);
     auto sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});

@@ -34,10 +34,11 @@ struct BackwardMma {
     typename Config::TiledMmaSdP mma_sdp;
     typename Config::TiledMmadKV mma_dkv;
     typename Config::TiledMmadQ mma_dq;
+    const int warp_group = uniform_warp_group(thread, Config::kWarpGroupThreads);
     auto thr_sdp = mma_sdp.get_thread_slice(thread);
-    auto thr_dkv = mma_dkv.get_thread_slice(thread);
-    auto thr_dq = mma_dq.get_thread_slice(thread);
-    const int warp_group = thread / Config::kWarpGroupThreads;
+    auto wg_sdp = warpgroup_operand_slice(mma_sdp, warp_group, Config::kWarpGroupThreads);
+    auto wg_dkv = warpgroup_operand_slice(mma_dkv, warp_group, Config::kWarpGroupThreads);
+    auto wg_dq = warpgroup_operand_slice(mma_dq, warp_group, Config::kWarpGroupThreads);
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
@@ -49,15 +50,19 @@ struct BackwardMma {
     Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
     Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
 
-    Tensor tSrK = thr_sdp.partition_fragment_A(sK);
-    Tensor tSrV = thr_sdp.partition_fragment_A(sV);
-    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
-    Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
-    Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);
-    Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
-    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
-    Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
-    Tensor tdSsdSt = thr_sdp.partition_C(sdSt);
+    Tensor tSrK = wg_sdp.partition_fragment_A(sK);
+    Tensor tSrV = wg_sdp.partition_fragment_A(sV);
+    Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);
+    Tensor tSrdO = wg_sdp.partition_fragment_B(sdO);
+    Tensor tdVrdOt = wg_dkv.partition_fragment_B(sdOt);
+    Tensor tdKrQt = wg_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
+    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
+    // dS^T goes to shared memory with stmatrix: each 8 x 8 block of the accumulator is a row of 16
+    // contiguous bytes there (queries are contiguous in dS^T), four blocks per instruction.
+    auto ds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+    auto thr_ds_store = ds_store.get_thread_slice(thread);
+    Tensor tdSsdSt = thr_ds_store.partition_D(sdSt);
     // (key row, query column) of each S^T element this thread holds.
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
 
@@ -102,7 +107,7 @@ struct BackwardMma {
         warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
 
         // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows.
-        copy(make_tensor(tdKrdS.data(), tSrS.layout()), tdSsdSt(_, _, _, stage));
+        copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
         fence_shared_for_async_proxy();
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kDsReadyBarrier);
 
@@ -193,35 +198,28 @@ struct BackwardMma {
   // dK * scale and dV for the job's rows: straight to dK/dV, or, when the query-head group is split
   // over several jobs, to the fp32 per-split accumulators that the postprocess sums in split order.
   template <class Fragment>
-  __device__ static void store_dkv(const Params& p, const JobRecord& job, Fragment& dk, Fragment& dv, int thread) {
+  __device__ static void store_dkv(const Params& p, const JobRecord& job, const Fragment& dk, const Fragment& dv,
+                                   int thread) {
     typename Config::TiledMmadKV mma_dkv;
-    auto thr = mma_dkv.get_thread_slice(thread);
-    Tensor coords = thr.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<Config::kHeadDim>>{}));
+    constexpr int kHeadDim = Config::kHeadDim;
     const int row0 = job.kv_tile * kBlockN;
+    const auto scaled = [&](int) { return p.softmax_scale; };
+    const auto unscaled = [](int) { return 1.0f; };
     const TiledProblem& problem = p.plan.problem;
     if (problem.group_splits > 1) {
       const int64_t rows = static_cast<int64_t>(problem.num_kv_tiles()) * kBlockN;
-      const int64_t base =
-          (((static_cast<int64_t>(job.split) * p.batch + job.batch) * p.heads_kv + job.head_kv) * rows + row0) *
-          Config::kHeadDim;
-      CUTE_UNROLL
-      for (int i = 0; i < size(dk); ++i) {
-        const int64_t at = base + get<0>(coords(i)) * Config::kHeadDim + get<1>(coords(i));
-        p.buffers.dk_accum[at] = dk(i) * p.softmax_scale;
-        p.buffers.dv_accum[at] = dv(i);
-      }
+      const int64_t at =
+          (((static_cast<int64_t>(job.split) * p.batch + job.batch) * p.heads_kv + job.head_kv) * rows + row0) * kHeadDim;
+      // The accumulators are padded to whole tiles: every row is written.
+      store_accumulator_rows<float, kBlockN, kHeadDim>(mma_dkv, thread, dk, p.buffers.dk_accum + at, kHeadDim, kBlockN, scaled);
+      store_accumulator_rows<float, kBlockN, kHeadDim>(mma_dkv, thread, dv, p.buffers.dv_accum + at, kHeadDim, kBlockN, unscaled);
       return;
     }
-    Element* dk_out = p.dk + job.batch * p.dk_strides[0] + job.head_kv * p.dk_strides[2];
-    Element* dv_out = p.dv + job.batch * p.dv_strides[0] + job.head_kv * p.dv_strides[2];
-    CUTE_UNROLL
-    for (int i = 0; i < size(dk); ++i) {
-      const int row = row0 + get<0>(coords(i));
-      if (row >= p.seqlen_k) continue;
-      const int col = get<1>(coords(i));
-      dk_out[row * p.dk_strides[1] + col] = static_cast<Element>(dk(i) * p.softmax_scale);
-      dv_out[row * p.dv_strides[1] + col] = static_cast<Element>(dv(i));
-    }
+    const int valid_rows = p.seqlen_k - row0;
+    Element* dk_tile = p.dk + job.batch * p.dk_strides[0] + job.head_kv * p.dk_strides[2] + row0 * p.dk_strides[1];
+    Element* dv_tile = p.dv + job.batch * p.dv_strides[0] + job.head_kv * p.dv_strides[2] + row0 * p.dv_strides[1];
+    store_accumulator_rows<Element, kBlockN, kHeadDim>(mma_dkv, thread, dk, dk_tile, p.dk_strides[1], valid_rows, scaled);
+    store_accumulator_rows<Element, kBlockN, kHeadDim>(mma_dkv, thread, dv, dv_tile, p.dv_strides[1], valid_rows, unscaled);
   }
 };
 

@@ -5,6 +5,8 @@
 //   split sum:   for GQA groups split over several jobs, dK and dV = sum of the splits, in split order.
 #pragma once
 
+#include <cutlass/array.h>
+
 #include <cmath>
 
 #include "kernels/sm90/bwd_config.cuh"
@@ -80,15 +82,21 @@ __global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kern
   const float4* partial = reinterpret_cast<const float4*>(p.buffers.dq_accum + dq_tile * kBlockM * Config::kHeadDim +
                                                           warp_group * Config::kdQPartialFloats);
   auto* dq = static_cast<Element*>(p.dq) + batch * p.dq_strides[0] + head * p.dq_strides[2];
+  // Fragment elements (2i, 2i + 1) are adjacent columns of one row: one 32-bit store per pair.
+  using ElementPair = cutlass::AlignedArray<Element, 2>;
   constexpr int kVectors = decltype(size(coords))::value / 4;
   CUTE_UNROLL
   for (int i = 0; i < kVectors; ++i) {
     const float4 v = partial[i * Config::kWarpGroupThreads + lane];
     const float values[4] = {v.x, v.y, v.z, v.w};
     CUTE_UNROLL
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < 4; j += 2) {
       const int row = tile * kBlockM + get<0>(coords(4 * i + j));
-      if (row < p.seqlen_q) dq[row * p.dq_strides[1] + get<1>(coords(4 * i + j))] = static_cast<Element>(values[j] * p.softmax_scale);
+      if (row >= p.seqlen_q) continue;
+      ElementPair pair;
+      pair[0] = static_cast<Element>(values[j] * p.softmax_scale);
+      pair[1] = static_cast<Element>(values[j + 1] * p.softmax_scale);
+      *reinterpret_cast<ElementPair*>(dq + row * p.dq_strides[1] + get<1>(coords(4 * i + j))) = pair;
     }
   }
 }

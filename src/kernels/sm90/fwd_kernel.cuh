@@ -1,9 +1,9 @@
 // The forward kernel: persistent CTAs take 128-row query tiles from a global counter (longest causal
 // tiles first); a loader warp brings Q once per tile and streams K, V through a two-stage TMA
 // pipeline; two MMA warpgroups of 64 query rows each run the online softmax
-//   S = Q K^T;  m' = max(m, rowmax(S));  P = exp2(S * scale * log2(e) - m');  l' = l * exp2(m - m') + rowsum(P)
-//   O = O * exp2(m - m') + P V
-// and write O / l and LSE = (m + log2(l)) * ln(2).
+//   S = Q K^T;  m' = max(m, rowmax(S));  P = exp2((S - m') * c);  l' = l * exp2((m - m') * c) + rowsum(P)
+//   O = O * exp2((m - m') * c) + P V,   with c = scale * log2(e) and m in raw score units,
+// and write O / l and LSE = (m * c + log2(l)) * ln(2).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -75,14 +75,16 @@ struct ForwardKernel {
   __device__ static void compute(const Params& p, SharedStorage& smem, int thread) {
     typename Config::TiledMmaS mma_s;
     typename Config::TiledMmaO mma_o;
+    const int warp_group = uniform_warp_group(thread, Config::kWarpGroupThreads);
     auto thr_s = mma_s.get_thread_slice(thread);
-    auto thr_o = mma_o.get_thread_slice(thread);
+    auto wg_s = warpgroup_operand_slice(mma_s, warp_group, Config::kWarpGroupThreads);
+    auto wg_o = warpgroup_operand_slice(mma_o, warp_group, Config::kWarpGroupThreads);
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutVt{});
-    Tensor tSrQ = thr_s.partition_fragment_A(sQ);
-    Tensor tSrK = thr_s.partition_fragment_B(sK);
-    Tensor tOrVt = thr_o.partition_fragment_B(sVt);
+    Tensor tSrQ = wg_s.partition_fragment_A(sQ);
+    Tensor tSrK = wg_s.partition_fragment_B(sK);
+    Tensor tOrVt = wg_o.partition_fragment_B(sVt);
     // (query row, key column) of each S element this thread holds, in (row, column) view.
     Tensor cS = thr_s.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
     Tensor tScS = make_tensor(cS.data(), accumulator_rows_by_columns(cS.layout()));
@@ -110,36 +112,12 @@ struct ForwardKernel {
         warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, stage), tSrS);
         warpgroup_wait<0>();
         Tensor scores = make_tensor(tSrS.data(), accumulator_rows_by_columns(tSrS.layout()));
-        // Only tiles crossing the causal diagonal or the key tail need the mask.
-        const bool needs_mask = (j + 1) * kBlockN > mask.visible_keys(q_row0);
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          const int row = q_row0 + get<0>(tScS(r, 0));
-          const int visible = mask.visible_keys(row);
-          float tile_max = -INFINITY;
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(scores); ++c) {
-            const bool hidden = needs_mask && j * kBlockN + get<1>(tScS(r, c)) >= visible;
-            scores(r, c) = hidden ? -INFINITY : scores(r, c) * p.scale_log2;
-            tile_max = fmaxf(tile_max, scores(r, c));
-          }
-          // The four threads of a quad hold the same row.
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          const float new_max = fmaxf(row_max[r], tile_max);
-          // A row with no visible key so far keeps max -inf; use 0 so that exp2 gives 0, not NaN.
-          const float base = new_max == -INFINITY ? 0.0f : new_max;
-          const float correction = fast_exp2(row_max[r] - base);
-          row_max[r] = new_max;
-          float tile_sum = 0.0f;
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(scores); ++c) {
-            scores(r, c) = fast_exp2(scores(r, c) - base);
-            tile_sum += scores(r, c);
-          }
-          row_sum[r] = row_sum[r] * correction + tile_sum;
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(out); ++c) out(r, c) *= correction;
+        // Only tiles crossing the causal diagonal or the key tail need the mask; the test is uniform
+        // over the CTA, so each path stays branch-free.
+        if ((j + 1) * kBlockN > mask.visible_keys(q_row0)) {
+          online_softmax<true>(scores, out, tScS, row_max, row_sum, mask, q_row0, j * kBlockN, p.scale_log2);
+        } else {
+          online_softmax<false>(scores, out, tScS, row_max, row_sum, mask, q_row0, j * kBlockN, p.scale_log2);
         }
         Tensor tOrP = make_operand_a<Element>(tSrS);
         warpgroup_gemm<false>(mma_o, tOrP, tOrVt(_, _, _, stage), tOrO);
@@ -147,11 +125,50 @@ struct ForwardKernel {
         Barrier::arrive(&smem.kv_empty[stage]);
       }
       Barrier::arrive(&smem.q_empty);
-      store(p, tile, out, row_max, row_sum, thread);
+      store(p, tile, tOrO, row_max, row_sum, thread);
     }
   }
 
  private:
+  // One key/value tile of the online softmax, in place: scores become P, the running max and sum and
+  // the output rows are rescaled. row_max is kept in raw score units, so that the scale folds into
+  // the exponent: P = exp2(S * scale_log2 - max * scale_log2), one FFMA per element.
+  template <bool kMasked, class Scores, class Out, class Coords>
+  __device__ static void online_softmax(Scores& scores, Out& out, const Coords& coords, float* row_max,
+                                        float* row_sum, const MaskShape& mask, int q_row0, int kv_col0,
+                                        float scale_log2) {
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(scores); ++r) {
+      float tile_max = -INFINITY;
+      if constexpr (kMasked) {
+        const int visible = mask.visible_keys(q_row0 + get<0>(coords(r, 0)));
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(scores); ++c) {
+          if (kv_col0 + get<1>(coords(r, c)) >= visible) scores(r, c) = -INFINITY;
+        }
+      }
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
+      // The four threads of a quad hold the same row.
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[r], tile_max);
+      // A row with no visible key so far keeps max -inf; use 0 so that exp2 gives 0, not NaN.
+      const float base = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
+      const float correction = fast_exp2(fmaf(row_max[r], scale_log2, -base));
+      row_max[r] = new_max;
+      float tile_sum = 0.0f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) {
+        scores(r, c) = fast_exp2(fmaf(scores(r, c), scale_log2, -base));
+        tile_sum += scores(r, c);
+      }
+      row_sum[r] = row_sum[r] * correction + tile_sum;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(out); ++c) out(r, c) *= correction;
+    }
+  }
+
   template <class Tma, class Extent, class SmemTensor>
   __device__ static void tma_tile(const Tma& tma, const Extent& extent, int head, int batch, int tile, uint64_t& full,
                                   SmemTensor dst) {
@@ -161,33 +178,43 @@ struct ForwardKernel {
     copy(tma.with(full), src_part(_, tile), dst_part);
   }
 
-  // O / l in the output type and LSE = (m + log2 l) ln 2 (natural log); -inf and O = 0 for rows that
+  // O / l in the output type and LSE = (m * c + log2 l) ln 2 (natural log); -inf and O = 0 for rows that
   // see no key. Rows past seqlen_q are not written.
+  //
+  // Invariant: the quad shuffles run in every lane, before any lane leaves its row. A row past
+  // seqlen_q can share a warp with rows before it (seqlen_q need not be a multiple of 8), and a
+  // full-mask shuffle that some lanes skip is undefined behaviour: on the H200 it hung the kernel.
   template <class Out>
-  __device__ static void store(const Params& p, const ForwardTileRecord& tile, Out& out, const float* row_max,
-                               const float* row_sum, int thread) {
+  __device__ static void store(const Params& p, const ForwardTileRecord& tile, const Out& out_frag,
+                               const float* row_max, const float* row_sum, int thread) {
     typename Config::TiledMmaO mma_o;
-    Tensor cO = mma_o.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<Config::kHeadDim>>{}));
-    Tensor coords = make_tensor(cO.data(), accumulator_rows_by_columns(cO.layout()));
-    Element* o = p.out + tile.batch * p.out_strides[0] + tile.head * p.out_strides[2];
+    constexpr int kRows = decltype(size<0>(accumulator_rows_by_columns(out_frag.layout())))::value;
     constexpr float kLn2 = 0.6931471805599453f;
+    float sum[kRows];
     CUTE_UNROLL
-    for (int r = 0; r < size<0>(out); ++r) {
-      const int row = tile.q_tile * kBlockM + get<0>(coords(r, 0));
-      if (row >= p.seqlen_q) continue;
+    for (int r = 0; r < kRows; ++r) {
       // Each row's sum is spread over the four threads of a quad.
-      float sum = row_sum[r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(out); ++c) {
-        o[row * p.out_strides[1] + get<1>(coords(r, c))] = static_cast<Element>(out(r, c) * inverse);
-      }
-      if (get<1>(coords(r, 0)) == 0) {
-        const float lse = sum > 0.0f ? (row_max[r] + __log2f(sum)) * kLn2 : -INFINITY;
-        p.lse[(static_cast<int64_t>(tile.batch) * p.heads_q + tile.head) * p.seqlen_q + row] = lse;
-      }
+      sum[r] = row_sum[r];
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+    }
+    const int row0 = tile.q_tile * kBlockM;
+    const int valid_rows = p.seqlen_q - row0;
+    Element* o_tile = p.out + tile.batch * p.out_strides[0] + tile.head * p.out_strides[2] + row0 * p.out_strides[1];
+    store_accumulator_rows<Element, kBlockM, Config::kHeadDim>(
+        mma_o, thread, out_frag, o_tile, p.out_strides[1], valid_rows,
+        [&](int r) { return sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f; });
+
+    // LSE: written by the thread that holds column 0 of the row.
+    Tensor coords_frag = mma_o.get_thread_slice(thread).partition_C(
+        make_identity_tensor(Shape<Int<kBlockM>, Int<Config::kHeadDim>>{}));
+    Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
+    float* lse = p.lse + (static_cast<int64_t>(tile.batch) * p.heads_q + tile.head) * p.seqlen_q + row0;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(coords(r, 0));
+      if (row >= valid_rows || get<1>(coords(r, 0)) != 0) continue;
+      lse[row] = sum[r] > 0.0f ? fmaf(row_max[r], p.scale_log2, __log2f(sum[r])) * kLn2 : -INFINITY;
     }
   }
 };

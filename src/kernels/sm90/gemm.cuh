@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cutlass/array.h>
 
 namespace dash::sm90 {
 
@@ -26,6 +27,22 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, const TensorA& a, 
   warpgroup_commit_batch();
   warpgroup_fence_operand(c);
   if constexpr (kAInRegisters) warpgroup_fence_operand(const_cast<TensorA&>(a));
+}
+
+// The warpgroup index of MMA thread `thread`, made warp-uniform. The compiler cannot prove that
+// thread / 128 is the same across a warp; a value from lane 0 it can, so what derives from it stays in
+// uniform registers.
+__device__ __forceinline__ int uniform_warp_group(int thread, int warp_group_threads) {
+  return __shfl_sync(0xffffffffu, thread / warp_group_threads, 0);
+}
+
+// The slice of `mma` that partitions shared-memory operands (A and B descriptors) for warpgroup
+// `warp_group`. Every thread of a warpgroup issues the same descriptors, so slicing by the warpgroup's
+// first thread instead of by this thread keeps them uniform: no R2UR moves before each wgmma.
+// Register fragments and coordinates (partition_C) still need the thread's own slice.
+template <class TiledMma>
+__device__ __forceinline__ auto warpgroup_operand_slice(const TiledMma& mma, int warp_group, int warp_group_threads) {
+  return mma.get_thread_slice(warp_group * warp_group_threads);
 }
 
 // The accumulator layout of a 64 x N wgmma, ((2, 2, N/8), M, N'), re-read as the register A operand
@@ -74,6 +91,37 @@ __device__ __forceinline__ auto accumulator_rows_by_columns(AccumulatorLayout ac
   auto values = layout<0>(acc);
   return make_layout(make_layout(layout<1>(values), layout<1>(acc)),
                      make_layout(layout<0>(values), layout<2>(values), layout<2>(acc)));
+}
+
+// Stores this thread's part of a (kRows x kCols) fp32 accumulator tile of `mma` to the row-major tile
+// at `tile` (row stride `row_stride` elements) as T, each row r multiplied by row_scale(r) (r indexes
+// the thread's rows); rows at or past `valid_rows` are skipped. The destination is partitioned like
+// the accumulator, so each row's address is computed once and its columns sit at constant offsets:
+// one store per pair of adjacent columns (32 bits for 16-bit T, 64 bits for float).
+template <class T, int kRows, int kCols, class TiledMma, class Accumulator, class RowScale>
+__device__ __forceinline__ void store_accumulator_rows(const TiledMma& mma, int thread, const Accumulator& acc_frag,
+                                                       T* tile, int64_t row_stride, int valid_rows,
+                                                       RowScale row_scale) {
+  using Pair = cutlass::AlignedArray<T, 2>;
+  auto thr = mma.get_thread_slice(thread);
+  Tensor dst_frag = thr.partition_C(make_tensor(make_gmem_ptr(tile), make_layout(Shape<Int<kRows>, Int<kCols>>{},
+                                                                                 make_stride(row_stride, _1{}))));
+  Tensor coords_frag = thr.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kCols>>{}));
+  Tensor dst = make_tensor(dst_frag.data(), accumulator_rows_by_columns(dst_frag.layout()));
+  Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
+  Tensor acc = make_tensor(acc_frag.data(), accumulator_rows_by_columns(acc_frag.layout()));
+  CUTE_UNROLL
+  for (int r = 0; r < size<0>(acc); ++r) {
+    if (get<0>(coords(r, 0)) >= valid_rows) continue;
+    const float scale = row_scale(r);
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(acc); c += 2) {
+      Pair pair;
+      pair[0] = static_cast<T>(acc(r, c) * scale);
+      pair[1] = static_cast<T>(acc(r, c + 1) * scale);
+      *reinterpret_cast<Pair*>(&dst(r, c)) = pair;
+    }
+  }
 }
 
 }  // namespace dash::sm90

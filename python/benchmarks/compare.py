@@ -1,0 +1,239 @@
+"""Forward and backward TFLOPS of dash_attn next to every peer importable in this process, one timing method
+for all, with CSV and Markdown out.
+
+Peers: FlashAttention-3 (`flash_attn_interface`, deterministic and not) when it is on PYTHONPATH, and PyTorch
+SDPA's cuDNN and flash backends. dash_attn runs every schedule asked for (`--schedules`).
+
+Timing (the same for every implementation): inputs are made once per shape; each number is the median of
+`--repeats` measurements of a loop of N back-to-back calls between two CUDA events, divided by N, after
+warm-up. No host work but the calls themselves sits inside the timed window, and N grows for short shapes so
+that a loop runs well past launch latency. The backward is `torch.autograd.grad` of the forward's output, so
+every implementation pays its own autograd and launch overhead. FLOPs: forward 4*B*Hq*Sq*Sk*D (halved for
+causal), backward 2.5x that. Every shape moves more than the H200's 60 MB L2 at 16384 tokens.
+
+usage: python3 compare.py [--grid paper,gqa] [--impls dash,fa3,cudnn,flash] [--schedules ...]
+                          [--csv OUT.csv] [--markdown OUT.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+
+import torch
+
+DASH_SCHEDULES = ("auto", "ascending", "descending", "shortest-first", "shift", "symmetric-shift")
+TOKENS = 16384          # tokens per grid point (batch = TOKENS / seqlen)
+PAPER_HIDDEN = 2048     # paper grid: heads = hidden / head_dim
+TARGET_FLOPS_PER_LOOP = 2e12
+
+
+@dataclass(frozen=True)
+class Shape:
+    tag: str
+    batch: int
+    seqlen: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    causal: bool
+
+    def name(self) -> str:
+        mask = "causal" if self.causal else "full"
+        heads = f" ({self.heads_q}/{self.heads_kv} heads)" if self.heads_q != self.heads_kv else ""
+        return f"hd{self.head_dim} {mask} {self.seqlen}{heads}"
+
+    def forward_flops(self) -> float:
+        return 4.0 * self.batch * self.heads_q * self.seqlen**2 * self.head_dim * (0.5 if self.causal else 1.0)
+
+
+def grid(which: list[str]) -> list[Shape]:
+    shapes = []
+    if "paper" in which:
+        for hd in (64, 128):
+            for causal in (False, True):
+                for s in (512, 1024, 2048, 4096, 8192, 16384):
+                    h = PAPER_HIDDEN // hd
+                    shapes.append(Shape("paper", TOKENS // s, s, h, h, hd, causal))
+    if "gqa" in which:  # LLaMA3-8B (32/8) and Qwen2.5-7B (28/4) head layouts
+        for hq, hkv in ((32, 8), (28, 4)):
+            for s in (4096, 8192, 16384):
+                shapes.append(Shape("gqa", TOKENS // s, s, hq, hkv, 128, True))
+    return shapes
+
+
+def implementations(impls: list[str], schedules: list[str]) -> dict:
+    """name -> call(q, k, v, causal) for every implementation that imports here; says which are missing."""
+    calls = {}
+    if "dash" in impls:
+        import dash_attn
+
+        def dash(schedule: str, deterministic: bool):
+            return lambda q, k, v, causal: dash_attn.flash_attn_func(
+                q, k, v, causal=causal, deterministic=deterministic, schedule=schedule)
+
+        for s in schedules:
+            calls[f"dash:{s}"] = dash(s, True)
+        calls["dash:nondet"] = dash("auto", False)
+    if "fa3" in impls:
+        try:
+            from flash_attn_interface import flash_attn_func as fa3
+        except ImportError as e:
+            print(f"fa3 not measured: {e}", file=sys.stderr)
+        else:
+            def fa3_call(deterministic: bool):
+                def call(q, k, v, causal):
+                    out = fa3(q, k, v, causal=causal, deterministic=deterministic)
+                    return out[0] if isinstance(out, tuple) else out
+                return call
+            calls["fa3:det"] = fa3_call(True)
+            calls["fa3:nondet"] = fa3_call(False)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    def sdpa(backend):
+        def call(q, k, v, causal):
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            with sdpa_kernel(backend):
+                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=qt.shape[1] != kt.shape[1])
+            return out.transpose(1, 2)
+        return call
+    if "cudnn" in impls:
+        calls["sdpa:cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    if "flash" in impls:
+        calls["sdpa:flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+    return calls
+
+
+def milliseconds_per_call(fn, calls_per_loop: int, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls_per_loop):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / calls_per_loop)
+    return statistics.median(times)
+
+
+def make_inputs(shape: Shape) -> tuple[torch.Tensor, ...]:
+    """q, k, v (requiring grad) and dout, N(0, 1) in bf16, (B, S, H, D)."""
+    b, s, hq, hkv, d = shape.batch, shape.seqlen, shape.heads_q, shape.heads_kv, shape.head_dim
+    q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    return q, k, v, torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
+
+
+def measure(shape: Shape, call, inputs, repeats: int, warmup: int) -> tuple[float, float]:
+    """(forward ms, backward ms) of one implementation."""
+    q, k, v, dout = inputs
+    n = max(3, min(50, int(TARGET_FLOPS_PER_LOOP / shape.forward_flops())))
+    with torch.no_grad():
+        for _ in range(warmup):
+            call(q, k, v, shape.causal)
+        forward_ms = milliseconds_per_call(lambda: call(q, k, v, shape.causal), n, repeats)
+    out = call(q, k, v, shape.causal)
+    grad = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+    for _ in range(warmup):
+        grad()
+    backward_ms = milliseconds_per_call(grad, max(3, n // 2), repeats)
+    return forward_ms, backward_ms
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def geomean(values):
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def markdown(rows: list[dict], shapes: list[Shape], schedules: list[str]) -> str:
+    by = {(r["shape"], r["impl"]): r for r in rows}
+    fmt = lambda x: f"{x:.0f}" if x else "-"  # noqa: E731
+    fmtr = lambda x: f"{x:.2f}" if x else "-"  # noqa: E731
+    lines = ["Backward TFLOPS", "",
+             "| shape | FA3 non-det | FA3 det | DASH non-det | DASH auto | DASH best det (schedule) | cuDNN "
+             "| best det / FA3 det | DASH non-det / FA3 non-det |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    det_ratios, nondet_ratios, fwd_ratios = [], [], []
+    for sh in shapes:
+        n = sh.name()
+        get = lambda impl, key="bwd_tflops": by.get((n, impl), {}).get(key)  # noqa: E731
+        best = max(((get(f"dash:{s}"), s) for s in schedules if get(f"dash:{s}")), default=(None, ""))
+        r_det, r_nondet = ratio(best[0], get("fa3:det")), ratio(get("dash:nondet"), get("fa3:nondet"))
+        det_ratios.append(r_det)
+        nondet_ratios.append(r_nondet)
+        lines.append(f"| {n} | {fmt(get('fa3:nondet'))} | {fmt(get('fa3:det'))} | {fmt(get('dash:nondet'))} | "
+                     f"{fmt(get('dash:auto'))} | {fmt(best[0])} ({best[1]}) | {fmt(get('sdpa:cudnn'))} | "
+                     f"{fmtr(r_det)} | {fmtr(r_nondet)} |")
+    lines += ["", "Forward TFLOPS", "", "| shape | FA3 | cuDNN | SDPA flash | DASH | DASH / max(FA3, cuDNN) |",
+              "|---|---|---|---|---|---|"]
+    for sh in shapes:
+        n = sh.name()
+        get = lambda impl: by.get((n, impl), {}).get("fwd_tflops")  # noqa: E731
+        peers = [x for x in (get("fa3:det"), get("sdpa:cudnn")) if x]
+        r = ratio(get("dash:auto"), max(peers) if peers else None)
+        fwd_ratios.append(r)
+        lines.append(f"| {n} | {fmt(get('fa3:det'))} | {fmt(get('sdpa:cudnn'))} | {fmt(get('sdpa:flash'))} | "
+                     f"{fmt(get('dash:auto'))} | {fmtr(r)} |")
+    lines += ["", f"Geometric means: DASH best det / FA3 det {fmtr(geomean(det_ratios))}; "
+              f"DASH non-det / FA3 non-det {fmtr(geomean(nondet_ratios))}; "
+              f"DASH forward / max(FA3, cuDNN) {fmtr(geomean(fwd_ratios))}."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--grid", default="paper,gqa", help="comma-separated: paper, gqa")
+    parser.add_argument("--impls", default="dash,fa3,cudnn,flash", help="comma-separated: dash, fa3, cudnn, flash")
+    parser.add_argument("--schedules", default=",".join(DASH_SCHEDULES), help="dash_attn schedules to time")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--csv", help="write every row here")
+    parser.add_argument("--markdown", help="write the tables here")
+    args = parser.parse_args()
+    schedules = args.schedules.split(",")
+    shapes = grid(args.grid.split(","))
+    calls = implementations(args.impls.split(","), schedules)
+    torch.manual_seed(0)
+    rows = []
+    for shape in shapes:
+        inputs = make_inputs(shape)
+        for impl, call in calls.items():
+            row = dict(shape=shape.name(), tag=shape.tag, batch=shape.batch, seqlen=shape.seqlen,
+                       heads_q=shape.heads_q, heads_kv=shape.heads_kv, head_dim=shape.head_dim, causal=shape.causal,
+                       impl=impl, fwd_ms=None, bwd_ms=None, fwd_tflops=None, bwd_tflops=None, error="")
+            try:
+                f_ms, b_ms = measure(shape, call, inputs, args.repeats, args.warmup)
+                flops = shape.forward_flops()
+                row.update(fwd_ms=f_ms, bwd_ms=b_ms, fwd_tflops=flops / f_ms / 1e9, bwd_tflops=2.5 * flops / b_ms / 1e9)
+            except Exception as e:  # a schedule that does not apply to a shape keeps its row, with the reason
+                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+            rows.append(row)
+            shown = row["error"] or f"fwd {row['fwd_tflops']:.0f}  bwd {row['bwd_tflops']:.0f}"
+            print(f"{impl:22s} {shape.name():32s} {shown}", flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+    table = markdown(rows, shapes, schedules)
+    print(table)
+    if args.csv:
+        with open(args.csv, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+            writer.writeheader()
+            writer.writerows(rows)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
