@@ -113,14 +113,23 @@ struct BackwardArgs {
 bool kernels_available();
 bool kernel_available(int64_t head_dim, DType dtype);
 
-// Checks `args` without touching the GPU (shape, pointers, alignment, strides, overlap).
+// Checks the shape alone without touching the GPU: sizes, dtype, head dim, GQA divisibility, softmax scale,
+// and the limits of the kernels' indices and launch grids. Every entry point runs it first; a tool that
+// plans a shape without tensors runs it to refuse exactly what the API refuses.
+Status validate(const AttentionShape& shape);
+
+// Checks `args` without touching the GPU (validate(args.shape), then pointers, alignment, strides, overlap).
 Status validate(const ForwardArgs& args);
 Status validate(const BackwardArgs& args);
 
-// Checks that the current CUDA device can run DASH kernels (a Hopper GPU, compute capability 9.0).
+// Checks that the current CUDA device can run DASH kernels (a Hopper GPU, compute capability 9.0). When none
+// can be used, the kNoDevice message says whether the driver is missing, older than the CUDA runtime DASH was
+// built with, or sees no device.
 Status check_current_device();
 
-// Bytes of device workspace forward()/backward() need for this shape (0 is possible).
+// Bytes of device workspace forward()/backward() need for this shape (0 is possible). Both validate the
+// shape (and the schedule) before anything else; the backward query then plans the schedule for the
+// current device, so it needs a GPU.
 Status forward_workspace_size(const AttentionShape& shape, size_t* bytes);
 Status backward_workspace_size(const AttentionShape& shape, Schedule schedule, size_t* bytes);
 

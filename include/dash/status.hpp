@@ -13,7 +13,7 @@ enum class StatusCode : int {
   kInvalidArgument,    // a pointer, size, stride or value breaks the API's contract
   kNotSupported,       // valid, but outside what this build supports (head dim, dtype)
   kNotAvailable,       // the library was built without the kernels this call needs
-  kNoDevice,           // no CUDA device is visible
+  kNoDevice,           // no CUDA device can be used: no driver, a driver older than the runtime, or none visible
   kUnsupportedDevice,  // the current device is not a Hopper (compute capability 9.0) GPU
   kWorkspaceTooSmall,  // the workspace is null or smaller than the size query returned
   kScheduleRejected,   // the requested schedule's preconditions fail for this shape

@@ -2,10 +2,30 @@
 
 The kernels live in libdash_attn_c.so (the C ABI of the C++ library), loaded with ctypes on first use;
 the ops are registered with torch.library so they work under torch.compile. See README.md.
+
+Importing the package needs no torch: without it, the ctypes binding (dash_attn._library) still works and
+only the attention entry points are missing, raising ImportError that says why when they are asked for.
+With torch, importing the package registers torch.ops.dash_attn.* as before.
 """
 
 from ._library import SCHEDULES, LibraryError, library_path
-from .interface import flash_attn_func, scaled_dot_product_attention
+
+_TORCH_ENTRY_POINTS = ("flash_attn_func", "scaled_dot_product_attention")
+
+try:
+    from .interface import flash_attn_func, scaled_dot_product_attention
+except ModuleNotFoundError as _error:
+    if _error.name != "torch":
+        raise
+    _torch_missing = _error
+
+    def __getattr__(name: str) -> object:
+        if name in _TORCH_ENTRY_POINTS:
+            raise ImportError(
+                f"dash_attn.{name} needs PyTorch (torch>=2.4), which is not installed"
+            ) from _torch_missing
+        raise AttributeError(f"module 'dash_attn' has no attribute {name!r}")
+
 
 __all__ = ["SCHEDULES", "LibraryError", "flash_attn_func", "library_path", "scaled_dot_product_attention"]
 __version__ = "0.1.0"

@@ -1,9 +1,11 @@
 """ctypes binding of libdash_attn_c.so, the C ABI of DASH (src/capi/dash_c.h).
 
 The package never compiles against torch: this module is the only place that knows the C structs, and it
-does not import torch either, so it can be used (and tested) on any machine that has the library file.
-The library is loaded on first use rather than at import, so argument checking and torch.compile tracing
-work where it has not been built.
+does not import torch either (nor does the package's __init__ require it), so it can be used (and tested)
+on any machine that has the library file. The library is loaded on first use rather than at import, so
+argument checking and torch.compile tracing work where it has not been built. $DASH_ATTN_LIBRARY, when
+set, names the library to load and wins over the copy installed with the package; if it names no file,
+loading fails rather than silently using another library.
 """
 
 from __future__ import annotations
@@ -71,14 +73,28 @@ class LibraryError(RuntimeError):
         self.message = message
 
 
-def _candidates() -> list[Path]:
-    """Where the library may be, in order: inside the installed package, then $DASH_ATTN_LIBRARY."""
-    found = [Path(__file__).resolve().parent / LIBRARY_FILE]
+def _find_library() -> Path:
+    """The library file load() uses: $DASH_ATTN_LIBRARY when set (the file, or a directory that holds it),
+    else the copy installed next to the package. Raises ImportError saying which is missing."""
     env = os.environ.get(LIBRARY_ENV)
     if env:
         path = Path(env)
-        found.append(path / LIBRARY_FILE if path.is_dir() else path)
-    return found
+        if path.is_dir():
+            path = path / LIBRARY_FILE
+        if not path.is_file():
+            raise ImportError(
+                f"${LIBRARY_ENV} is set to {env!r}, but there is no file {path}. Point it at {LIBRARY_FILE} "
+                f"(or the directory that holds it), or unset it to use the library installed with the package."
+            )
+        return path
+    path = Path(__file__).resolve().parent / LIBRARY_FILE
+    if not path.is_file():
+        raise ImportError(
+            f"dash_attn cannot find {LIBRARY_FILE}: it is not next to the package ({path}) and ${LIBRARY_ENV} is "
+            f"not set. Install the package with `pip install .` from the repository root, or build the CMake "
+            f"target dash_attn_c and set {LIBRARY_ENV} to the library file."
+        )
+    return path
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -113,18 +129,9 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 @functools.cache
 def load() -> ctypes.CDLL:
-    """Loads and checks libdash_attn_c.so once; raises ImportError naming every place it looked."""
-    candidates = _candidates()
-    path = next((p for p in candidates if p.is_file()), None)
-    if path is None:
-        env = os.environ.get(LIBRARY_ENV)
-        looked = [f"next to the package ({candidates[0]})"]
-        looked.append(f"${LIBRARY_ENV} ({env!r})" if env else f"${LIBRARY_ENV} (not set)")
-        raise ImportError(
-            f"dash_attn cannot find {LIBRARY_FILE}; looked {' and '.join(looked)}. Install the package with "
-            f"`pip install .` from the repository root, or build the CMake target dash_attn_c and set "
-            f"{LIBRARY_ENV} to the library file."
-        )
+    """Loads and checks libdash_attn_c.so (the file _find_library() names) once; raises ImportError saying
+    what is missing or wrong."""
+    path = _find_library()
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as error:

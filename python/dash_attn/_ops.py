@@ -16,10 +16,12 @@ from torch import Tensor
 
 from . import _library
 
-# TMA needs 16-byte aligned addresses and strides that are multiples of 16 bytes: 8 two-byte elements.
+# TMA needs 16-byte aligned addresses and strides that are multiples of 16 bytes: 8 two-byte elements,
+# and below 2^40 bytes (src/api/limits.hpp), even for a dimension of one index.
 _TMA_ALIGNMENT_BYTES = 16
 _ELEMENT_BYTES = 2
 _STRIDE_MULTIPLE = _TMA_ALIGNMENT_BYTES // _ELEMENT_BYTES
+_STRIDE_LIMIT = (1 << 40) // _ELEMENT_BYTES
 
 _DTYPE_CODES = {torch.bfloat16: _library.DTYPE_BF16, torch.float16: _library.DTYPE_FP16}
 
@@ -29,7 +31,7 @@ def _layout_ok(t: Tensor) -> bool:
     strides = t.stride()
     if t.data_ptr() % _TMA_ALIGNMENT_BYTES or strides[-1] != 1:
         return False
-    if any(s < 0 or s % _STRIDE_MULTIPLE for s in strides[:-1]):
+    if any(s < 0 or s % _STRIDE_MULTIPLE or s >= _STRIDE_LIMIT for s in strides[:-1]):
         return False
     # One-to-one: ordered by stride, each dimension with more than one index must step over all that the
     # smaller ones span (broadcast gradients with stride 0 fail here).

@@ -3,7 +3,8 @@ scaled_dot_product_attention (PyTorch SDPA's (B, H, S, D) convention).
 
 Every argument is checked here, in Python and before any CUDA call, so a bad call fails with a message that
 names the argument as the caller spelled it (q or query) and works the same on a machine without a GPU or
-without the library. The C library repeats the checks it needs; these exist for the messages.
+without the library. The C library repeats the checks it needs; these exist for the messages. Flags must be
+real bools: a truthy stand-in such as causal="no" would otherwise switch the mask on.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ class _Layout:
 
 _BSHD = _Layout(("q", "k", "v"), seq=1, heads=2, spelled="(batch, seqlen, heads, head_dim)")
 _BHSD = _Layout(("query", "key", "value"), seq=2, heads=1, spelled="(batch, heads, seqlen, head_dim)")
+
+
+def _check_flags(**flags: object) -> None:
+    """Raises TypeError naming the first flag that is not a Python bool. numpy and tensor bools are refused
+    too: a flag picks the mask or the summation order, which must not depend on how a value converts to truth."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
 
 
 def _check_tensors(tensors: tuple[object, object, object], layout: _Layout) -> None:
@@ -141,11 +150,12 @@ def flash_attn_func(
     Returns out (batch, seqlen_q, heads_q, head_dim), or (out, lse) with the fp32 natural-log LSE
     (batch, heads_q, seqlen_q) when return_lse=True; lse carries no gradient.
     """
+    _check_flags(causal=causal, deterministic=deterministic, return_lse=return_lse)
     _check_tensors((q, k, v), _BSHD)
     scale = _resolve_scale(softmax_scale, q.shape[-1], "softmax_scale")
     resolved = _resolve_schedule(schedule, deterministic)
     _check_devices((q, k, v), _BSHD)
-    out, lse = torch.ops.dash_attn.forward(q, k, v, scale, bool(causal), resolved)
+    out, lse = torch.ops.dash_attn.forward(q, k, v, scale, causal, resolved)
     return (out, lse) if return_lse else out
 
 
@@ -168,6 +178,7 @@ def scaled_dot_product_attention(
     they agree only when seqlen_q == seqlen_k, so other lengths are refused rather than computed with a
     different mask. As in SDPA, fewer key/value heads need enable_gqa=True.
     """
+    _check_flags(is_causal=is_causal, enable_gqa=enable_gqa, deterministic=deterministic)
     _check_tensors((query, key, value), _BHSD)
     heads_q, heads_kv = query.shape[1], key.shape[1]
     if heads_q != heads_kv and not enable_gqa:
@@ -186,5 +197,5 @@ def scaled_dot_product_attention(
     resolved = _resolve_schedule(schedule, deterministic)
     _check_devices((query, key, value), _BHSD)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    out, _ = torch.ops.dash_attn.forward(q, k, v, resolved_scale, bool(is_causal), resolved)
+    out, _ = torch.ops.dash_attn.forward(q, k, v, resolved_scale, is_causal, resolved)
     return out.transpose(1, 2)

@@ -1,13 +1,19 @@
 """Bad-input tests that need neither a GPU nor the library: every check in interface.py runs before any CUDA
 call, so CPU (and meta) tensors reach it. Each test asserts the exception type and that the message names
-the argument the caller got wrong, spelled as that entry point spells it (q or query). The last tests load
-the C library (still without a GPU) to show its own messages reach the caller."""
+the argument the caller got wrong, spelled as that entry point spells it (q or query). Then how the package
+finds the library ($DASH_ATTN_LIBRARY first, a missing file is an error) and that its ctypes binding imports
+without torch. The last tests load the C library (still without a GPU) to show its own messages reach the
+caller."""
 
 from __future__ import annotations
 
 import ctypes
 import math
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -124,6 +130,19 @@ def test_schedule_contradicting_deterministic_is_refused() -> None:
         flash_attn_func(bshd(), bshd(), bshd(), schedule="nondeterministic")
 
 
+@pytest.mark.parametrize("flag", ["causal", "deterministic", "return_lse"])
+@pytest.mark.parametrize("value", ["no", 1, None, torch.tensor(True)])
+def test_flag_that_is_not_a_bool_is_named(flag: str, value: object) -> None:
+    with raises(TypeError, f"{flag} must be a bool (True or False), got {type(value).__name__}"):
+        flash_attn_func(bshd(), bshd(), bshd(), **{flag: value})
+
+
+def test_causal_string_does_not_switch_the_mask_on() -> None:
+    # "no" is truthy: before the check it ran a causal attention.
+    with raises(TypeError, "causal must be a bool (True or False), got str 'no'"):
+        flash_attn_func(bshd(), bshd(), bshd(), causal="no")
+
+
 def test_cpu_tensors_are_refused() -> None:
     with raises(ValueError, "q, k and v must be CUDA tensors", "cpu"):
         flash_attn_func(bshd(), bshd(), bshd())
@@ -163,6 +182,12 @@ def test_sdpa_bad_scale_is_named() -> None:
         scaled_dot_product_attention(bhsd(), bhsd(), bhsd(), scale=-0.5)
 
 
+@pytest.mark.parametrize("flag", ["is_causal", "enable_gqa", "deterministic"])
+def test_sdpa_flag_that_is_not_a_bool_is_named(flag: str) -> None:
+    with raises(TypeError, f"{flag} must be a bool (True or False), got str 'yes'"):
+        scaled_dot_product_attention(bhsd(), bhsd(), bhsd(), **{flag: "yes"})
+
+
 def test_sdpa_cpu_tensors_are_refused() -> None:
     with raises(ValueError, "query, key and value must be CUDA tensors"):
         scaled_dot_product_attention(bhsd(), bhsd(), bhsd())
@@ -185,6 +210,75 @@ def test_fake_tensors_trace_with_the_output_metadata_of_the_real_ops() -> None:
     assert (out.shape, out.dtype, out.stride()) == (q.shape, q.dtype, q.contiguous().stride())
     assert (lse.shape, lse.dtype) == ((BATCH, 8, SEQLEN), torch.float32)
     assert sdpa_out.shape == (BATCH, 8, SEQLEN, 128)
+
+
+# --- finding the library: $DASH_ATTN_LIBRARY first, never silently ignored; no torch needed --------------
+
+
+@pytest.fixture
+def fresh_load():
+    """dash_attn._library with load()'s cache cleared before and after, so a test's environment decides."""
+    from dash_attn import _library
+
+    _library.load.cache_clear()
+    yield _library
+    _library.load.cache_clear()
+
+
+def test_library_env_naming_a_missing_file_is_an_error(fresh_load, monkeypatch, tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "libdash_attn_c.so"
+    monkeypatch.setenv("DASH_ATTN_LIBRARY", str(missing))
+    with raises(ImportError, "$DASH_ATTN_LIBRARY is set to", str(missing), "there is no file"):
+        fresh_load.load()
+
+
+def test_library_env_naming_a_directory_without_the_library_is_an_error(
+    fresh_load, monkeypatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("DASH_ATTN_LIBRARY", str(tmp_path))
+    with raises(ImportError, "there is no file", str(tmp_path / "libdash_attn_c.so")):
+        fresh_load.load()
+
+
+def test_library_env_wins_over_the_installed_copy(fresh_load, monkeypatch, tmp_path: Path) -> None:
+    # A file that is not a library: loading it fails, which shows it was the one chosen.
+    impostor = tmp_path / "libdash_attn_c.so"
+    impostor.write_bytes(b"not a library")
+    installed = Path(fresh_load.__file__).resolve().parent / "libdash_attn_c.so"
+    monkeypatch.setattr(Path, "is_file", lambda self: self in (impostor, installed))
+    monkeypatch.setenv("DASH_ATTN_LIBRARY", str(tmp_path))
+    assert fresh_load._find_library() == impostor
+    with raises(ImportError, f"dash_attn cannot load {impostor}"):
+        fresh_load.load()
+
+
+def test_without_the_env_the_installed_copy_is_used(fresh_load, monkeypatch) -> None:
+    monkeypatch.delenv("DASH_ATTN_LIBRARY", raising=False)
+    installed = Path(fresh_load.__file__).resolve().parent / "libdash_attn_c.so"
+    monkeypatch.setattr(Path, "is_file", lambda self: self == installed)
+    assert fresh_load._find_library() == installed
+    monkeypatch.setattr(Path, "is_file", lambda self: False)
+    with raises(ImportError, "cannot find libdash_attn_c.so", "$DASH_ATTN_LIBRARY is not set"):
+        fresh_load._find_library()
+
+
+def test_the_binding_imports_without_torch() -> None:
+    # A fresh interpreter in which `import torch` fails, as on a machine without it.
+    program = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import dash_attn, dash_attn._library as library\n"
+        "assert library.SCHEDULES[0] == 'auto' and library.Shape(batch=1).batch == 1\n"
+        "try:\n"
+        "    dash_attn.flash_attn_func\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+    )
+    # The copy of the package this session tests, installed or from the source tree.
+    package_parent = str(Path(dash_attn.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_parent, os.environ.get("PYTHONPATH"))))}
+    result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "dash_attn.flash_attn_func needs PyTorch (torch>=2.4), which is not installed" in result.stdout
 
 
 # --- the C library's own messages, without a GPU ----------------------------------------------------------
@@ -257,7 +351,9 @@ def test_layouts_the_kernels_cannot_take_are_copied() -> None:
     misaligned = storage[1:].view(BATCH, SEQLEN, HEADS, HEAD_DIM)  # 2 bytes past a 16-byte boundary
     odd_head_stride = bshd(head_dim=HEAD_DIM + 4)[..., :HEAD_DIM]  # head stride 68 elements
     broadcast = torch.zeros(1, 1, 1, HEAD_DIM, dtype=torch.bfloat16).expand(BATCH, SEQLEN, HEADS, HEAD_DIM)
-    for t in (misaligned, odd_head_stride, broadcast):
+    packed = bshd(batch=1)
+    beyond_tma_stride = packed.as_strided(packed.shape, (1 << 39, *packed.stride()[1:]))  # one batch, stride 2^40 B
+    for t in (misaligned, odd_head_stride, broadcast, beyond_tma_stride):
         ready = _kernel_ready(t)
         assert ready is not t and torch.equal(ready, t)
         assert ready.stride() == bshd().stride() and ready.data_ptr() % 16 == 0

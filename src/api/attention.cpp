@@ -7,6 +7,7 @@
 
 #include "api/device.hpp"
 #include "api/proven_schedules.hpp"
+#include "api/validate.hpp"
 #include "dash/attention.hpp"
 #include "kernels/kernel_params.hpp"
 #include "planner/schedule_plan.hpp"
@@ -88,14 +89,19 @@ bool kernel_available(int64_t head_dim, DType dtype) {
                      [&](const kernels::KernelInstance& k) { return k.head_dim == head_dim && k.dtype == dtype; });
 }
 
-Status forward_workspace_size(const AttentionShape& /*shape*/, size_t* bytes) {
-  if (bytes == nullptr) return {StatusCode::kInvalidArgument, "forward_workspace_size: bytes is null"};
+// The workspace queries validate everything they are given before any device query or plan: the planner
+// and the workspace layout assume a valid shape (they divide by heads_kv and size buffers from it).
+Status forward_workspace_size(const AttentionShape& shape, size_t* bytes) {
+  if (bytes == nullptr) return {StatusCode::kInvalidArgument, "forward_workspace_size: bytes must not be null"};
+  if (Status s = validate(shape); !s.ok()) return s;
   *bytes = kernels::kForwardWorkspaceBytes;
   return Status::success();
 }
 
 Status backward_workspace_size(const AttentionShape& shape, Schedule schedule, size_t* bytes) {
-  if (bytes == nullptr) return {StatusCode::kInvalidArgument, "backward_workspace_size: bytes is null"};
+  if (bytes == nullptr) return {StatusCode::kInvalidArgument, "backward_workspace_size: bytes must not be null"};
+  if (Status s = validate(shape); !s.ok()) return s;
+  if (Status s = check_schedule(schedule); !s.ok()) return s;
   if (Status s = check_current_device(); !s.ok()) return s;
   SchedulePlan plan{};
   if (Status s = plan_backward(shape, schedule, &plan); !s.ok()) return s;

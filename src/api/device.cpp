@@ -21,7 +21,40 @@ std::string take_cuda_error(const std::string& call, cudaError_t error) {
   return call + ": " + cudaGetErrorString(error);
 }
 
+// "12.2" for the version number 12020.
+std::string cuda_version_text(int version) {
+  constexpr int kMajor = 1000;
+  constexpr int kMinor = 10;
+  return std::to_string(version / kMajor) + "." + std::to_string(version % kMajor / kMinor);
+}
+
 }  // namespace
+
+Status check_device_count(cudaError_t count_error, const char* error_string, int count, int driver_version,
+                          int runtime_version) {
+  if (count_error == cudaSuccess && count > 0) return Status::success();
+  // Without libcuda the runtime answers cudaErrorInsufficientDriver as it does for an old driver; only the
+  // driver version (0 when no driver is loaded) tells the two apart.
+  if (driver_version == 0) {
+    return {StatusCode::kNoDevice, "no NVIDIA driver is installed (cudaDriverGetVersion found none); DASH needs a "
+                                   "driver that supports CUDA " +
+                                       cuda_version_text(runtime_version) + " or newer"};
+  }
+  if (count_error == cudaErrorInsufficientDriver) {
+    return {StatusCode::kNoDevice, "the NVIDIA driver is too old: it supports CUDA up to " +
+                                       cuda_version_text(driver_version) + ", but DASH was built with the CUDA " +
+                                       cuda_version_text(runtime_version) +
+                                       " runtime; update the driver to one for CUDA " +
+                                       cuda_version_text(runtime_version) + " or newer"};
+  }
+  if (count_error == cudaErrorNoDevice || count_error == cudaSuccess) {
+    return {StatusCode::kNoDevice, "no CUDA device is visible (the driver, for CUDA " +
+                                       cuda_version_text(driver_version) +
+                                       ", found none; check CUDA_VISIBLE_DEVICES and that a GPU is attached)"};
+  }
+  return {StatusCode::kNoDevice, std::string("no CUDA device is usable (cudaGetDeviceCount: ") +
+                                     (error_string != nullptr ? error_string : "unknown error") + ")"};
+}
 
 Status check_device_properties(int device, const char* name, int major, int minor) {
   if (major == kRequiredComputeMajor && minor == kRequiredComputeMinor) return Status::success();
@@ -34,10 +67,15 @@ Status check_device_properties(int device, const char* name, int major, int mino
 
 Status check_current_device() {
   int count = 0;
-  if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess) {
-    return {StatusCode::kNoDevice, "no CUDA device is visible (" + take_cuda_error("cudaGetDeviceCount", error) + ")"};
+  if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess || count == 0) {
+    static_cast<void>(cudaGetLastError());  // the Status reports it
+    // Neither query can fail: both only read a version (0 for the driver when there is none).
+    int driver_version = 0;
+    int runtime_version = 0;
+    static_cast<void>(cudaDriverGetVersion(&driver_version));
+    static_cast<void>(cudaRuntimeGetVersion(&runtime_version));
+    return check_device_count(error, cudaGetErrorString(error), count, driver_version, runtime_version);
   }
-  if (count == 0) return {StatusCode::kNoDevice, "no CUDA device is visible (cudaGetDeviceCount found 0 devices)"};
   int device = 0;
   if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) {
     return {StatusCode::kCudaError, take_cuda_error("cudaGetDevice", error)};

@@ -1,11 +1,21 @@
 // Checks that need the CUDA runtime: whether the current device can run the kernels, and whether a pointer
-// refers to memory the GPU can reach. The decision on device properties is a pure function, so it can be
-// tested without a GPU.
+// refers to memory the GPU can reach. The decisions on what the runtime reported (device count, driver
+// version, device properties) are pure functions, so every outcome can be tested without a GPU.
 #pragma once
+
+#include <driver_types.h>
 
 #include "dash/status.hpp"
 
 namespace dash {
+
+// kOk if cudaGetDeviceCount returned `count_error` == cudaSuccess and `count` > 0. Otherwise kNoDevice with
+// a message that tells the cases apart: no driver installed (`driver_version` 0, as cudaDriverGetVersion
+// reports it), a driver older than the runtime this library was built with (`runtime_version`, from
+// cudaRuntimeGetVersion; versions are 1000 * major + 10 * minor), no device visible, or another failure
+// (quoting `error_string`).
+Status check_device_count(cudaError_t count_error, const char* error_string, int count, int driver_version,
+                          int runtime_version);
 
 // kOk for a compute capability 9.0 device; kUnsupportedDevice naming the device and its capability otherwise.
 Status check_device_properties(int device, const char* name, int major, int minor);

@@ -1,6 +1,7 @@
 // Limits of the public API, each named once: the head dims, element width and device the kernels are
-// written for, and the bounds that keep every kernel index within 32 bits and every TMA descriptor legal.
-// validate() and the device checks enforce them; the kernels may rely on them.
+// written for, and the bounds that keep every kernel index within 32 bits, every launch grid within CUDA's
+// limits and every TMA descriptor legal. validate() and the device checks enforce them; the kernels may
+// rely on them. Together they also bound every size and byte offset validate() computes well inside int64.
 #pragma once
 
 #include <array>
@@ -18,6 +19,10 @@ inline constexpr int64_t kElementBytes = 2;
 
 // Longest query or key sequence the kernels accept.
 inline constexpr int64_t kMaxSeqlen = int64_t{1} << 20;
+
+// CUDA caps gridDim.y and gridDim.z at 65535. The backward's preprocess, postprocess and split-sum kernels
+// launch (tiles, heads, batch) grids, so heads_q (and heads_kv, which divides it) and batch must fit.
+inline constexpr int64_t kMaxGridDimYZ = 65535;
 
 // Kernels index query tiles and tensor elements with 32-bit signed integers, so counts must stay below this.
 inline constexpr int64_t kMaxKernelIndex = int64_t{1} << 31;
@@ -39,6 +44,9 @@ static_assert(
 // TMA needs 16-byte aligned global addresses and global strides that are multiples of 16 bytes.
 inline constexpr int64_t kTmaAlignmentBytes = 16;
 inline constexpr int64_t kStrideMultipleElements = kTmaAlignmentBytes / kElementBytes;
+// cuTensorMapEncodeTiled also requires every global stride to be less than 2^40 bytes.
+inline constexpr int64_t kTmaStrideLimitBytes = int64_t{1} << 40;
+inline constexpr int64_t kStrideLimitElements = kTmaStrideLimitBytes / kElementBytes;
 
 // LSE is read and written as plain floats, not through TMA.
 inline constexpr int64_t kLseAlignmentBytes = alignof(float);

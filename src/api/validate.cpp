@@ -1,13 +1,14 @@
-// Host-side argument validation of forward() and backward(): sizes, dtype, scale, schedule, pointers,
-// alignment, strides, self-overlap of each layout and overlap of outputs with the other tensors. Nothing
-// here touches the GPU. Every failure names the argument and the rule, so a caller can fix the call from
-// the message alone.
+// Host-side argument validation: the shape alone (validate(AttentionShape), which every entry point and the
+// tools that plan without tensors run first), the schedule value, and for forward() and backward() also
+// pointers, alignment, strides, self-overlap of each layout and overlap of outputs with the other tensors.
+// Nothing here touches the GPU. Every failure names the argument and the rule, so a caller can fix the
+// call from the message alone. The shape is checked before anything that uses it, so later checks may rely
+// on every size being within the limits of api/limits.hpp.
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
-#include <optional>
 #include <span>
 #include <sstream>
 #include <string>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "api/limits.hpp"
+#include "api/validate.hpp"
 #include "dash/attention.hpp"
 
 namespace dash {
@@ -30,75 +32,23 @@ std::string cat(const Parts&... parts) {
 Status invalid(std::string message) { return {StatusCode::kInvalidArgument, std::move(message)}; }
 Status not_supported(std::string message) { return {StatusCode::kNotSupported, std::move(message)}; }
 
-// Products of caller-chosen sizes and strides can exceed int64; the builtins (GCC, Clang) detect that exactly.
-std::optional<int64_t> checked_mul(int64_t a, int64_t b) {
-  int64_t result = 0;
-  if (__builtin_mul_overflow(a, b, &result)) return std::nullopt;
-  return result;
-}
+// The largest head dim: with it, kMaxGridDimYZ and kMaxSeqlen, every size product below fits int64.
+constexpr int64_t kMaxHeadDim = std::ranges::max(kSupportedHeadDims);
+static_assert(kMaxGridDimYZ * kMaxGridDimYZ * kMaxSeqlen * kMaxHeadDim < INT64_MAX / int64_t{sizeof(float)},
+              "the size limits must keep batch * heads_q * seqlen_q * head_dim (and the LSE bytes) within int64");
+// A tensor's largest byte offset is sum((extent - 1) * stride) over (batch, seq, head) plus head_dim - 1, in
+// elements; with strides below kStrideLimitElements and extents within the shape limits it fits int64.
+static_assert((2 * kMaxGridDimYZ + kMaxSeqlen + kMaxHeadDim) * kStrideLimitElements < INT64_MAX / kElementBytes,
+              "the stride and size limits must keep every byte offset of a tensor within int64");
 
-std::optional<int64_t> checked_add(int64_t a, int64_t b) {
-  int64_t result = 0;
-  if (__builtin_add_overflow(a, b, &result)) return std::nullopt;
-  return result;
-}
-
-// Fails unless the product of `factors` (all positive) is below kMaxKernelIndex. `what` spells the product.
+// Fails unless the product of `factors` (sizes already checked against their limits, so it cannot overflow)
+// is below kMaxKernelIndex. `what` spells the product.
 Status check_index_product(std::initializer_list<int64_t> factors, const std::string& what) {
-  std::optional<int64_t> product = 1;
-  for (int64_t factor : factors) {
-    if (product) product = checked_mul(*product, factor);
-  }
-  if (product && *product < kMaxKernelIndex) return Status::success();
-  const std::string got = product ? cat(*product) : std::string("a value that overflows int64");
+  int64_t product = 1;
+  for (int64_t factor : factors) product *= factor;
+  if (product < kMaxKernelIndex) return Status::success();
   return not_supported(cat("shape: ", what, " must be < ", kMaxKernelIndex,
-                           " (the kernels index it with 32-bit integers), got ", got));
-}
-
-Status check_shape(const AttentionShape& shape) {
-  const std::pair<const char*, int64_t> sizes[] = {
-      {"batch", shape.batch},       {"seqlen_q", shape.seqlen_q}, {"seqlen_k", shape.seqlen_k},
-      {"heads_q", shape.heads_q},   {"heads_kv", shape.heads_kv}, {"head_dim", shape.head_dim},
-  };
-  for (const auto& [name, value] : sizes) {
-    if (value <= 0) return invalid(cat("shape.", name, " must be > 0, got ", value));
-  }
-  const std::pair<const char*, int64_t> seqlens[] = {{"seqlen_q", shape.seqlen_q}, {"seqlen_k", shape.seqlen_k}};
-  for (const auto& [name, value] : seqlens) {
-    if (value > kMaxSeqlen) {
-      return not_supported(
-          cat("shape.", name, " must be <= ", kMaxSeqlen, " (the longest sequence the kernels support), got ", value));
-    }
-  }
-  if (std::ranges::find(kSupportedHeadDims, shape.head_dim) == kSupportedHeadDims.end()) {
-    std::string supported;
-    for (int head_dim : kSupportedHeadDims) supported += cat(supported.empty() ? "" : ", ", head_dim);
-    return not_supported(cat("shape.head_dim must be one of {", supported, "}, got ", shape.head_dim));
-  }
-  // A DType cast from an out-of-range int must not reach the kernel dispatch.
-  if (shape.dtype != DType::kBF16 && shape.dtype != DType::kFP16) {
-    return not_supported(cat("shape.dtype must be bf16 or fp16, got DType(", static_cast<int>(shape.dtype), ")"));
-  }
-  if (shape.heads_q % shape.heads_kv != 0) {
-    return invalid(cat("shape.heads_q must be a multiple of shape.heads_kv (each key/value head serves a whole group ",
-                       "of query heads), got heads_q = ", shape.heads_q, ", heads_kv = ", shape.heads_kv));
-  }
-  if (!std::isfinite(shape.softmax_scale) || !(shape.softmax_scale > 0.0f)) {
-    return invalid(cat("shape.softmax_scale must be finite and > 0, got ", shape.softmax_scale));
-  }
-  const int64_t query_tiles_per_head = (shape.seqlen_q + kMinBlockQ - 1) / kMinBlockQ;
-  if (Status s = check_index_product({shape.batch, shape.heads_q, query_tiles_per_head},
-                                     cat("the query tile count batch * heads_q * ceil(seqlen_q / ", kMinBlockQ, ")"));
-      !s.ok()) {
-    return s;
-  }
-  return check_index_product({shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim},
-                             "the query element count batch * heads_q * seqlen_q * head_dim");
-}
-
-Status check_schedule(Schedule schedule) {
-  if (std::ranges::find(kAllSchedules, schedule) != std::end(kAllSchedules)) return Status::success();
-  return invalid(cat("schedule must be a valid Schedule value, got Schedule(", static_cast<int>(schedule), ")"));
+                           " (the kernels index it with 32-bit integers), got ", product));
 }
 
 Status check_pointer(const char* name, const void* data, int64_t alignment, const char* why) {
@@ -163,23 +113,17 @@ Status check_layout(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpa
       return invalid(cat(t.strides_name, ".", d.name, " must be a multiple of ", kStrideMultipleElements, " elements (",
                          kTmaAlignmentBytes, " bytes, a TMA requirement), got ", d.stride));
     }
-  }
-  // Strides are non-negative, so the first element is at offset 0 and the last at sum((extent - 1) * stride).
-  std::optional<int64_t> last_element = 0;
-  for (const Dimension& d : dims) {
-    if (const auto step = checked_mul(d.extent - 1, d.stride); step && last_element) {
-      last_element = checked_add(*last_element, *step);
-    } else {
-      last_element = std::nullopt;
+    // Applies to dimensions of one index too: the TMA descriptor encodes every stride.
+    if (d.stride >= kStrideLimitElements) {
+      return invalid(cat(t.strides_name, ".", d.name, " must be < ", kStrideLimitElements, " elements (2^40 bytes, ",
+                         "the largest stride a TMA descriptor can encode), got ", d.stride));
     }
   }
-  std::optional<int64_t> last_byte;
-  if (last_element) last_byte = checked_mul(*last_element, kElementBytes);
-  if (last_byte) last_byte = checked_add(*last_byte, kElementBytes - 1);
-  if (!last_byte) {
-    return invalid(cat(t.strides_name, ": the largest byte offset of ", t.name, " overflows int64 (strides batch ",
-                       t.strides.batch, ", seq ", t.strides.seq, ", head ", t.strides.head, ")"));
-  }
+  // Strides are non-negative, so the first element is at offset 0 and the last at sum((extent - 1) * stride);
+  // the static_assert above keeps it within int64.
+  int64_t last_element = 0;
+  for (const Dimension& d : dims) last_element += (d.extent - 1) * d.stride;
+  const int64_t last_byte = last_element * kElementBytes + kElementBytes - 1;
   // The layout is one-to-one if, ordering the dimensions that have more than one index by stride, each
   // stride steps over everything the smaller dimensions span. The innermost must step over one element.
   std::vector<Dimension> varying;
@@ -193,10 +137,9 @@ Status check_layout(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpa
       return invalid(cat(t.strides_name, ": the (B, S, H, D) layout of ", t.name, " overlaps itself: the ", d.name,
                          " stride is ", d.stride, " but that dimension has ", d.extent, " indices"));
     }
-    // The last byte offset fits int64, so inner->stride * (inner->extent - 1) does, but the full product may not.
     if (inner != nullptr) {
-      const auto inner_span = checked_mul(inner->stride, inner->extent);
-      if (!inner_span || d.stride < *inner_span) {
+      const int64_t inner_span = inner->stride * inner->extent;
+      if (d.stride < inner_span) {
         return invalid(cat(t.strides_name, ": the (B, S, H, D) layout of ", t.name, " overlaps itself: the ", d.name,
                            " stride ", d.stride, " is less than the ", inner->name, " stride ", inner->stride,
                            " times its extent ", inner->extent));
@@ -204,7 +147,7 @@ Status check_layout(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpa
     }
     inner = &d;
   }
-  return make_span(t.name, t.output, t.data, *last_byte, span);
+  return make_span(t.name, t.output, t.data, last_byte, span);
 }
 
 // Checks pointers and layouts of all tensors of a call, then that no output shares a byte with another tensor.
@@ -218,7 +161,7 @@ Status check_tensors(const AttentionShape& shape, std::span<const TensorArg> ten
     spans.push_back(span);
   }
   if (Status s = check_pointer("lse", lse, kLseAlignmentBytes, "it holds floats"); !s.ok()) return s;
-  // check_shape bounded batch * heads_q * seqlen_q well below 2^31, so this cannot overflow.
+  // validate(shape) bounded batch * heads_q * seqlen_q below 2^31, so this cannot overflow.
   const int64_t lse_bytes = shape.batch * shape.heads_q * shape.seqlen_q * static_cast<int64_t>(sizeof(float));
   ByteSpan lse_span{};
   if (Status s = make_span("lse", lse_output, lse, lse_bytes - 1, &lse_span); !s.ok()) return s;
@@ -244,9 +187,65 @@ Status check_tensors(const AttentionShape& shape, std::span<const TensorArg> ten
 
 }  // namespace
 
+Status check_schedule(Schedule schedule) {
+  if (std::ranges::find(kAllSchedules, schedule) != std::end(kAllSchedules)) return Status::success();
+  return invalid(cat("schedule must be a valid Schedule value, got Schedule(", static_cast<int>(schedule), ")"));
+}
+
+Status validate(const AttentionShape& shape) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"batch", shape.batch},       {"seqlen_q", shape.seqlen_q}, {"seqlen_k", shape.seqlen_k},
+      {"heads_q", shape.heads_q},   {"heads_kv", shape.heads_kv}, {"head_dim", shape.head_dim},
+  };
+  for (const auto& [name, value] : sizes) {
+    if (value <= 0) return invalid(cat("shape.", name, " must be > 0, got ", value));
+  }
+  const std::pair<const char*, int64_t> seqlens[] = {{"seqlen_q", shape.seqlen_q}, {"seqlen_k", shape.seqlen_k}};
+  for (const auto& [name, value] : seqlens) {
+    if (value > kMaxSeqlen) {
+      return not_supported(
+          cat("shape.", name, " must be <= ", kMaxSeqlen, " (the longest sequence the kernels support), got ", value));
+    }
+  }
+  // heads_kv needs no bound of its own: it divides heads_q (checked below).
+  const std::pair<const char*, int64_t> grid_sizes[] = {{"batch", shape.batch}, {"heads_q", shape.heads_q}};
+  for (const auto& [name, value] : grid_sizes) {
+    if (value > kMaxGridDimYZ) {
+      return not_supported(cat("shape.", name, " must be <= ", kMaxGridDimYZ,
+                               " (the backward's preprocess, postprocess and split-sum kernels launch it as a grid "
+                               "dimension, which CUDA caps at ",
+                               kMaxGridDimYZ, "), got ", value));
+    }
+  }
+  if (std::ranges::find(kSupportedHeadDims, shape.head_dim) == kSupportedHeadDims.end()) {
+    std::string supported;
+    for (int head_dim : kSupportedHeadDims) supported += cat(supported.empty() ? "" : ", ", head_dim);
+    return not_supported(cat("shape.head_dim must be one of {", supported, "}, got ", shape.head_dim));
+  }
+  // A DType cast from an out-of-range int must not reach the kernel dispatch.
+  if (shape.dtype != DType::kBF16 && shape.dtype != DType::kFP16) {
+    return not_supported(cat("shape.dtype must be bf16 or fp16, got DType(", static_cast<int>(shape.dtype), ")"));
+  }
+  if (shape.heads_q % shape.heads_kv != 0) {
+    return invalid(cat("shape.heads_q must be a multiple of shape.heads_kv (each key/value head serves a whole group ",
+                       "of query heads), got heads_q = ", shape.heads_q, ", heads_kv = ", shape.heads_kv));
+  }
+  if (!std::isfinite(shape.softmax_scale) || !(shape.softmax_scale > 0.0f)) {
+    return invalid(cat("shape.softmax_scale must be finite and > 0, got ", shape.softmax_scale));
+  }
+  const int64_t query_tiles_per_head = (shape.seqlen_q + kMinBlockQ - 1) / kMinBlockQ;
+  if (Status s = check_index_product({shape.batch, shape.heads_q, query_tiles_per_head},
+                                     cat("the query tile count batch * heads_q * ceil(seqlen_q / ", kMinBlockQ, ")"));
+      !s.ok()) {
+    return s;
+  }
+  return check_index_product({shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim},
+                             "the query element count batch * heads_q * seqlen_q * head_dim");
+}
+
 Status validate(const ForwardArgs& args) {
   const AttentionShape& shape = args.shape;
-  if (Status s = check_shape(shape); !s.ok()) return s;
+  if (Status s = validate(shape); !s.ok()) return s;
   const TensorArg tensors[] = {
       {"q", "q_strides", args.q, args.q_strides, shape.seqlen_q, shape.heads_q, false},
       {"k", "k_strides", args.k, args.k_strides, shape.seqlen_k, shape.heads_kv, false},
@@ -258,7 +257,7 @@ Status validate(const ForwardArgs& args) {
 
 Status validate(const BackwardArgs& args) {
   const AttentionShape& shape = args.shape;
-  if (Status s = check_shape(shape); !s.ok()) return s;
+  if (Status s = validate(shape); !s.ok()) return s;
   if (Status s = check_schedule(args.schedule); !s.ok()) return s;
   const TensorArg tensors[] = {
       {"q", "q_strides", args.q, args.q_strides, shape.seqlen_q, shape.heads_q, false},

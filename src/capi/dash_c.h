@@ -73,13 +73,16 @@ DASH_C_API int dash_kernel_available(int64_t head_dim, int dtype);
  * truncated to message_size - 1 bytes and NUL-terminated; it is the empty string on success. `stream` is a
  * cudaStream_t value (null: the legacy default stream). `schedule` is a canonical name, e.g. "auto". */
 
-/* DASH_STATUS_OK if the current CUDA device can run the kernels. */
+/* DASH_STATUS_OK if the current CUDA device can run the kernels; DASH_STATUS_NO_DEVICE with a message that
+ * tells a missing driver, a driver too old for the runtime and no visible device apart. */
 DASH_C_API int dash_check_device(char* message, size_t message_size);
 
+/* Both workspace queries validate the shape (and the schedule) first, so a bad one is refused, with the
+ * message of dash::validate, on any machine; *bytes is written only on success. */
 DASH_C_API int dash_forward_workspace_size(const dash_shape* shape, size_t* bytes, char* message,
                                            size_t message_size);
 
-/* Plans and proves the schedule on the current device, so it needs a GPU. */
+/* Then plans and proves the schedule on the current device, so a valid shape needs a GPU. */
 DASH_C_API int dash_backward_workspace_size(const dash_shape* shape, const char* schedule, size_t* bytes,
                                             char* message, size_t message_size);
 

@@ -8,40 +8,53 @@
 
 namespace dash {
 
+// Each switch below names every Schedule and has no default (-Werror=switch holds them to that): a new
+// schedule must be given its own functions rather than silently run another's. kAuto never reaches a plan
+// (make_schedule_plan refuses it), and neither does a value outside the enum (the API validates the
+// schedule first); such a plan gets no jobs, so the validator's coverage check refuses it before any launch.
+
 // Job `sub` (0 or 1) of work unit `unit`. Check job.valid: a unit may hold fewer jobs than
 // plan.jobs_per_unit.
 DASH_HOST_DEVICE Job make_job(const SchedulePlan& plan, int unit, int sub) {
   switch (plan.kind) {
+    case Schedule::kAscending: return AscendingSchedule::make_job(plan, unit);
+    case Schedule::kDescending: return DescendingSchedule::make_job(plan, unit);
+    case Schedule::kShortestFirst: return ShortestFirstSchedule::make_job(plan, unit);
     case Schedule::kShift: return ShiftSchedule::make_job(plan, unit);
     case Schedule::kSymmetricShift: return SymmetricShiftSchedule::make_job(plan, unit, sub);
-    case Schedule::kShortestFirst: return ShortestFirstSchedule::make_job(plan, unit);
-    // Ascending, descending and nondeterministic share the ascending job order.
-    default: return AscendingSchedule::make_job(plan, unit);
+    // Only the summation order differs from ascending: the same jobs, added without order.
+    case Schedule::kNondeterministic: return AscendingSchedule::make_job(plan, unit);
+    case Schedule::kAuto: break;
   }
+  return Job{};  // valid == false: no job
 }
 
 // The (virtual) query tile `job` visits at `step`, for step in [0, job.num_steps).
 DASH_HOST_DEVICE int q_tile_at(const SchedulePlan& plan, const Job& job, int step) {
   switch (plan.kind) {
+    case Schedule::kAscending: return AscendingSchedule::q_tile_at(job, step);
     case Schedule::kDescending: return DescendingSchedule::q_tile_at(plan, step);
+    case Schedule::kShortestFirst: return ShortestFirstSchedule::q_tile_at(job, step);
     case Schedule::kShift: return ShiftSchedule::q_tile_at(plan, job, step);
     case Schedule::kSymmetricShift: return SymmetricShiftSchedule::q_tile_at(plan, job, step);
-    case Schedule::kShortestFirst: return ShortestFirstSchedule::q_tile_at(job, step);
-    // Ascending and nondeterministic visit query tiles in ascending order.
-    default: return AscendingSchedule::q_tile_at(job, step);
+    case Schedule::kNondeterministic: return AscendingSchedule::q_tile_at(job, step);
+    case Schedule::kAuto: break;
   }
+  return -1;  // never reached: make_job gives such a plan no job to ask about
 }
 
 // Position of `job`'s partial dQ for query tile v in that tile's summation order, or kUnordered.
 DASH_HOST_DEVICE int rank_of(const SchedulePlan& plan, const Job& job, int v) {
   switch (plan.kind) {
-    case Schedule::kNondeterministic: return kUnordered;
+    case Schedule::kAscending: return AscendingSchedule::rank_of(job, v);
     case Schedule::kDescending: return DescendingSchedule::rank_of(job, v);
+    case Schedule::kShortestFirst: return ShortestFirstSchedule::rank_of(plan, job, v);
     case Schedule::kShift: return ShiftSchedule::rank_of(job, v);
     case Schedule::kSymmetricShift: return SymmetricShiftSchedule::rank_of(plan, job, v);
-    case Schedule::kShortestFirst: return ShortestFirstSchedule::rank_of(plan, job, v);
-    default: return AscendingSchedule::rank_of(job, v);
+    case Schedule::kNondeterministic: return kUnordered;
+    case Schedule::kAuto: break;
   }
+  return -1;  // never reached: make_job gives such a plan no job to ask about
 }
 
 // Work units of CTA `cta` under static dispatch: units cta, cta + num_ctas, ...

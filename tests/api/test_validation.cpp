@@ -1,7 +1,8 @@
 // Tests of the public API's host-side checks: validate() for forward and backward arguments (one test per
-// rule, each starting from valid arguments and breaking that rule alone), the device checks of
-// api/device.hpp, schedule names and Status formatting. Tensor pointers are fake (validate() never
-// dereferences them) but aligned, and lie in disjoint regions unless a test makes them overlap.
+// rule, each starting from valid arguments and breaking that rule alone), the workspace-size queries (which
+// must refuse a bad shape before any device query or plan), the device checks of api/device.hpp, schedule
+// names and Status formatting. Tensor pointers are fake (validate() never dereferences them) but aligned,
+// and lie in disjoint regions unless a test makes them overlap.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -20,6 +21,7 @@
 #include "api/device.hpp"
 #include "api/limits.hpp"
 #include "dash/attention.hpp"
+#include "rejected_shapes.hpp"
 
 namespace dash {
 namespace {
@@ -43,19 +45,7 @@ FakeAddress shifted(const void* p, int64_t bytes) {
   return {reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)};
 }
 
-AttentionShape test_shape() {
-  AttentionShape shape;
-  shape.batch = 2;
-  shape.seqlen_q = 256;
-  shape.seqlen_k = 384;
-  shape.heads_q = 8;
-  shape.heads_kv = 2;
-  shape.head_dim = 128;
-  shape.dtype = DType::kBF16;
-  shape.softmax_scale = 1.0f / std::sqrt(128.0f);
-  shape.causal = true;
-  return shape;
-}
+AttentionShape test_shape() { return testing::valid_workspace_shape(); }
 
 // Bytes of a packed (B, S, H, D) tensor.
 int64_t packed_bytes(const AttentionShape& shape, int64_t seqlen, int64_t heads) {
@@ -283,19 +273,42 @@ TYPED_TEST(ValidateBoth, RejectsTooLongSequences) {
   }
 }
 
-TYPED_TEST(ValidateBoth, RejectsTooManyQueryTiles) {
+TYPED_TEST(ValidateBoth, AcceptsTheGridLimitOfBatchAndHeads) {
   AttentionShape shape = test_shape();
-  shape.batch = int64_t{1} << 30;  // 2^30 * 8 heads * 4 tiles
-  EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
-                         {"query tile count batch * heads_q * ceil(seqlen_q / 64)", "must be < 2147483648",
-                          "got 34359738368"}));
+  shape.seqlen_q = 64;  // keeps the query element count below 2^31
+  shape.heads_q = shape.heads_kv = 1;
+  shape.batch = kMaxGridDimYZ;
+  EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape))));
+  shape.batch = 1;
+  shape.heads_q = kMaxGridDimYZ;
+  EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape))));
 }
 
-TYPED_TEST(ValidateBoth, RejectsSizeProductsOverflowingInt64) {
+TYPED_TEST(ValidateBoth, RejectsBatchAboveTheGridLimit) {
+  for (int64_t batch : {kMaxGridDimYZ + 1, std::numeric_limits<int64_t>::max() / 2}) {
+    AttentionShape shape = test_shape();
+    shape.batch = batch;
+    EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
+                           {"shape.batch must be <= 65535", "grid dimension, which CUDA caps at 65535",
+                            "got " + std::to_string(batch)}));
+  }
+}
+
+TYPED_TEST(ValidateBoth, RejectsHeadsQAboveTheGridLimit) {
   AttentionShape shape = test_shape();
-  shape.batch = std::numeric_limits<int64_t>::max() / 2;
+  shape.heads_q = kMaxGridDimYZ + 1;
+  shape.heads_kv = 1;
   EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
-                         {"batch * heads_q", "overflows int64"}));
+                         {"shape.heads_q must be <= 65535", "grid dimension, which CUDA caps at 65535",
+                          "got 65536"}));
+}
+
+TYPED_TEST(ValidateBoth, RejectsTooManyQueryTiles) {
+  AttentionShape shape = test_shape();
+  shape.batch = shape.heads_q = int64_t{1} << 15;  // 2^15 * 2^15 heads * 4 tiles
+  EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
+                         {"query tile count batch * heads_q * ceil(seqlen_q / 64)", "must be < 2147483648",
+                          "got 4294967296"}));
 }
 
 TYPED_TEST(ValidateBoth, RejectsTooManyQueryElements) {
@@ -442,11 +455,30 @@ TYPED_TEST(ValidateBoth, RejectsZeroStrideOfMultiIndexDimension) {
                           "dimension has 384 indices"}));
 }
 
-TYPED_TEST(ValidateBoth, RejectsLargestByteOffsetOverflowingInt64) {
-  TypeParam a = valid_args<TypeParam>();
-  a.q_strides.batch = int64_t{1} << 62;  // batch 1 starts at byte 2^63
-  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
-                         {"q_strides: the largest byte offset of q overflows int64"}));
+TYPED_TEST(ValidateBoth, RejectsStridesAtTheTmaLimit) {
+  for_each_tensor<TypeParam>([](TypeParam& a, const TensorField& field) {
+    for (const auto& [name, stride] : outer_strides(field.name, field.strides)) {
+      for (int64_t too_large : {kStrideLimitElements, int64_t{1} << 62}) {
+        const int64_t saved = *stride;
+        *stride = too_large;
+        EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                               {name + " must be < 549755813888 elements (2^40 bytes, the largest stride a TMA "
+                                       "descriptor can encode), got " + std::to_string(too_large)}));
+        *stride = saved;
+      }
+    }
+  });
+}
+
+// The limit holds for a dimension of one index too, whose stride is never applied: TMA still encodes it.
+TYPED_TEST(ValidateBoth, AcceptsStrideJustBelowTheTmaLimit) {
+  AttentionShape shape = test_shape();
+  shape.batch = 1;
+  TypeParam a = valid_args<TypeParam>(shape);
+  a.q_strides.batch = kStrideLimitElements - kStrideMultipleElements;
+  EXPECT_TRUE(is_ok(validate(a)));
+  a.q_strides.batch = kStrideLimitElements;
+  EXPECT_FALSE(validate(a).ok());
 }
 
 TYPED_TEST(ValidateBoth, RejectsTensorRunningPastTheAddressSpace) {
@@ -534,6 +566,73 @@ TEST(ValidateBackward, RejectsGradientOverlappingDout) {
   EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"dq overlaps dout"}));
 }
 
+// --- validate(AttentionShape) and the workspace-size queries. ---------------------------------------------
+
+TEST(ValidateShape, AcceptsTheValidShape) { EXPECT_TRUE(is_ok(validate(test_shape()))); }
+
+// The shape rules of validate(args) are validate(shape)'s: the same status for every shape case.
+TEST(ValidateShape, GivesTheStatusOfValidateArgs) {
+  for (const testing::RejectedShape& c : testing::rejected_shapes()) {
+    AttentionShape shape = test_shape();
+    c.bend(shape);
+    EXPECT_EQ(validate(shape).to_string(), validate(valid_args<ForwardArgs>(shape)).to_string()) << c.name;
+    EXPECT_EQ(validate(shape).to_string(), validate(valid_args<BackwardArgs>(shape)).to_string()) << c.name;
+  }
+}
+
+// A sentinel the queries must leave alone when they refuse.
+constexpr size_t kUntouched = 12345;
+
+class ForwardWorkspaceSize : public ::testing::TestWithParam<testing::RejectedShape> {};
+class BackwardWorkspaceSize : public ::testing::TestWithParam<testing::RejectedShape> {};
+
+// Without a GPU the device query would answer "no device", with one the planner would crash: only a shape
+// check that runs first gives the shape's own message on every machine.
+TEST_P(ForwardWorkspaceSize, RefusesTheShapeBeforeAnythingElse) {
+  AttentionShape shape = test_shape();
+  GetParam().bend(shape);
+  size_t bytes = kUntouched;
+  const Status status = forward_workspace_size(shape, &bytes);
+  EXPECT_EQ(status.code(), GetParam().code) << status.to_string();
+  EXPECT_EQ(status.message(), GetParam().message);
+  EXPECT_EQ(bytes, kUntouched);
+}
+
+TEST_P(BackwardWorkspaceSize, RefusesTheShapeBeforeAnythingElse) {
+  AttentionShape shape = test_shape();
+  GetParam().bend(shape);
+  size_t bytes = kUntouched;
+  const Status status = backward_workspace_size(shape, Schedule::kAuto, &bytes);
+  EXPECT_EQ(status.code(), GetParam().code) << status.to_string();
+  EXPECT_EQ(status.message(), GetParam().message);
+  EXPECT_EQ(bytes, kUntouched);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ForwardWorkspaceSize, ::testing::ValuesIn(testing::rejected_shapes()),
+                         testing::rejected_shape_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, BackwardWorkspaceSize, ::testing::ValuesIn(testing::rejected_shapes()),
+                         testing::rejected_shape_name);
+
+TEST(BackwardWorkspaceSizeSchedule, RefusesAnInvalidScheduleBeforeAnyDeviceQuery) {
+  size_t bytes = kUntouched;
+  EXPECT_TRUE(fails_with(backward_workspace_size(test_shape(), static_cast<Schedule>(42), &bytes),
+                         StatusCode::kInvalidArgument, {"schedule must be a valid Schedule value", "Schedule(42)"}));
+  EXPECT_EQ(bytes, kUntouched);
+}
+
+TEST(WorkspaceSizeOutput, NullBytesIsRefused) {
+  EXPECT_TRUE(fails_with(forward_workspace_size(test_shape(), nullptr), StatusCode::kInvalidArgument,
+                         {"forward_workspace_size: bytes must not be null"}));
+  EXPECT_TRUE(fails_with(backward_workspace_size(test_shape(), Schedule::kAuto, nullptr),
+                         StatusCode::kInvalidArgument, {"backward_workspace_size: bytes must not be null"}));
+}
+
+TEST(ForwardWorkspaceSizeValid, AnswersWithoutADevice) {
+  size_t bytes = kUntouched;
+  EXPECT_TRUE(is_ok(forward_workspace_size(test_shape(), &bytes)));
+  EXPECT_NE(bytes, kUntouched);
+}
+
 // --- Device checks. -----------------------------------------------------------------------------------
 
 bool device_visible() {
@@ -567,9 +666,58 @@ TEST(DeviceCheck, CurrentDevice) {
   const Status status = check_current_device();
   if (device_visible()) {
     EXPECT_TRUE(status.ok() || status.code() == StatusCode::kUnsupportedDevice) << status.to_string();
-  } else {
-    EXPECT_TRUE(fails_with(status, StatusCode::kNoDevice, {"no CUDA device is visible ("}));
+    return;
   }
+  int driver_version = 0;
+  ASSERT_EQ(cudaDriverGetVersion(&driver_version), cudaSuccess);
+  if (driver_version == 0) {
+    EXPECT_TRUE(fails_with(status, StatusCode::kNoDevice, {"no NVIDIA driver is installed"}));
+  } else {
+    EXPECT_EQ(status.code(), StatusCode::kNoDevice) << status.to_string();
+  }
+}
+
+constexpr int kCuda12_2 = 12020;
+constexpr int kCuda13_0 = 13000;
+constexpr const char* kInsufficientDriverText = "CUDA driver version is insufficient for CUDA runtime version";
+
+TEST(DeviceCount, AcceptsOneDevice) {
+  EXPECT_TRUE(is_ok(check_device_count(cudaSuccess, "no error", 1, kCuda13_0, kCuda13_0)));
+}
+
+// Without libcuda the runtime reports cudaErrorInsufficientDriver, as for an old driver.
+TEST(DeviceCount, NoDriver) {
+  const Status status = check_device_count(cudaErrorInsufficientDriver, kInsufficientDriverText, 0, 0, kCuda13_0);
+  EXPECT_EQ(status.code(), StatusCode::kNoDevice);
+  EXPECT_EQ(status.message(),
+            "no NVIDIA driver is installed (cudaDriverGetVersion found none); DASH needs a driver that supports CUDA "
+            "13.0 or newer");
+}
+
+TEST(DeviceCount, DriverTooOld) {
+  const Status status =
+      check_device_count(cudaErrorInsufficientDriver, kInsufficientDriverText, 0, kCuda12_2, kCuda13_0);
+  EXPECT_EQ(status.code(), StatusCode::kNoDevice);
+  EXPECT_EQ(status.message(),
+            "the NVIDIA driver is too old: it supports CUDA up to 12.2, but DASH was built with the CUDA 13.0 runtime; "
+            "update the driver to one for CUDA 13.0 or newer");
+}
+
+TEST(DeviceCount, NoDeviceVisible) {
+  for (const auto& [error, count] : {std::pair{cudaErrorNoDevice, 0}, std::pair{cudaSuccess, 0}}) {
+    EXPECT_TRUE(fails_with(check_device_count(error, "no CUDA-capable device is detected", count, kCuda13_0, kCuda13_0),
+                           StatusCode::kNoDevice,
+                           {"no CUDA device is visible (the driver, for CUDA 13.0, found none; check "
+                            "CUDA_VISIBLE_DEVICES"}));
+  }
+}
+
+TEST(DeviceCount, OtherFailureQuotesTheRuntime) {
+  EXPECT_TRUE(fails_with(check_device_count(cudaErrorSystemDriverMismatch,
+                                            "system has unsupported display driver / cuda driver combination", 0,
+                                            kCuda13_0, kCuda13_0),
+                         StatusCode::kNoDevice,
+                         {"no CUDA device is usable (cudaGetDeviceCount: system has unsupported display driver"}));
 }
 
 TEST(DeviceCheck, RejectsNullPointer) {

@@ -1,6 +1,7 @@
 // The validator must be able to fail: hand-corrupted expansions of valid schedules (a duplicated or
-// out-of-range rank, a dropped or repeated visit, a dynamic wait on a later unit, a static wait cycle)
-// are each reported with a message that names the problem. Also checks compare's per-schedule report.
+// out-of-range rank, a dropped or repeated visit, a dynamic wait on a later unit, a static wait cycle) and
+// a plan of no schedule are each reported with a message that names the problem. Also checks compare's
+// per-schedule report.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -54,6 +55,20 @@ TEST(Validator, AcceptsTheUncorruptedSchedules) {
     EXPECT_EQ(report.ordered, schedule != Schedule::kNondeterministic);
   }
   EXPECT_TRUE(validate_schedule(shift_4x4()).ok());
+}
+
+// make_job gives no job to a plan of kAuto or of a value outside the enum (the switches in schedule.hpp have
+// no default that would run another schedule), so such a plan can never pass for a real one.
+TEST(Validator, PlanOfNoScheduleHasNoJobsAndFailsCoverage) {
+  for (Schedule kind : {Schedule::kAuto, static_cast<Schedule>(42)}) {
+    SchedulePlan plan = must_plan(abstract_problem(1, 4, 4, false), Schedule::kAscending, 4);
+    plan.kind = kind;
+    const ExpandedSchedule s = expand_schedule(plan);
+    EXPECT_TRUE(s.jobs.empty()) << static_cast<int>(kind);
+    const ValidationReport report = validate_schedule(s);
+    EXPECT_FALSE(report.ok());
+    EXPECT_TRUE(mentions(report.summary(), "coverage: job (head 0, kv tile 0) is never scheduled"));
+  }
 }
 
 TEST(Validator, DuplicatedRank) {

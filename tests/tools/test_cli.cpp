@@ -1,6 +1,6 @@
 // Tests of the dash-attn command line: runs the built binary with popen and checks exit codes, usage
-// messages, the --json output (read back with a minimal JSON parser, as no JSON library is available)
-// and the Gantt SVG.
+// messages (including shapes the library refuses and cost models that overflow), the --json output (read
+// back with a minimal JSON parser, as no JSON library is available) and the Gantt SVG.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -217,6 +217,69 @@ TEST(Cli, BadCommandLinesExitWithUsage) {
   }
   const Output unknown = run("plan --schedule fastest", /*want_stderr=*/true);
   EXPECT_NE(unknown.text.find("unknown schedule 'fastest'"), std::string::npos) << unknown.text;
+}
+
+// Exit code 2, nothing on stdout, and `message` on stderr.
+::testing::AssertionResult refused_with(const std::string& args, const std::string& message) {
+  const Output err = run(args, /*want_stderr=*/true);
+  if (err.status != 2) return ::testing::AssertionFailure() << "exit " << err.status << ": " << err.text;
+  if (err.text.find(message) == std::string::npos) {
+    return ::testing::AssertionFailure() << "stderr lacks '" << message << "': " << err.text;
+  }
+  const Output out = run(args);
+  if (!out.text.empty()) return ::testing::AssertionFailure() << "stdout is not empty: " << out.text;
+  return ::testing::AssertionSuccess();
+}
+
+// plan models the GPU kernels' tiles, so it refuses what the library refuses, with the library's message.
+TEST(Cli, PlanRefusesAHeadDimTheLibraryRefuses) {
+  EXPECT_TRUE(refused_with("plan --head-dim 96",
+                           "dash-attn plan: the library refuses this shape: shape.head_dim must be one of {64, 128}, "
+                           "got 96"));
+}
+
+TEST(Cli, PlanRefusesASequenceTheLibraryRefuses) {
+  EXPECT_TRUE(refused_with("plan --seqlen-q 1 --seqlen-k 16777216",
+                           "the library refuses this shape: shape.seqlen_k must be <= 1048576"));
+}
+
+TEST(Cli, PlanRefusesABatchAboveTheGridLimit) {
+  EXPECT_TRUE(refused_with("plan --batch 65536 --seqlen 128 --heads 1",
+                           "the library refuses this shape: shape.batch must be <= 65535"));
+}
+
+// Without a GPU, a command that checked the device first would exit 1 ("needs a Hopper GPU").
+TEST(Cli, CheckAndBenchRefuseAShapeTheLibraryRefusesBeforeTheDeviceCheck) {
+  for (const char* command : {"check", "bench"}) {
+    SCOPED_TRACE(command);
+    EXPECT_TRUE(refused_with(std::string(command) + " --head-dim 96",
+                             "the library refuses this shape: shape.head_dim must be one of {64, 128}, got 96"));
+  }
+}
+
+TEST(Cli, PlanRefusesCostsThatOverflowTheModel) {
+  for (const char* format : {"", " --json"}) {
+    SCOPED_TRACE(format);
+    EXPECT_TRUE(refused_with(std::string("plan --preset paper-example --compute-cost 1e308 --reduce-cost 1e308") +
+                                 format,
+                             "the DAG model's critical path of ascending is inf with --compute-cost 1e+308, "
+                             "--reduce-cost 1e+308 and --signal-latency 0: the costs overflow double arithmetic"));
+  }
+  EXPECT_TRUE(refused_with("plan --preset paper-example --signal-latency 1e308", "makespan of ascending is inf"));
+}
+
+TEST(Cli, PlanRefusesNonFiniteCosts) {
+  for (const char* args :
+       {"--compute-cost inf", "--reduce-cost nan", "--signal-latency -inf", "--compute-cost 1e400"}) {
+    SCOPED_TRACE(args);
+    EXPECT_TRUE(refused_with(std::string("plan --preset paper-example ") + args, "is not a finite number"));
+  }
+}
+
+TEST(Cli, PlanRefusesNegativeCosts) {
+  EXPECT_TRUE(refused_with("plan --preset paper-example --reduce-cost -0.5", "--reduce-cost: -0.5 is below 0"));
+  EXPECT_TRUE(refused_with("plan --preset paper-example --signal-latency -1", "--signal-latency: -1 is below 0"));
+  EXPECT_TRUE(refused_with("plan --preset paper-example --compute-cost 0", "--compute-cost must be > 0"));
 }
 
 TEST(Cli, PlanPaperExampleJson) {

@@ -206,6 +206,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   } else {
     AttentionShape s = make_shape(shape_flags, parser);
     s.dtype = element;
+    check_library_accepts(s, parser);
     shapes = {s};
   }
   if (Status s = check_current_device(); !s.ok()) {

@@ -1,12 +1,15 @@
 // dash-attn plan: compares the backward schedules of one shape (or of the paper's grid) in the DAG
 // model: validity, deadlock freedom, critical path, simulated makespan, bubbles and lemma
 // violations; says which schedule it recommends and which one `auto` runs; draws a Gantt chart.
+// It plans only shapes the library accepts, and refuses costs whose model results are not finite.
 #include <cmath>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "commands.hpp"
 #include "json.hpp"
@@ -56,10 +59,30 @@ struct Point {
   Comparison comparison;
 };
 
+// Costs near the top of the double range overflow the model's sums: the makespans become inf and the
+// bubbles NaN, and a schedule "recommended" by them means nothing. Refuses such a result, naming the costs.
+void check_finite_results(const Point& point, const CostModel& costs, const FlagParser& parser) {
+  for (const ScheduleReport& r : point.comparison.schedules) {
+    if (!r.valid) continue;
+    const std::pair<const char*, double> results[] = {
+        {"critical path", r.critical_path}, {"makespan", r.makespan}, {"bubble fraction", r.bubble_fraction}};
+    for (const auto& [name, value] : results) {
+      if (std::isfinite(value)) continue;
+      parser.fail(std::string("the DAG model's ") + name + " of " + std::string(schedule_name(r.schedule)) + " is " +
+                  format_number(value) + " with --compute-cost " + format_number(costs.compute) + ", --reduce-cost " +
+                  format_number(costs.reduce) + " and --signal-latency " + format_number(costs.signal_latency) +
+                  ": the costs overflow double arithmetic; choose smaller ones");
+    }
+  }
+}
+
+// The shape must be one the library accepts: plan models the GPU kernels' tiles and the API's proof.
 Point evaluate(const AttentionShape& shape, int sms, const CostModel& costs, const FlagParser& parser) {
+  check_library_accepts(shape, parser);
   Point point{shape, sms, make_tiled_problem(shape), {}};
   check_problem_size(point.problem, parser);
   point.comparison = compare_schedules(point.problem, sms, costs);
+  check_finite_results(point, costs, parser);
   return point;
 }
 

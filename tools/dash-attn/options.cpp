@@ -1,3 +1,6 @@
+// Flag parsing shared by the dash-attn subcommands (options.hpp): the parser, the shape flags and the shape
+// checks. Every rejection throws UsageError through FlagParser::fail with a message naming the flag; the
+// rules of the library itself are not repeated here but asked of dash::validate.
 #include "options.hpp"
 
 #include <charconv>
@@ -58,7 +61,9 @@ void FlagParser::add_double(const std::string& name, const std::string& help, do
   Flag f{name, "X", help, default_text.empty() ? to_text(*target) : default_text, nullptr};
   f.set = [this, name, target, min_value](const std::string& text) {
     double value = 0.0;
-    if (!parse_number(text, &value) || !std::isfinite(value)) fail("--" + name + ": '" + text + "' is not a number");
+    if (!parse_number(text, &value) || !std::isfinite(value)) {
+      fail("--" + name + ": '" + text + "' is not a finite number");
+    }
     if (value < min_value) fail("--" + name + ": " + text + " is below " + to_text(min_value));
     *target = value;
   };
@@ -166,6 +171,12 @@ AttentionShape make_shape(const ShapeFlags& f, const FlagParser& parser) {
     parser.fail("--heads-kv " + std::to_string(s.heads_kv) + " does not divide --heads " + std::to_string(s.heads_q));
   }
   return s;
+}
+
+void check_library_accepts(const AttentionShape& shape, const FlagParser& parser) {
+  if (const Status status = validate(shape); !status.ok()) {
+    parser.fail("the library refuses this shape: " + status.message());
+  }
 }
 
 void check_problem_size(const TiledProblem& p, const FlagParser& parser) {

@@ -90,6 +90,11 @@ std::vector<std::string> given_shape_flags(const FlagParser& parser);
 // 1/sqrt(head_dim) and bf16 as dtype (the planner and emulator do not depend on it).
 AttentionShape make_shape(const ShapeFlags& flags, const FlagParser& parser);
 
+// Refuses, as a bad command line, a shape the library refuses (dash::validate, the API's own rules): the
+// commands that plan or run the GPU kernels' tiling must not report on a shape the kernels cannot run.
+// `emulate` does not call it: it models any head dim and tile shape on purpose.
+void check_library_accepts(const AttentionShape& shape, const FlagParser& parser);
+
 // Refuses shapes with more tile visits than the planner and emulator enumerate in reasonable memory.
 void check_problem_size(const TiledProblem& problem, const FlagParser& parser);
 
