@@ -2,14 +2,14 @@
 # Runs everything that needs a Hopper GPU from prebuilt binaries, writing full logs to OUT_DIR and
 # printing short summaries: the GPU tests, compute-sanitizer (memcheck, racecheck, synccheck) on small ragged shapes,
 # `dash-attn check`, and the forward/backward benchmarks on the paper's grid (with PyTorch SDPA
-# anchors measured in the same run when PyTorch is present).
-#   usage: scripts/gpu_run.sh BIN_DIR OUT_DIR [tests|sanitize|check|bench|profile|python ...]  (default: all)
+# anchors measured in the same run when PyTorch is present), the PyTorch tests, and the randomized sweep.
+#   usage: scripts/gpu_run.sh BIN_DIR OUT_DIR [tests|sanitize|check|bench|profile|python|sweep ...]  (default: all)
 set -uo pipefail
 bin=$(realpath "$1")
 out=$(realpath "$2")
 shift 2
 steps=("$@")
-((${#steps[@]})) || steps=(tests sanitize check bench profile python)
+((${#steps[@]})) || steps=(tests sanitize check bench profile python sweep)
 repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
@@ -68,6 +68,18 @@ for step in "${steps[@]}"; do
       echo "== pytest rc=$?"; tail -25 "$out/pytest.log"
       timeout 900 python3 "$repo/python/benchmarks/e2e_layer.py" --csv "$out/e2e_layer.csv" > "$out/e2e_layer.log" 2>&1
       echo "== e2e layer benchmark rc=$?"; cat "$out/e2e_layer.log" ;;
+    sweep)
+      # 300 random shapes (python/tests/random_sweep.py), a new seed each run: every schedule twice, bit for
+      # bit, against a float32 reference, under a hang watchdog (exit 3). The seed is printed; a failing
+      # shape replays with `random_sweep.py --seed SEED --only INDEX`.
+      if ! python3 -c "import torch" 2>/dev/null; then echo "== random sweep skipped: no PyTorch"; continue; fi
+      export DASH_ATTN_LIBRARY="$bin/libdash_attn_c.so" PYTHONPATH="$repo/python"
+      seed=$(date +%s)
+      echo "== random sweep seed $seed"
+      timeout 900 python3 "$repo/python/tests/random_sweep.py" --seed "$seed" --shapes 300 --csv "$out/sweep.csv" \
+        > "$out/sweep.log" 2>&1
+      echo "== random sweep rc=$?"
+      summary "$out/sweep.log" '^random_sweep: (seed|cannot run)|FAIL|replay:|HANG|Traceback|Error|^sweep:' 60 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
