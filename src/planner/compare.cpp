@@ -45,7 +45,9 @@ Comparison compare_schedules(const TiledProblem& problem, int num_sms, const Cos
   out.problem = problem;
   out.num_sms = num_sms;
   out.costs = costs;
-  out.auto_choice = choose_schedule(problem, num_sms);
+  const AutoChoice choice = choose_auto(problem, num_sms);
+  out.auto_choice = choice.schedule;
+  out.auto_reason = choice.reason;
   const ScheduleReport* best = nullptr;
   for (Schedule schedule : kAllSchedules) {
     if (schedule == Schedule::kAuto) continue;

@@ -27,6 +27,7 @@ struct Comparison {
   std::vector<ScheduleReport> schedules;  // every schedule but auto, in kAllSchedules order
   Schedule recommended = Schedule::kAscending;  // deterministic schedule with the smallest makespan
   Schedule auto_choice = Schedule::kAscending;  // what Schedule::kAuto runs on the GPU
+  std::string auto_reason;                      // why (the measured class it falls in)
 };
 
 ScheduleReport evaluate_schedule(const TiledProblem& problem, Schedule schedule, int num_sms, const CostModel& costs);

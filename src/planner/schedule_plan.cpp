@@ -101,18 +101,31 @@ PlanResult make_schedule_plan(const TiledProblem& problem, Schedule schedule, in
   return result;
 }
 
-// From measurements of these kernels on an H200 over the paper's grid (docs/PERF.md, 2026-11-29):
-//  - causal: shortest-first was the fastest deterministic schedule, or within 2% of it, at every
-//    point; symmetric shift, optimal in the DAG model, ran 1-8% slower, because its static assignment
-//    gives up the dynamic load balancing that the model does not price;
-//  - full mask, square tiles (head dim 64, 128x128): shift, 3-9% faster than ascending at seqlen
-//    1024-4096 and within 1.3% of the best elsewhere;
-//  - full mask, 64x128 tiles (head dim 128): ascending, 2-7% faster than shift.
-Schedule choose_schedule(const TiledProblem& problem, int num_sms) {
-  if (problem.causal) return Schedule::kShortestFirst;
-  const bool square_tiles = problem.block_q == problem.block_kv;
-  if (square_tiles && make_schedule_plan(problem, Schedule::kShift, num_sms).ok()) return Schedule::kShift;
-  return Schedule::kAscending;
+// From measurements of these kernels on an H200 (docs/PERF.md, 2026-12-01, commit e1dd9f0: the paper's
+// grid and the LLaMA3-8B / Qwen2.5-7B GQA rows, python/benchmarks/compare.py):
+//  - causal, query-head groups folded into the jobs (GQA): descending, 8-48% faster than shortest-first
+//    and symmetric shift on every GQA row;
+//  - causal, one query head per job: shortest-first, the fastest or within 1.1% of it at every point
+//    (symmetric shift ran 1-7% slower: its static assignment gives up the dynamic load balancing that
+//    the DAG model does not price);
+//  - full mask: shift up to 64 key/value tiles per head, 1-6% faster than the next schedule there;
+//    beyond, ascending (shift fell 2-5% behind at seqlen 16384).
+inline constexpr int kShiftMaxKvTiles = 64;
+
+AutoChoice choose_auto(const TiledProblem& problem, int num_sms) {
+  if (problem.causal) {
+    if (problem.heads_per_job() > 1) {
+      return {Schedule::kDescending, "causal with query-head groups folded into each job: descending measured fastest"};
+    }
+    return {Schedule::kShortestFirst, "causal: shortest-first measured fastest (or within 1%)"};
+  }
+  if (problem.num_kv_tiles() <= kShiftMaxKvTiles) {
+    if (make_schedule_plan(problem, Schedule::kShift, num_sms).ok()) {
+      return {Schedule::kShift, "full mask, at most 64 key/value tiles per head: shift measured fastest"};
+    }
+    return {Schedule::kAscending, "full mask: shift measured fastest but its preconditions fail here; ascending"};
+  }
+  return {Schedule::kAscending, "full mask, more than 64 key/value tiles per head: ascending measured fastest"};
 }
 
 PlanResult plan_schedule(const TiledProblem& problem, Schedule schedule, int num_sms) {

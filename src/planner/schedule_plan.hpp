@@ -30,9 +30,15 @@ struct PlanResult {
 // The plan of `schedule` (not kAuto) for `problem` on `num_sms` persistent CTAs.
 PlanResult make_schedule_plan(const TiledProblem& problem, Schedule schedule, int num_sms);
 
-// What Schedule::kAuto runs: the schedule measured fastest for the mask and tile shape, if its
-// preconditions hold, else one that always applies (see the measurements in schedule_plan.cpp).
-Schedule choose_schedule(const TiledProblem& problem, int num_sms);
+// What Schedule::kAuto runs: the schedule measured fastest for the problem's class (mask, query
+// heads per job, tile shape, key/value tiles per head), if its preconditions hold, else one that
+// always applies; and why, in a sentence for `dash-attn plan` (measurements in schedule_plan.cpp).
+struct AutoChoice {
+  Schedule schedule;
+  const char* reason;
+};
+AutoChoice choose_auto(const TiledProblem& problem, int num_sms);
+inline Schedule choose_schedule(const TiledProblem& problem, int num_sms) { return choose_auto(problem, num_sms).schedule; }
 
 // make_schedule_plan, resolving kAuto first.
 PlanResult plan_schedule(const TiledProblem& problem, Schedule schedule, int num_sms);

@@ -276,11 +276,18 @@ TEST(Preconditions, RejectionsSayWhy) {
 }
 
 TEST(Preconditions, AutoFollowsTheMeasurements) {
-  EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 8, false), 132), Schedule::kShift) << "square tiles, full mask";
-  EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 16, false, 2), 132), Schedule::kAscending) << "64x128 tiles";
+  EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 8, false), 132), Schedule::kShift) << "full mask";
+  EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 16, false, 2), 132), Schedule::kShift) << "64x128 tiles";
   EXPECT_EQ(choose_schedule(abstract_problem(1, 8, 4, false), 132), Schedule::kAscending) << "shift not applicable";
+  EXPECT_EQ(choose_schedule(abstract_problem(1, 65, 65, false), 132), Schedule::kAscending) << "past 64 key/value tiles";
   EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 8, true), 132), Schedule::kShortestFirst);
+  TiledProblem grouped = abstract_problem(2, 8, 8, true);
+  grouped.group_size = 4;
+  EXPECT_EQ(choose_schedule(grouped, 132), Schedule::kDescending) << "GQA groups folded into the jobs";
+  grouped.group_splits = 4;
+  EXPECT_EQ(choose_schedule(grouped, 132), Schedule::kShortestFirst) << "one query head per job";
   EXPECT_EQ(plan_schedule(abstract_problem(1, 8, 6, true), Schedule::kAuto, 132).plan.kind, Schedule::kShortestFirst);
+  EXPECT_NE(std::string(choose_auto(grouped, 132).reason).find("shortest-first"), std::string::npos);
 }
 
 TEST(Preconditions, GroupSplitsReachTheTargetJobCount) {

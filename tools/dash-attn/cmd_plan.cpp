@@ -178,6 +178,7 @@ std::string point_json(const Point& point, const CostModel& costs, std::optional
   JsonObject o;
   o.add("recommended", json_string(schedule_name(c.recommended)))
       .add("auto", json_string(schedule_name(c.auto_choice)))
+      .add("auto_reason", json_string(c.auto_reason))
       .add("problem", problem_json(point.shape, point.problem, point.sms, {{"costs", cost_json}}))
       .add("schedules", json_array(schedules));
   if (!svg.empty()) o.add("svg", json_string(svg));
@@ -195,7 +196,8 @@ void print_point(const Point& point, const CostModel& costs, std::optional<Sched
   }
   std::cout << "\nrecommended: " << schedule_name(point.comparison.recommended)
             << " (smallest simulated makespan among the valid deterministic schedules)\n"
-            << "auto picks:  " << schedule_name(point.comparison.auto_choice) << "\n";
+            << "auto picks:  " << schedule_name(point.comparison.auto_choice) << " (" << point.comparison.auto_reason
+            << ")\n";
 }
 
 void print_grid(const std::vector<Point>& points, const CostModel& costs, std::optional<Schedule> only) {
