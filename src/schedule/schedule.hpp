@@ -57,6 +57,21 @@ DASH_HOST_DEVICE int rank_of(const SchedulePlan& plan, const Job& job, int v) {
   return -1;  // never reached: make_job gives such a plan no job to ask about
 }
 
+// Whether the plan sums every dQ tile in a fixed order (ranks 0, 1, ...). Then the rank-0 contribution
+// can store instead of add, so the dQ accumulator needs no zeroing; unordered sums need it zeroed.
+DASH_HOST_DEVICE bool sums_in_order(const SchedulePlan& plan) {
+  switch (plan.kind) {
+    case Schedule::kAscending:
+    case Schedule::kDescending:
+    case Schedule::kShortestFirst:
+    case Schedule::kShift:
+    case Schedule::kSymmetricShift: return true;
+    case Schedule::kNondeterministic:
+    case Schedule::kAuto: break;
+  }
+  return false;
+}
+
 // Work units of CTA `cta` under static dispatch: units cta, cta + num_ctas, ...
 DASH_HOST_DEVICE int static_unit_count(const SchedulePlan& plan, int cta) {
   return cta < plan.num_units ? (plan.num_units - 1 - cta) / plan.num_ctas + 1 : 0;

@@ -3,9 +3,11 @@
 // the MMA warpgroups stall on an ordering wait only when the single dQ buffer is still occupied.
 //
 // Per step: wait until both MMA warpgroups' partials are in shared memory; wait until the dQ tile's
-// semaphore equals this contribution's rank; bulk reduce-add both partials; free the buffers once
-// the copy engine has read them; wait until the adds have completed in global memory; release the
-// semaphore (rank + 1). Nondeterministic contributions (kUnordered) skip the two semaphore steps.
+// semaphore equals this contribution's rank; bulk reduce-add both partials (rank 0, the first of the
+// fixed order, stores them instead, so the accumulator needs no zeroing); free the buffers once the
+// copy engine has read them; wait until the writes have completed in global memory; release the
+// semaphore (rank + 1). Nondeterministic contributions (kUnordered) skip the two semaphore steps and
+// add into an accumulator the preprocess zeroed.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -38,8 +40,13 @@ struct BackwardDqWriter {
           int* semaphore = p.buffers.dq_semaphores + step.dq_index;
           if (step.rank != kUnordered) wait_semaphore(semaphore, step.rank);
           for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
-            bulk_reduce_add_f32(tile + wg * Config::kdQPartialFloats, smem.dq.data() + wg * Config::kdQPartialFloats,
-                                kPartialBytes);
+            float* dst = tile + wg * Config::kdQPartialFloats;
+            const float* src = smem.dq.data() + wg * Config::kdQPartialFloats;
+            if (step.rank == 0) {
+              bulk_store(dst, src, kPartialBytes);
+            } else {
+              bulk_reduce_add_f32(dst, src, kPartialBytes);
+            }
           }
           bulk_commit_group();
           bulk_wait_read_all();

@@ -52,6 +52,7 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
   pp.heads_q = p.heads_q;
   pp.real_q_tiles = problem.real_q_tiles();
   pp.softmax_scale = shape.softmax_scale;
+  pp.sums_in_order = sums_in_order(params.plan);
   pp.buffers = params.buffers;
 
   const dim3 tiles(static_cast<unsigned>(problem.real_q_tiles()), static_cast<unsigned>(shape.heads_q),

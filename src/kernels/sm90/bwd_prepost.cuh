@@ -1,7 +1,9 @@
 // The small kernels around the backward main kernel.
-//   preprocess:  dpsum = rowsum(dO o O) and LSE * log2(e) per query row (padded to whole tiles), and
-//                zeroed dQ accumulators, semaphores and the dispatch counter;
-//   postprocess: dQ = scale * dQ_accum, converted, undoing the fragment order of the accumulator;
+//   preprocess:  dpsum = rowsum(dO o O) and LSE * log2(e) per query row (padded to whole tiles), zeroed
+//                semaphores and dispatch counter, and, for unordered sums only, zeroed dQ accumulators
+//                (an ordered sum's rank-0 contribution stores, see bwd_dq_writer.cuh);
+//   postprocess: dQ = scale * dQ_accum, converted, undoing the fragment order of the accumulator; a dQ
+//                tile that no contribution reached (its rows see no key) is 0;
 //   split sum:   for GQA groups split over several jobs, dK and dV = sum of the splits, in split order.
 #pragma once
 
@@ -28,30 +30,39 @@ struct PrepostParams {
   int heads_q;
   int real_q_tiles;
   float softmax_scale;
+  bool sums_in_order;  // the schedule's dQ sums are ordered (sums_in_order(plan))
   kernels::BackwardBuffers buffers;
 };
 
-// Grid (query tiles, heads_q, batch).
+// Grid (query tiles, heads_q, batch). Each row's dot product is split over kRowThreads adjacent lanes
+// that each read 16 bytes of O and of dO; every lane of a warp runs the same rows, so the shuffles
+// that sum a row are convergent (rows past seqlen_q contribute 0 rather than leave).
 template <class Config>
 __global__ void __launch_bounds__(kPrepostThreads) backward_preprocess_kernel(const PrepostParams p) {
   using Element = typename Config::Element;
+  using Vector = cutlass::AlignedArray<Element, 16 / sizeof(Element)>;
   constexpr int kBlockM = Config::kBlockM;
-  constexpr int kWarps = kPrepostThreads / 32;
+  constexpr int kRowThreads = Config::kHeadDim / Vector::kElements;
+  constexpr int kRowsPerPass = kPrepostThreads / kRowThreads;
+  static_assert(kRowThreads <= 32 && kBlockM % kRowsPerPass == 0, "a row's lanes share a warp; rows split evenly");
   const int tile = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int64_t dq_tile = (static_cast<int64_t>(batch) * p.heads_q + head) * p.real_q_tiles + tile;
   const int64_t row_base = dq_tile * kBlockM;
-  const auto* out = static_cast<const Element*>(p.out) + batch * p.out_strides[0] + head * p.out_strides[2];
-  const auto* dout = static_cast<const Element*>(p.dout) + batch * p.dout_strides[0] + head * p.dout_strides[2];
-  for (int r = warp_index(); r < kBlockM; r += kWarps) {
+  const int column = static_cast<int>(threadIdx.x) % kRowThreads * Vector::kElements;
+  const auto* out = static_cast<const Element*>(p.out) + batch * p.out_strides[0] + head * p.out_strides[2] + column;
+  const auto* dout =
+      static_cast<const Element*>(p.dout) + batch * p.dout_strides[0] + head * p.dout_strides[2] + column;
+  for (int r = static_cast<int>(threadIdx.x) / kRowThreads; r < kBlockM; r += kRowsPerPass) {
     const int row = tile * kBlockM + r;
     float sum = 0.0f;
     if (row < p.seqlen_q) {
-      for (int d = lane_index(); d < Config::kHeadDim; d += 32) {
-        sum += static_cast<float>(out[row * p.out_strides[1] + d]) * static_cast<float>(dout[row * p.dout_strides[1] + d]);
-      }
+      const Vector o = *reinterpret_cast<const Vector*>(out + row * p.out_strides[1]);
+      const Vector d = *reinterpret_cast<const Vector*>(dout + row * p.dout_strides[1]);
+      CUTE_UNROLL
+      for (int i = 0; i < Vector::kElements; ++i) sum += static_cast<float>(o[i]) * static_cast<float>(d[i]);
     }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane_index() == 0) {
+    for (int offset = kRowThreads / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (column == 0) {
       const float lse = row < p.seqlen_q ? p.lse[(static_cast<int64_t>(batch) * p.heads_q + head) * p.seqlen_q + row]
                                          : -INFINITY;
       // +inf makes every P of a row that sees no key (or lies past seqlen_q) exactly 0.
@@ -59,8 +70,10 @@ __global__ void __launch_bounds__(kPrepostThreads) backward_preprocess_kernel(co
       p.buffers.dpsum[row_base + r] = sum;
     }
   }
-  float4* accum = reinterpret_cast<float4*>(p.buffers.dq_accum + dq_tile * kBlockM * Config::kHeadDim);
-  for (int i = threadIdx.x; i < kBlockM * Config::kHeadDim / 4; i += kPrepostThreads) accum[i] = make_float4(0, 0, 0, 0);
+  if (!p.sums_in_order) {
+    float4* accum = reinterpret_cast<float4*>(p.buffers.dq_accum + dq_tile * kBlockM * Config::kHeadDim);
+    for (int i = threadIdx.x; i < kBlockM * Config::kHeadDim / 4; i += kPrepostThreads) accum[i] = make_float4(0, 0, 0, 0);
+  }
   if (threadIdx.x == 0) {
     p.buffers.dq_semaphores[dq_tile] = 0;
     if (dq_tile == 0) *p.buffers.unit_counter = 0;
@@ -82,12 +95,14 @@ __global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kern
   const float4* partial = reinterpret_cast<const float4*>(p.buffers.dq_accum + dq_tile * kBlockM * Config::kHeadDim +
                                                           warp_group * Config::kdQPartialFloats);
   auto* dq = static_cast<Element*>(p.dq) + batch * p.dq_strides[0] + head * p.dq_strides[2];
+  // An ordered sum never wrote (nor zeroed) a tile no contribution reached; its semaphore is still 0.
+  const bool reached = !p.sums_in_order || p.buffers.dq_semaphores[dq_tile] > 0;
   // Fragment elements (2i, 2i + 1) are adjacent columns of one row: one 32-bit store per pair.
   using ElementPair = cutlass::AlignedArray<Element, 2>;
   constexpr int kVectors = decltype(size(coords))::value / 4;
   CUTE_UNROLL
   for (int i = 0; i < kVectors; ++i) {
-    const float4 v = partial[i * Config::kWarpGroupThreads + lane];
+    const float4 v = reached ? partial[i * Config::kWarpGroupThreads + lane] : make_float4(0, 0, 0, 0);
     const float values[4] = {v.x, v.y, v.z, v.w};
     CUTE_UNROLL
     for (int j = 0; j < 4; j += 2) {

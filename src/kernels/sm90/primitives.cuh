@@ -67,6 +67,13 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* sm
                : "memory");
 }
 
+// gmem[0 .. bytes/4) = smem[0 .. bytes/4), by the bulk copy engine, tracked by bulk groups.
+__device__ __forceinline__ void bulk_store(float* gmem, const float* smem, int bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+               ::"l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
+               : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Waits until the shared-memory sources of all committed bulk groups have been read (the buffers
