@@ -262,7 +262,7 @@ bool within(const ErrorStats& stats, const Tolerance& tol) {
          stats.max_abs_error <= tol.max_error_fraction * std::max(stats.max_abs_reference, kMagnitudeFloor);
 }
 
-double median_milliseconds(const std::function<Status()>& launch, int warmup, int iterations) {
+CallTiming time_calls(const std::function<Status()>& launch, int warmup, int iterations, int repeats) {
   constexpr double kHangSeconds = 60.0;
   auto call = [&] {
     const Status s = launch();
@@ -273,18 +273,27 @@ double median_milliseconds(const std::function<Status()>& launch, int warmup, in
   cudaEvent_t start = nullptr, stop = nullptr;
   check_cuda(cudaEventCreate(&start), "cudaEventCreate");
   check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
-  std::vector<float> times(static_cast<size_t>(iterations));
-  for (float& t : times) {
+  std::vector<float> loop_ms(static_cast<size_t>(repeats));
+  std::vector<double> host_us;
+  host_us.reserve(static_cast<size_t>(repeats) * iterations);
+  for (float& ms : loop_ms) {
     check_cuda(cudaEventRecord(start, nullptr), "cudaEventRecord");
-    call();
+    for (int i = 0; i < iterations; ++i) {
+      const auto begin = std::chrono::steady_clock::now();
+      call();
+      host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - begin).count());
+    }
     check_cuda(cudaEventRecord(stop, nullptr), "cudaEventRecord");
-    if (!synchronize_with_watchdog(nullptr, kHangSeconds)) throw std::runtime_error("timed call did not finish (hang)");
-    check_cuda(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    if (!synchronize_with_watchdog(nullptr, kHangSeconds)) throw std::runtime_error("timed loop did not finish (hang)");
+    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  const auto median = [](auto values) {
+    std::sort(values.begin(), values.end());
+    return static_cast<double>(values[values.size() / 2]);
+  };
+  return CallTiming{median(loop_ms) / iterations, median(host_us)};
 }
 
 double forward_flops(const AttentionShape& s) {

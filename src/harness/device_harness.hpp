@@ -91,10 +91,18 @@ struct Tolerance {
 Tolerance tolerance_for(DType dtype);
 bool within(const ErrorStats& stats, const Tolerance& tol);
 
-// Median wall time in milliseconds of `iterations` calls of `launch` (each enqueues work on the
-// default stream), timed one by one with CUDA events after `warmup` untimed calls. Throws when a call
-// returns an error or a call hangs.
-double median_milliseconds(const std::function<Status()>& launch, int warmup, int iterations);
+// Time of `launch` (which enqueues work on the default stream) after `warmup` untimed calls:
+//   gpu_ms   the median over `repeats` loops of `iterations` back-to-back calls between two CUDA events,
+//            divided by `iterations`: the GPU time per call once the host keeps the queue full (the
+//            host's validation and planning overlap the kernels of earlier calls);
+//   host_us  the median host time of one call (validation, planning, launches), from the same loops.
+// When host_us exceeds gpu_ms the loop is host-bound and gpu_ms measures the host. Throws when a call
+// returns an error or a loop hangs.
+struct CallTiming {
+  double gpu_ms;
+  double host_us;
+};
+CallTiming time_calls(const std::function<Status()>& launch, int warmup, int iterations, int repeats);
 
 // FLOPs of the attention forward: 4 B Hq Sq Sk_avg D, where Sk_avg counts the keys each query row
 // sees on average (half of a square causal matrix); the backward does 2.5 times as many.

@@ -1,7 +1,8 @@
 // dash-attn bench (GPU): backward (or, with --fwd, forward) TFLOPS of every schedule on the paper's grid
 // (16384 tokens, hidden 2048, head dims 64 and 128, seqlen 512..16384, full and causal) or on one
-// shape. Times with CUDA events, median of --iters runs after --warmup; backward times include the
-// preprocess and postprocess kernels. --anchors merges PyTorch SDPA numbers measured in the same run
+// shape. Times loops of --iters back-to-back calls between CUDA events (median of kRepeats loops, after
+// --warmup), so the host's validation and planning overlap earlier calls' kernels, and reports the host
+// time of one call next to it; backward times include the preprocess and postprocess kernels. --anchors merges PyTorch SDPA numbers measured in the same run
 // (python/benchmarks/sdpa_anchors.py) into the Markdown table. Exit code 1 without a usable GPU.
 #include <algorithm>
 #include <cmath>
@@ -20,6 +21,7 @@ namespace {
 
 constexpr int64_t kDefaultWarmup = 5;
 constexpr int64_t kDefaultIters = 30;
+constexpr int kRepeats = 7;
 constexpr int64_t kMaxIters = 100000;
 constexpr int64_t kGridTokens = 16384;
 constexpr int64_t kGridHidden = 2048;
@@ -33,6 +35,7 @@ struct Measurement {
   std::string implementation;  // "dash:<schedule>" or "sdpa:<backend>"
   double ms = 0;
   double tflops = 0;
+  double host_us = 0;  // host time of one call (0 for anchors measured elsewhere)
 };
 
 struct Point {
@@ -83,10 +86,10 @@ Point measure(const AttentionShape& shape, bool backward, const std::vector<Sche
   harness::Problem p = harness::make_problem(shape, kSeed, /*with_reference=*/false);
   run_forward(p);
   if (!backward) {
-    const double ms = harness::median_milliseconds(
+    const harness::CallTiming t = harness::time_calls(
         [&] { return forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup,
-        iters);
-    point.results.push_back({"dash", ms, tflops(shape, false, ms)});
+        iters, kRepeats);
+    point.results.push_back({"dash", t.gpu_ms, tflops(shape, false, t.gpu_ms), t.host_us});
     return point;
   }
   harness::use_forward_outputs_for_backward(p);
@@ -95,9 +98,10 @@ Point measure(const AttentionShape& shape, bool backward, const std::vector<Sche
     if (Status s = backward_workspace_size(shape, schedule, &bytes); !s.ok()) continue;  // not applicable
     if (p.workspace.bytes() < bytes) p.workspace = harness::DeviceBuffer(bytes);
     const BackwardArgs args = harness::backward_args(p, schedule);
-    const double ms = harness::median_milliseconds(
-        [&] { return dash::backward(args, p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup, iters);
-    point.results.push_back({"dash:" + std::string(schedule_name(schedule)), ms, tflops(shape, true, ms)});
+    const harness::CallTiming t = harness::time_calls(
+        [&] { return dash::backward(args, p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup, iters, kRepeats);
+    point.results.push_back(
+        {"dash:" + std::string(schedule_name(schedule)), t.gpu_ms, tflops(shape, true, t.gpu_ms), t.host_us});
   }
   return point;
 }
@@ -122,12 +126,12 @@ std::map<AnchorKey, std::vector<Measurement>> read_anchors(const std::string& pa
 }
 
 void write_csv(const std::vector<Point>& points, bool backward, std::ostream& out) {
-  out << "direction,hdim,mask,seqlen,batch,heads,dtype,implementation,ms,tflops\n";
+  out << "direction,hdim,mask,seqlen,batch,heads,dtype,implementation,ms,tflops,host_us\n";
   for (const Point& p : points) {
     for (const Measurement& m : p.results) {
       out << (backward ? "bwd" : "fwd") << "," << p.shape.head_dim << "," << mask_name(p.shape) << ","
           << p.shape.seqlen_q << "," << p.shape.batch << "," << p.shape.heads_q << "," << dtype_name(p.shape.dtype)
-          << "," << m.implementation << "," << m.ms << "," << m.tflops << "\n";
+          << "," << m.implementation << "," << m.ms << "," << m.tflops << "," << m.host_us << "\n";
     }
   }
 }
@@ -187,7 +191,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   parser.add_switch("fwd", "benchmark the forward pass instead of the backward pass", &fwd);
   parser.add_string("schedule", "NAME", "time only this backward schedule", &schedule_flag, "every schedule");
   parser.add_int("warmup", "untimed calls before timing", &warmup, 0, kMaxIters);
-  parser.add_int("iters", "timed calls; the median is reported", &iters, 1, kMaxIters);
+  parser.add_int("iters", "back-to-back calls per timed loop (the median of 7 loops is reported)", &iters, 1, kMaxIters);
   parser.add_string("csv", "FILE", "also write every measurement as CSV", &csv_path);
   parser.add_string("markdown", "FILE", "also write the table as Markdown", &markdown_path);
   parser.add_string("anchors", "FILE", "merge SDPA measurements (python/benchmarks/sdpa_anchors.py CSV)", &anchors_path);
