@@ -46,9 +46,6 @@ struct BackwardConfig : WarpRoles {
   static constexpr int kBlockM = backward_tile_shape(kHeadDim).block_q;
   static constexpr int kBlockN = backward_tile_shape(kHeadDim).block_kv;
   static constexpr int kStages = 2;         // query/dO pipeline depth
-  // Key/value buffers: with two, the loader brings the next job's K and V during the current job, so
-  // a short job does not wait for its K/V load. Only head dim 64 has the shared memory for a second.
-  static constexpr int kKvStages = kHeadDim_ <= 64 ? 2 : 1;
   static constexpr int kStepRing = 8;       // step records in flight; must exceed kStages + 1 (bwd_loader.cuh)
   static constexpr int kJobSlots = 2;
   static_assert(kBlockN == 64 * kMmaWarpGroups, "each MMA warpgroup owns 64 key/value rows");
@@ -58,7 +55,6 @@ struct BackwardConfig : WarpRoles {
   using BlockN = Int<kBlockN>;
   using HeadDim = Int<kHeadDim>;
   using Stages = Int<kStages>;
-  using KvStages = Int<kKvStages>;
   using WarpGroups = Layout<Shape<Int<kMmaWarpGroups>, _1, _1>>;
 
   // S^T = K Q^T and dP^T = V dO^T: (kBlockN x kBlockM) over head_dim.
@@ -81,11 +77,10 @@ struct BackwardConfig : WarpRoles {
   // Shared memory. Q, dO, K, V are K-major (head_dim contiguous) as TMA writes them; the MN-major B
   // operands are transposed views of the same bytes.
   using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BlockM, HeadDim, Stages>{}));
-  using SmemLayoutKV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BlockN, HeadDim, KvStages>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BlockN, HeadDim>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_layout(Shape<HeadDim, BlockM, Stages>{}, Stride<BlockM, _1, Int<kBlockM * kHeadDim>>{})));
-  using SmemLayoutKt = decltype(composition(
-      SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN, KvStages>{}, Stride<BlockN, _1, Int<kBlockN * kHeadDim>>{})));
+  using SmemLayoutKt = decltype(composition(SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN>{}, Stride<BlockN, _1>{})));
   // dS, read as the MN-major A operand of dQ = dS K and written through its transpose dS^T.
   using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<BlockM, BlockN, Stages>{}));
   using SmemLayoutdSt = decltype(composition(
@@ -104,8 +99,8 @@ struct BackwardConfig : WarpRoles {
     RecordRing<JobRecord, kJobSlots> jobs;  // loader -> MMA warpgroups and dQ writer
     uint64_t q_full[kStages];   // loader -> MMA: Q, dO, LSE, dpsum of a stage have landed
     uint64_t q_empty[kStages];  // MMA -> loader: the stage may be refilled
-    uint64_t kv_full[kKvStages];   // loader -> MMA: K, V of a job have landed
-    uint64_t kv_empty[kKvStages];  // MMA -> loader: the job's last step is done with K, V
+    uint64_t kv_full;
+    uint64_t kv_empty;
     uint64_t dq_full[kMmaWarpGroups];   // MMA warpgroup -> dQ writer: a partial is in shared memory
     uint64_t dq_empty[kMmaWarpGroups];  // dQ writer -> MMA warpgroup: the buffer may be overwritten
   };
@@ -117,7 +112,7 @@ struct BackwardConfig : WarpRoles {
 
   // TMA over (seqlen, head_dim, heads, batch) tensors with arbitrary strides.
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, take<0, 2>(SmemLayoutQ{})));
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, take<0, 2>(SmemLayoutKV{})));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, SmemLayoutKV{}));
 
   struct Params {
     TmaQ tma_q;

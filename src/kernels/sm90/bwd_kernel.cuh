@@ -20,10 +20,8 @@ __device__ void init_backward_barriers(typename Config::SharedStorage& smem) {
     Barrier::init(&smem.q_full[s], 1);
     Barrier::init(&smem.q_empty[s], Config::kMmaThreads);
   }
-  for (int s = 0; s < Config::kKvStages; ++s) {
-    Barrier::init(&smem.kv_full[s], 1);
-    Barrier::init(&smem.kv_empty[s], Config::kMmaThreads);
-  }
+  Barrier::init(&smem.kv_full, 1);
+  Barrier::init(&smem.kv_empty, Config::kMmaThreads);
   smem.jobs.init(Config::kMmaThreads + kWriterThreads);
   for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
     Barrier::init(&smem.dq_full[wg], Config::kWarpGroupThreads);

@@ -24,9 +24,8 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
   const auto q_tile_layout = take<0, 2>(typename Config::SmemLayoutQ{});
   p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q, shape.seqlen_q, shape.heads_q, shape.batch, a.q_strides), q_tile_layout);
   p.tma_dout = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.dout, shape.seqlen_q, shape.heads_q, shape.batch, a.dout_strides), q_tile_layout);
-  const auto kv_tile_layout = take<0, 2>(typename Config::SmemLayoutKV{});
-  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k, shape.seqlen_k, shape.heads_kv, shape.batch, a.k_strides), kv_tile_layout);
-  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v, shape.seqlen_k, shape.heads_kv, shape.batch, a.v_strides), kv_tile_layout);
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k, shape.seqlen_k, shape.heads_kv, shape.batch, a.k_strides), typename Config::SmemLayoutKV{});
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v, shape.seqlen_k, shape.heads_kv, shape.batch, a.v_strides), typename Config::SmemLayoutKV{});
   p.plan = params.plan;
   p.buffers = params.buffers;
   p.dk = static_cast<Element*>(a.dk);

@@ -1,7 +1,6 @@
 // Backward producer, warp 0 (one lane): walks the schedule, publishes each job and step to the other
-// roles, and streams K, V (once per job, into kKvStages buffers: with two, the next job's K, V load
-// while the current job runs) and Q, dO, LSE, dpsum (once per step) into shared memory with TMA. All
-// schedule arithmetic happens here, so the MMA warpgroups spend no registers on it.
+// roles, and streams K, V (once per job) and Q, dO, LSE, dpsum (once per step) into shared memory
+// with TMA. All schedule arithmetic happens here, so the MMA warpgroups spend no registers on it.
 //
 // Step records live in a ring of kStepRing slots read by the MMA warpgroups and the dQ writer. Slot
 // reuse is safe without its own barrier: writing step k needs the Q stage of step k - kStages to be
@@ -59,16 +58,14 @@ struct BackwardLoader {
   }
 
   __device__ static void load_kv(const Params& p, SharedStorage& smem, const Job& job, int jobs) {
-    const int stage = jobs % Config::kKvStages;
-    wait_barrier(smem.kv_empty[stage], ((jobs / Config::kKvStages) & 1) ^ 1, "kv_empty");
-    uint64_t& full = smem.kv_full[stage];
-    Barrier::arrive_and_expect_tx(&full, Config::kKVBytes);
-    auto sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
-    auto sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+    wait_barrier(smem.kv_empty, (jobs & 1) ^ 1, "kv_empty");
+    Barrier::arrive_and_expect_tx(&smem.kv_full, Config::kKVBytes);
     const KvJobCoord c = p.plan.problem.kv_coord(job.head);
     const auto kv_extent = make_shape(p.seqlen_k, int{Config::kHeadDim}, p.heads_kv, p.batch);
-    tma_tile(p.tma_k, kv_extent, c.head_kv, c.batch, job.kv_tile, full, sK(_, _, stage));
-    tma_tile(p.tma_v, kv_extent, c.head_kv, c.batch, job.kv_tile, full, sV(_, _, stage));
+    tma_tile(p.tma_k, kv_extent, c.head_kv, c.batch, job.kv_tile, smem.kv_full,
+             make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{}));
+    tma_tile(p.tma_v, kv_extent, c.head_kv, c.batch, job.kv_tile, smem.kv_full,
+             make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{}));
   }
 
   __device__ static void load_step(const Params& p, SharedStorage& smem, const Job& job, int step, int steps) {

@@ -76,8 +76,7 @@ struct BackwardMma {
       Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
       clear(tdVrdV);
       clear(tdKrdK);
-      const int kv_stage = jobs % Config::kKvStages;
-      wait_barrier(smem.kv_full[kv_stage], (jobs / Config::kKvStages) & 1, "kv_full");
+      wait_barrier(smem.kv_full, jobs & 1, "kv_full");
       const int kv_row0 = job.kv_tile * kBlockN;
       for (int s = 0; s < job.num_steps; ++s, ++steps) {
         const int stage = steps % Config::kStages;
@@ -86,8 +85,8 @@ struct BackwardMma {
 
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-        warpgroup_gemm<true>(mma_sdp, tSrK(_, _, _, kv_stage), tSrQ(_, _, _, stage), tSrS);
-        warpgroup_gemm<true>(mma_sdp, tSrV(_, _, _, kv_stage), tSrdO(_, _, _, stage), tdPrdP);
+        warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+        warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
 
         warpgroup_wait<1>();
         // P^T, in place of S^T. Only tiles crossing the causal diagonal or the key tail need the mask:
@@ -113,14 +112,14 @@ struct BackwardMma {
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kDsReadyBarrier);
 
         Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
-        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt(_, _, _, kv_stage), tdQrdQ);
+        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ);
         warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
         warpgroup_wait<1>();  // dV and dQ done; dK may still run
         hand_over_dq(smem, tdQrdQ, warp_group, thread, steps);
         warpgroup_wait<0>();
         Barrier::arrive(&smem.q_empty[stage]);
       }
-      Barrier::arrive(&smem.kv_empty[kv_stage]);
+      Barrier::arrive(&smem.kv_empty);
       store_dkv(p, job, tdKrdK, tdVrdV, thread);
     }
   }
