@@ -1,7 +1,10 @@
 // The C ABI of dash_c.h over the C++ API: converts the plain structs, calls dash::, and turns the Status
 // into a code plus a message copied into the caller's buffer. Exceptions (only std::bad_alloc can come out
-// of the API's string building) are caught here, since unwinding into a C caller is undefined.
+// of the API's string building) are caught here, since unwinding into a C caller is undefined. The version
+// and device queries for diagnostics call the CUDA runtime linked into this library directly.
 #include "dash_c.h"
+
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstring>
@@ -88,6 +91,35 @@ dash::Status parse(const char* schedule, dash::Schedule* parsed) {
 
 cudaStream_t to_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// "call: error string", clearing the error the failed runtime call recorded (the Status now reports it).
+dash::Status cuda_failure(const std::string& call, cudaError_t error) {
+  static_cast<void>(cudaGetLastError());
+  return {dash::StatusCode::kCudaError, call + ": " + cudaGetErrorString(error)};
+}
+
+dash::Status describe_current_device(dash_device* device) {
+  if (dash::Status s = check_present({{device, "device"}}); !s.ok()) return s;
+  // An unsupported GPU is still described; only a missing device or a failing runtime stops here.
+  if (dash::Status s = dash::check_current_device();
+      s.code() == dash::StatusCode::kNoDevice || s.code() == dash::StatusCode::kCudaError) {
+    return s;
+  }
+  int index = 0;
+  if (const cudaError_t error = cudaGetDevice(&index); error != cudaSuccess) {
+    return cuda_failure("cudaGetDevice", error);
+  }
+  cudaDeviceProp properties{};
+  if (const cudaError_t error = cudaGetDeviceProperties(&properties, index); error != cudaSuccess) {
+    return cuda_failure("cudaGetDeviceProperties(" + std::to_string(index) + ")", error);
+  }
+  device->index = index;
+  device->compute_major = properties.major;
+  device->compute_minor = properties.minor;
+  device->multiprocessor_count = properties.multiProcessorCount;
+  copy_message(properties.name, device->name, sizeof(device->name));
+  return dash::Status::success();
+}
+
 }  // namespace
 
 extern "C" {
@@ -113,6 +145,25 @@ const char* dash_schedule_names(void) {
 
 int dash_kernel_available(int64_t head_dim, int dtype) {
   return dash::kernel_available(head_dim, static_cast<dash::DType>(dtype)) ? 1 : 0;
+}
+
+const char* dash_library_version(void) { return DASH_C_LIBRARY_VERSION; }
+
+// Both only read a version: they cannot fail in a way that matters (the driver's is 0 when there is none).
+int dash_cuda_runtime_version(void) {
+  int version = 0;
+  static_cast<void>(cudaRuntimeGetVersion(&version));
+  return version;
+}
+
+int dash_cuda_driver_version(void) {
+  int version = 0;
+  static_cast<void>(cudaDriverGetVersion(&version));
+  return version;
+}
+
+int dash_describe_current_device(dash_device* device, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] { return describe_current_device(device); });
 }
 
 int dash_check_device(char* message, size_t message_size) {

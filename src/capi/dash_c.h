@@ -1,5 +1,6 @@
 /* C ABI of DASH, for callers that cannot link C++ (the Python package loads libdash_attn_c.so with ctypes).
- * Plain structs and ints mirror include/dash/attention.hpp one to one; every function returns a
+ * Plain structs and ints mirror include/dash/attention.hpp one to one, plus dash_device and the version
+ * queries that diagnostics (python -m dash_attn.info) print; every function that can fail returns a
  * dash_status_code and copies the Status message into the caller's buffer, so no C++ type, exception
  * or allocation crosses the boundary. */
 #ifndef DASH_C_H_
@@ -18,8 +19,9 @@
 extern "C" {
 #endif
 
-/* Bumped whenever a struct or signature below changes, so a binding can refuse a library it does not match. */
-#define DASH_C_ABI_VERSION 1
+/* Bumped whenever a struct, a signature or the set of functions below changes, so a binding can refuse a library
+ * it does not match. */
+#define DASH_C_ABI_VERSION 2
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -69,6 +71,28 @@ DASH_C_API const char* dash_schedule_names(void);
 /* Nonzero if this build has kernels for (head_dim, dtype). */
 DASH_C_API int dash_kernel_available(int64_t head_dim, int dtype);
 
+/* The version of the DASH sources this library was built from (the CMake project version, e.g. "0.1.0"); a
+ * static string. */
+DASH_C_API const char* dash_library_version(void);
+
+/* CUDA versions as CUDA encodes them (1000 * major + 10 * minor: 12080 is 12.8); neither needs a device. The
+ * runtime is the one linked into this library, the driver's is the newest CUDA it supports, 0 when no NVIDIA
+ * driver is installed. */
+DASH_C_API int dash_cuda_runtime_version(void);
+DASH_C_API int dash_cuda_driver_version(void);
+
+#define DASH_DEVICE_NAME_BYTES 256
+
+/* The current CUDA device as the planner sees it: multiprocessor_count is the SM count its schedules are
+ * planned for (bitwise results are promised per SM count). */
+typedef struct dash_device {
+  int index;
+  int compute_major;
+  int compute_minor;
+  int multiprocessor_count;
+  char name[DASH_DEVICE_NAME_BYTES]; /* NUL-terminated */
+} dash_device;
+
 /* In every function below, `message` (when not null and message_size > 0) receives the Status message,
  * truncated to message_size - 1 bytes and NUL-terminated; it is the empty string on success. `stream` is a
  * cudaStream_t value (null: the legacy default stream). `schedule` is a canonical name, e.g. "auto". */
@@ -76,6 +100,10 @@ DASH_C_API int dash_kernel_available(int64_t head_dim, int dtype);
 /* DASH_STATUS_OK if the current CUDA device can run the kernels; DASH_STATUS_NO_DEVICE with a message that
  * tells a missing driver, a driver too old for the runtime and no visible device apart. */
 DASH_C_API int dash_check_device(char* message, size_t message_size);
+
+/* Fills *device for the current CUDA device, a GPU the kernels cannot run on included (dash_check_device says
+ * whether they can). Without a usable device: the code and message of dash_check_device, *device untouched. */
+DASH_C_API int dash_describe_current_device(dash_device* device, char* message, size_t message_size);
 
 /* Both workspace queries validate the shape (and the schedule) first, so a bad one is refused, with the
  * message of dash::validate, on any machine; *bytes is written only on success. */

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
 
 #include <type_traits>
@@ -14,7 +13,7 @@
 #include "kernels/kernel_params.hpp"
 #include "kernels/sm90/gmem_tensors.cuh"
 #include "kernels/sm90/primitives.cuh"
-#include "kernels/sm90/record_ring.cuh"
+#include "kernels/sm90/pipeline.cuh"
 #include "kernels/sm90/warp_roles.cuh"
 #include "schedule/tile_config.hpp"
 
@@ -97,12 +96,9 @@ struct BackwardConfig : WarpRoles {
     alignas(16) float dpsum[kStages][kBlockM];
     StepRecord steps[kStepRing];
     RecordRing<JobRecord, kJobSlots> jobs;  // loader -> MMA warpgroups and dQ writer
-    uint64_t q_full[kStages];   // loader -> MMA: Q, dO, LSE, dpsum of a stage have landed
-    uint64_t q_empty[kStages];  // MMA -> loader: the stage may be refilled
-    uint64_t kv_full;
-    uint64_t kv_empty;
-    uint64_t dq_full[kMmaWarpGroups];   // MMA warpgroup -> dQ writer: a partial is in shared memory
-    uint64_t dq_empty[kMmaWarpGroups];  // dQ writer -> MMA warpgroup: the buffer may be overwritten
+    PipelineRing<kStages> q_stages;             // loader -> MMA warpgroups: Q, dO, LSE, dpsum (per step)
+    PipelineRing<1> kv_stages;                  // loader -> MMA warpgroups: K, V (per job)
+    PipelineRing<1> dq_stages[kMmaWarpGroups];  // MMA warpgroup -> dQ writer: its dQ partial (per step)
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");

@@ -10,8 +10,6 @@
 // add into an accumulator the preprocess zeroed.
 #pragma once
 
-#include <cutlass/arch/barrier.h>
-
 #include "kernels/sm90/bwd_config.cuh"
 #include "kernels/sm90/primitives.cuh"
 
@@ -21,7 +19,6 @@ template <class Config>
 struct BackwardDqWriter {
   using Params = typename Config::Params;
   using SharedStorage = typename Config::SharedStorage;
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
   __device__ static void run(const Params& p, SharedStorage& smem) {
     const bool leader = lane_index() == 0;
@@ -32,7 +29,7 @@ struct BackwardDqWriter {
       const int num_steps = smem.jobs.take(jobs).num_steps;
       if (num_steps == kEndOfWork) break;
       for (int s = 0; s < num_steps; ++s, ++steps) {
-        for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) wait_barrier(smem.dq_full[wg], steps & 1, "dq_full");
+        for (auto& partial : smem.dq_stages) partial.consumer_wait(steps, "dq_full");
         // Read only now: the record is published before the step's data, which dq_full comes after.
         const StepRecord step = smem.steps[steps % Config::kStepRing];
         if (leader) {
@@ -50,7 +47,7 @@ struct BackwardDqWriter {
           }
           bulk_commit_group();
           bulk_wait_read_all();
-          for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) Barrier::arrive(&smem.dq_empty[wg]);
+          for (auto& partial : smem.dq_stages) partial.consumer_release(steps);
           if (step.rank != kUnordered) {
             bulk_wait_complete_all();
             release_semaphore(semaphore);

@@ -14,19 +14,13 @@ namespace dash::sm90 {
 
 template <class Config>
 __device__ void init_backward_barriers(typename Config::SharedStorage& smem) {
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int kWriterThreads = 32;
-  for (int s = 0; s < Config::kStages; ++s) {
-    Barrier::init(&smem.q_full[s], 1);
-    Barrier::init(&smem.q_empty[s], Config::kMmaThreads);
-  }
-  Barrier::init(&smem.kv_full, 1);
-  Barrier::init(&smem.kv_empty, Config::kMmaThreads);
+  constexpr int kLoaderThreads = 1;
+  constexpr int kWriterLeaders = 1;  // the dQ writer's lane 0 frees the partial buffers
+  smem.q_stages.init(kLoaderThreads, Config::kMmaThreads);
+  smem.kv_stages.init(kLoaderThreads, Config::kMmaThreads);
   smem.jobs.init(Config::kMmaThreads + kWriterThreads);
-  for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
-    Barrier::init(&smem.dq_full[wg], Config::kWarpGroupThreads);
-    Barrier::init(&smem.dq_empty[wg], 1);
-  }
+  for (auto& partial : smem.dq_stages) partial.init(Config::kWarpGroupThreads, kWriterLeaders);
   cutlass::arch::fence_barrier_init();
 }
 

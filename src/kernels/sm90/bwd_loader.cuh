@@ -9,15 +9,11 @@
 // than k - kStages - 1 are dead, and kStepRing > kStages + 1 slots suffice.
 #pragma once
 
-#include <cutlass/arch/barrier.h>
-
 #include "kernels/sm90/bwd_config.cuh"
 #include "kernels/sm90/primitives.cuh"
 #include "schedule/schedule.hpp"
 
 namespace dash::sm90 {
-
-using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
 template <class Config>
 struct BackwardLoader {
@@ -58,13 +54,13 @@ struct BackwardLoader {
   }
 
   __device__ static void load_kv(const Params& p, SharedStorage& smem, const Job& job, int jobs) {
-    wait_barrier(smem.kv_empty, (jobs & 1) ^ 1, "kv_empty");
-    Barrier::arrive_and_expect_tx(&smem.kv_full, Config::kKVBytes);
+    smem.kv_stages.producer_acquire(jobs, "kv_empty");
+    uint64_t& full = smem.kv_stages.producer_expect(jobs, Config::kKVBytes);
     const KvJobCoord c = p.plan.problem.kv_coord(job.head);
     const auto kv_extent = make_shape(p.seqlen_k, int{Config::kHeadDim}, p.heads_kv, p.batch);
-    tma_tile(p.tma_k, kv_extent, c.head_kv, c.batch, job.kv_tile, smem.kv_full,
+    tma_tile(p.tma_k, kv_extent, c.head_kv, c.batch, job.kv_tile, full,
              make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{}));
-    tma_tile(p.tma_v, kv_extent, c.head_kv, c.batch, job.kv_tile, smem.kv_full,
+    tma_tile(p.tma_v, kv_extent, c.head_kv, c.batch, job.kv_tile, full,
              make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{}));
   }
 
@@ -74,11 +70,9 @@ struct BackwardLoader {
     const int v = q_tile_at(plan, job, step);
     const QTileCoord q = plan.problem.q_coord(job.head, v);
     const StepRecord record{q.q_tile, plan.problem.dq_tile_index(job.head, v), rank_of(plan, job, v)};
-    const int stage = steps % Config::kStages;
-    wait_barrier(smem.q_empty[stage], ((steps / Config::kStages) & 1) ^ 1, "q_empty");
+    const int stage = smem.q_stages.producer_acquire(steps, "q_empty");
     smem.steps[steps % Config::kStepRing] = record;
-    uint64_t& full = smem.q_full[stage];
-    Barrier::arrive_and_expect_tx(&full, Config::kQStageBytes);
+    uint64_t& full = smem.q_stages.producer_expect(steps, Config::kQStageBytes);
     auto sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     auto sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
     const auto q_extent = make_shape(p.seqlen_q, int{Config::kHeadDim}, p.heads_q, p.batch);

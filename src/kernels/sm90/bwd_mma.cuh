@@ -26,7 +26,6 @@ struct BackwardMma {
   using Element = typename Config::Element;
   using Params = typename Config::Params;
   using SharedStorage = typename Config::SharedStorage;
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
 
@@ -76,11 +75,10 @@ struct BackwardMma {
       Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
       clear(tdVrdV);
       clear(tdKrdK);
-      wait_barrier(smem.kv_full, jobs & 1, "kv_full");
+      smem.kv_stages.consumer_wait(jobs, "kv_full");
       const int kv_row0 = job.kv_tile * kBlockN;
       for (int s = 0; s < job.num_steps; ++s, ++steps) {
-        const int stage = steps % Config::kStages;
-        wait_barrier(smem.q_full[stage], (steps / Config::kStages) & 1, "q_full");
+        const int stage = smem.q_stages.consumer_wait(steps, "q_full");
         const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
 
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -117,9 +115,9 @@ struct BackwardMma {
         warpgroup_wait<1>();  // dV and dQ done; dK may still run
         hand_over_dq(smem, tdQrdQ, warp_group, thread, steps);
         warpgroup_wait<0>();
-        Barrier::arrive(&smem.q_empty[stage]);
+        smem.q_stages.consumer_release(steps);
       }
-      Barrier::arrive(&smem.kv_empty);
+      smem.kv_stages.consumer_release(jobs);
       store_dkv(p, job, tdKrdK, tdVrdV, thread);
     }
   }
@@ -183,7 +181,8 @@ struct BackwardMma {
   // values as consecutive float4s), which the postprocess kernel undoes with the same tiled MMA.
   template <class Fragment>
   __device__ static void hand_over_dq(SharedStorage& smem, const Fragment& dq, int warp_group, int thread, int steps) {
-    wait_barrier(smem.dq_empty[warp_group], (steps & 1) ^ 1, "dq_empty");
+    PipelineRing<1>& partial = smem.dq_stages[warp_group];
+    partial.producer_acquire(steps, "dq_empty");
     constexpr int kVectors = decltype(size(dq))::value / 4;
     float4* dst = reinterpret_cast<float4*>(smem.dq.data() + warp_group * Config::kdQPartialFloats);
     const int lane = thread % Config::kWarpGroupThreads;
@@ -192,7 +191,7 @@ struct BackwardMma {
       dst[i * Config::kWarpGroupThreads + lane] = make_float4(dq(4 * i), dq(4 * i + 1), dq(4 * i + 2), dq(4 * i + 3));
     }
     fence_shared_for_async_proxy();
-    Barrier::arrive(&smem.dq_full[warp_group]);
+    partial.producer_commit(steps);
   }
 
   // dK * scale and dV for the job's rows: straight to dK/dV, or, when the query-head group is split

@@ -6,13 +6,12 @@
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
 
 #include "kernels/kernel_params.hpp"
 #include "kernels/sm90/gmem_tensors.cuh"
 #include "kernels/sm90/primitives.cuh"
-#include "kernels/sm90/record_ring.cuh"
+#include "kernels/sm90/pipeline.cuh"
 #include "kernels/sm90/warp_roles.cuh"
 #include "schedule/tile_config.hpp"
 
@@ -64,10 +63,8 @@ struct ForwardConfig : WarpRoles {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
     RecordRing<ForwardTileRecord, kTileSlots> tiles;  // loader -> MMA warpgroups
-    uint64_t q_full;
-    uint64_t q_empty;
-    uint64_t kv_full[kStages];
-    uint64_t kv_empty[kStages];
+    PipelineRing<1> q_stages;         // loader -> MMA warpgroups: Q (per query tile)
+    PipelineRing<kStages> kv_stages;  // loader -> MMA warpgroups: K and V (per key/value tile visited)
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");

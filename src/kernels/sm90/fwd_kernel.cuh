@@ -22,7 +22,6 @@ struct ForwardKernel {
   using Element = typename Config::Element;
   using Params = typename Config::Params;
   using SharedStorage = typename Config::SharedStorage;
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
 
@@ -58,15 +57,13 @@ struct ForwardKernel {
     for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1), ++tiles) {
       const ForwardTileRecord tile = tile_at(p, t);
       smem.tiles.publish(tile, tiles);
-      wait_barrier(smem.q_empty, (tiles & 1) ^ 1, "q_empty");
-      Barrier::arrive_and_expect_tx(&smem.q_full, Config::kQBytes);
-      tma_tile(p.tma_q, q_extent, tile.head, tile.batch, tile.q_tile, smem.q_full, sQ);
+      smem.q_stages.producer_acquire(tiles, "q_empty");
+      tma_tile(p.tma_q, q_extent, tile.head, tile.batch, tile.q_tile, smem.q_stages.producer_expect(tiles, Config::kQBytes), sQ);
       for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
-        const int stage = kv_loads % Config::kStages;
-        wait_barrier(smem.kv_empty[stage], ((kv_loads / Config::kStages) & 1) ^ 1, "kv_empty");
-        Barrier::arrive_and_expect_tx(&smem.kv_full[stage], Config::kKVStageBytes);
-        tma_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, j, smem.kv_full[stage], sK(_, _, stage));
-        tma_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, j, smem.kv_full[stage], sV(_, _, stage));
+        const int stage = smem.kv_stages.producer_acquire(kv_loads, "kv_empty");
+        uint64_t& full = smem.kv_stages.producer_expect(kv_loads, Config::kKVStageBytes);
+        tma_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, j, full, sK(_, _, stage));
+        tma_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, j, full, sV(_, _, stage));
       }
     }
     smem.tiles.publish(ForwardTileRecord{kEndOfTiles, 0, 0, 0}, tiles);
@@ -104,10 +101,9 @@ struct ForwardKernel {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
       const int q_row0 = tile.q_tile * kBlockM;
-      wait_barrier(smem.q_full, tiles & 1, "q_full");
+      smem.q_stages.consumer_wait(tiles, "q_full");
       for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
-        const int stage = kv_loads % Config::kStages;
-        wait_barrier(smem.kv_full[stage], (kv_loads / Config::kStages) & 1, "kv_full");
+        const int stage = smem.kv_stages.consumer_wait(kv_loads, "kv_full");
         Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
         warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, stage), tSrS);
         warpgroup_wait<0>();
@@ -122,9 +118,9 @@ struct ForwardKernel {
         Tensor tOrP = make_operand_a<Element>(tSrS);
         warpgroup_gemm<false>(mma_o, tOrP, tOrVt(_, _, _, stage), tOrO);
         warpgroup_wait<0>();
-        Barrier::arrive(&smem.kv_empty[stage]);
+        smem.kv_stages.consumer_release(kv_loads);
       }
-      Barrier::arrive(&smem.q_empty);
+      smem.q_stages.consumer_release(tiles);
       store(p, tile, tOrO, row_max, row_sum, thread);
     }
   }
@@ -221,13 +217,9 @@ struct ForwardKernel {
 
 template <class Config>
 __device__ void init_forward_barriers(typename Config::SharedStorage& smem) {
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  Barrier::init(&smem.q_full, 1);
-  Barrier::init(&smem.q_empty, Config::kMmaThreads);
-  for (int s = 0; s < Config::kStages; ++s) {
-    Barrier::init(&smem.kv_full[s], 1);
-    Barrier::init(&smem.kv_empty[s], Config::kMmaThreads);
-  }
+  constexpr int kLoaderThreads = 1;
+  smem.q_stages.init(kLoaderThreads, Config::kMmaThreads);
+  smem.kv_stages.init(kLoaderThreads, Config::kMmaThreads);
   smem.tiles.init(Config::kMmaThreads);
   cutlass::arch::fence_barrier_init();
 }

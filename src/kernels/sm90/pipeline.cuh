@@ -1,0 +1,88 @@
+// The hand-off between warp roles: a ring of stages, each guarded by a "full" and an "empty" mbarrier
+// in shared memory. One type owns the phase arithmetic and the arrival counts, so no kernel spells a
+// parity expression.
+//
+// Positions count up from 0 over the life of the kernel: position n uses stage n % kStages, and its
+// barriers are in phase (n / kStages) & 1. The producer of position n first waits until the consumers
+// have released position n - kStages (the stage's previous use), fills the stage and arrives on its full
+// barrier (directly, or with a transaction count that TMA completes); each consumer waits on the full
+// barrier, reads the stage and arrives on the empty barrier.
+//
+// Invariants: the producer and every consumer visit the same positions in the same order; the full
+// barrier expects `producer_arrivals` arrivals per phase and the empty barrier `consumer_arrivals`.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+#include "kernels/sm90/primitives.cuh"
+
+namespace dash::sm90 {
+
+template <int kStages>
+struct PipelineRing {
+  static constexpr int kStageCount = kStages;
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+
+  // By one thread, before the CTA's first barrier (then cutlass::arch::fence_barrier_init()).
+  __device__ void init(int producer_arrivals, int consumer_arrivals) {
+    for (int s = 0; s < kStages; ++s) {
+      cutlass::arch::ClusterBarrier::init(&full[s], producer_arrivals);
+      cutlass::arch::ClusterBarrier::init(&empty[s], consumer_arrivals);
+    }
+  }
+
+  __device__ static int stage(int position) { return position % kStages; }
+
+  // Producer: waits until position's stage may be overwritten; returns the stage.
+  __device__ int producer_acquire(int position, const char* what) {
+    wait_barrier(empty[stage(position)], phase(position) ^ 1, what);
+    return stage(position);
+  }
+  // Producer: the full barrier a TMA load of `bytes` completes; arrives on it with that count.
+  __device__ uint64_t& producer_expect(int position, uint32_t bytes) {
+    uint64_t& barrier = full[stage(position)];
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&barrier, bytes);
+    return barrier;
+  }
+  // Producer (plain writes, each producing thread): the stage is filled.
+  __device__ void producer_commit(int position) { cutlass::arch::ClusterBarrier::arrive(&full[stage(position)]); }
+
+  // Consumer: waits until position's stage is filled; returns the stage.
+  __device__ int consumer_wait(int position, const char* what) {
+    wait_barrier(full[stage(position)], phase(position), what);
+    return stage(position);
+  }
+  // Consumer (each consuming thread): done with position's stage.
+  __device__ void consumer_release(int position) { cutlass::arch::ClusterBarrier::arrive(&empty[stage(position)]); }
+
+ private:
+  __device__ static int phase(int position) { return (position / kStages) & 1; }
+};
+
+// A ring of small records that one producer thread hands to a fixed set of consumer threads (the
+// kernels announce their work, backward jobs and forward tiles, with it): record n lives in slot
+// n % kSlots, and the slot's copy is taken out at once so the slot can be reused.
+template <class Record, int kSlots>
+struct RecordRing {
+  Record records[kSlots];
+  PipelineRing<kSlots> slots;
+
+  // By one thread before the CTA's first barrier: `consumers` threads take every record.
+  __device__ void init(int consumers) { slots.init(1, consumers); }
+
+  // Producer: the n-th record, once every consumer has taken record n - kSlots.
+  __device__ void publish(const Record& record, int n) {
+    records[slots.producer_acquire(n, "record ring slot free")] = record;
+    slots.producer_commit(n);
+  }
+
+  // Each consumer thread: the n-th record.
+  __device__ Record take(int n) {
+    const Record record = records[slots.consumer_wait(n, "record ring slot full")];
+    slots.consumer_release(n);
+    return record;
+  }
+};
+
+}  // namespace dash::sm90
