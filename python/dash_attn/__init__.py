@@ -3,17 +3,30 @@
 The kernels live in libdash_attn_c.so (the C ABI of the C++ library), loaded with ctypes on first use;
 the ops are registered with torch.library so they work under torch.compile. See README.md.
 
-Importing the package needs no torch: without it, the ctypes binding (dash_attn._library) still works and
-only the attention entry points are missing, raising ImportError that says why when they are asked for.
-With torch, importing the package registers torch.ops.dash_attn.* as before.
+The top-level flash_attn_func, flash_attn_kvpacked_func and flash_attn_qkvpacked_func take FlashAttention-2's
+arguments in FA2's order, as `from flash_attn import ...` gives them (fa2.py). dash_attn.fa3 has FA3's order,
+and scaled_dot_product_attention has torch's (sdpa.py). Unlike FlashAttention, every entry point defaults to
+deterministic=True. `python -m dash_attn.info` says whether the library can run here.
+
+Importing the package needs no torch: without it, the ctypes binding (dash_attn._library) and dash_attn.info
+still work, and only the attention entry points are missing, raising ImportError that says why when they are
+asked for. With torch, importing the package registers torch.ops.dash_attn.* as before.
 """
 
 from ._library import SCHEDULES, LibraryError, library_path
 
-_TORCH_ENTRY_POINTS = ("flash_attn_func", "scaled_dot_product_attention")
+_TORCH_ENTRY_POINTS = (
+    "fa3",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "scaled_dot_product_attention",
+)
 
 try:
-    from .interface import flash_attn_func, scaled_dot_product_attention
+    from . import fa3
+    from .fa2 import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+    from .sdpa import scaled_dot_product_attention
 except ModuleNotFoundError as _error:
     if _error.name != "torch":
         raise
@@ -27,5 +40,14 @@ except ModuleNotFoundError as _error:
         raise AttributeError(f"module 'dash_attn' has no attribute {name!r}")
 
 
-__all__ = ["SCHEDULES", "LibraryError", "flash_attn_func", "library_path", "scaled_dot_product_attention"]
+__all__ = [
+    "SCHEDULES",
+    "LibraryError",
+    "fa3",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "library_path",
+    "scaled_dot_product_attention",
+]
 __version__ = "0.1.0"

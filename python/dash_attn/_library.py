@@ -19,7 +19,7 @@ LIBRARY_FILE = "libdash_attn_c.so"
 LIBRARY_ENV = "DASH_ATTN_LIBRARY"
 
 # DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
 # library is loaded; load() verifies that the library agrees.
@@ -35,8 +35,16 @@ SCHEDULES = (
 
 DTYPE_BF16 = 0
 DTYPE_FP16 = 1
+DTYPE_NAMES = {DTYPE_BF16: "bf16", DTYPE_FP16: "fp16"}
+
+# The head dims the kernels are written for (kSupportedHeadDims in src/api/limits.hpp); a build compiles kernels
+# for a subset of these and the dtypes (kernel_available() tells which).
+HEAD_DIMS = (64, 128)
 
 STATUS_OK = 0
+
+# DASH_DEVICE_NAME_BYTES: room for the device name in struct dash_device.
+DEVICE_NAME_BYTES = 256
 
 # Room for the longest Status message (they name an argument, a rule and a few numbers).
 _MESSAGE_BYTES = 4096
@@ -62,6 +70,18 @@ class Tensor(ctypes.Structure):
     """struct dash_tensor: a data pointer and the element strides of (B, S, H, D)."""
 
     _fields_ = [("data", ctypes.c_void_p), ("strides", ctypes.c_int64 * 4)]
+
+
+class Device(ctypes.Structure):
+    """struct dash_device: the current CUDA device as the planner sees it (multiprocessor_count SMs)."""
+
+    _fields_ = [
+        ("index", ctypes.c_int),
+        ("compute_major", ctypes.c_int),
+        ("compute_minor", ctypes.c_int),
+        ("multiprocessor_count", ctypes.c_int),
+        ("name", ctypes.c_char * DEVICE_NAME_BYTES),
+    ]
 
 
 class LibraryError(RuntimeError):
@@ -105,10 +125,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     size_p = ctypes.POINTER(c_size_t)
     message = [c_char_p, c_size_t]
     signatures = {
-        "dash_abi_version": (c_int, []),
         "dash_status_name": (c_char_p, [c_int]),
         "dash_schedule_names": (c_char_p, []),
         "dash_kernel_available": (c_int, [c_int64, c_int]),
+        "dash_library_version": (c_char_p, []),
+        "dash_cuda_runtime_version": (c_int, []),
+        "dash_cuda_driver_version": (c_int, []),
+        "dash_describe_current_device": (c_int, [ctypes.POINTER(Device), *message]),
         "dash_check_device": (c_int, message),
         "dash_forward_workspace_size": (c_int, [shape_p, size_p, *message]),
         "dash_backward_workspace_size": (c_int, [shape_p, c_char_p, size_p, *message]),
@@ -136,10 +159,13 @@ def load() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))
     except OSError as error:
         raise ImportError(f"dash_attn cannot load {path}: {error}") from error
-    _declare(lib)
+    # The version first: a library of another version may lack functions _declare() looks up.
+    lib.dash_abi_version.restype = ctypes.c_int
+    lib.dash_abi_version.argtypes = []
     version = lib.dash_abi_version()
     if version != ABI_VERSION:
         raise ImportError(f"{path} has C ABI version {version}, this package needs {ABI_VERSION}; rebuild it")
+    _declare(lib)
     names = tuple(lib.dash_schedule_names().decode().split(","))
     if names != SCHEDULES:
         raise ImportError(f"{path} knows the schedules {names}, this package {SCHEDULES}; rebuild it")
@@ -162,6 +188,33 @@ def _call(what: str, function_name: str, *args: object) -> None:
 
 def kernel_available(head_dim: int, dtype: int) -> bool:
     return bool(load().dash_kernel_available(head_dim, dtype))
+
+
+def compiled_kernels() -> list[tuple[int, str]]:
+    """The (head_dim, dtype name) pairs this build has kernels for, e.g. [(64, "bf16"), (128, "bf16")]."""
+    return [(d, name) for d in HEAD_DIMS for code, name in DTYPE_NAMES.items() if kernel_available(d, code)]
+
+
+def library_version() -> str:
+    """The version of the DASH sources the library was built from (CMake's project version)."""
+    return load().dash_library_version().decode()
+
+
+def cuda_runtime_version() -> int:
+    """The CUDA runtime linked into the library, encoded as CUDA does (12080 is 12.8)."""
+    return load().dash_cuda_runtime_version()
+
+
+def cuda_driver_version() -> int:
+    """The newest CUDA the installed driver supports, encoded as CUDA does; 0 when no driver is installed."""
+    return load().dash_cuda_driver_version()
+
+
+def describe_current_device() -> Device:
+    """The current CUDA device, even one the kernels cannot run on; raises LibraryError when there is none."""
+    device = Device()
+    _call("device query", "dash_describe_current_device", ctypes.byref(device))
+    return device
 
 
 def check_device() -> None:

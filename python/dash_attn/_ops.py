@@ -3,7 +3,7 @@
 Custom ops (not a torch.autograd.Function) keep the C library opaque to torch.compile: Dynamo records one
 node per call instead of tracing into ctypes, the fake kernels give it the output metadata, and the
 autograd formula wires the backward op in. Both ops take (B, S, H, D) tensors that passed the checks in
-interface.py; they fix only what the kernels cannot take but a caller may legitimately pass (odd strides,
+_arguments.py; they fix only what the kernels cannot take but a caller may legitimately pass (odd strides,
 misaligned views, broadcast gradients) by copying.
 """
 

@@ -1,11 +1,14 @@
 // Tests of the C ABI (libdash_attn_c.so, src/capi/dash_c.h) on the host path: the workspace-size queries
 // refuse every shape of api/rejected_shapes.hpp with the C++ API's code and message before any device query,
-// missing arguments are named, and the device check tells "no driver" apart from other failures. Runs
-// without a GPU; the test links the shared library exactly as a C caller would.
+// missing arguments are named, the device check tells "no driver" apart from other failures, and the
+// diagnostic queries (versions, device description) agree with what this process's own CUDA runtime reports.
+// Runs without a GPU; the test links the shared library exactly as a C caller would.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstring>
+#include <regex>
 #include <string>
 
 #include "dash_c.h"
@@ -122,6 +125,47 @@ TEST(CCheckDevice, SaysWhyNoDeviceCanBeUsed) {
                                : count_error == cudaErrorInsufficientDriver ? "the NVIDIA driver is too old"
                                                                             : "no CUDA device is ";
   EXPECT_EQ(r.message.rfind(expected, 0), 0u) << r.message;
+}
+
+TEST(CVersions, NameTheLibraryAndTheCudaItUses) {
+  EXPECT_TRUE(std::regex_match(dash_library_version(), std::regex(R"([0-9]+\.[0-9]+\.[0-9]+)")))
+      << dash_library_version();
+  // The library links the runtime of the toolkit this test is built with; the driver is the machine's.
+  EXPECT_EQ(dash_cuda_runtime_version(), CUDART_VERSION);
+  int driver_version = -1;
+  ASSERT_EQ(cudaDriverGetVersion(&driver_version), cudaSuccess);
+  EXPECT_EQ(dash_cuda_driver_version(), driver_version);
+}
+
+TEST(CDescribeDevice, NamesAMissingArgument) {
+  const Result r = call([](char* m, size_t n) { return dash_describe_current_device(nullptr, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "device must not be null");
+}
+
+// Without a device it answers as dash_check_device does and leaves the struct alone; with one, it describes
+// it as the runtime does, whether or not the kernels can run there.
+TEST(CDescribeDevice, DescribesTheCurrentDeviceOrSaysWhyThereIsNone) {
+  dash_device device{};
+  device.multiprocessor_count = -1;
+  const Result r = call([&](char* m, size_t n) { return dash_describe_current_device(&device, m, n); });
+  const Result check = call([](char* m, size_t n) { return dash_check_device(m, n); });
+  if (check.code == DASH_STATUS_NO_DEVICE) {
+    EXPECT_EQ(r.code, DASH_STATUS_NO_DEVICE);
+    EXPECT_EQ(r.message, check.message);
+    EXPECT_EQ(device.multiprocessor_count, -1);
+    return;
+  }
+  ASSERT_EQ(r.code, DASH_STATUS_OK) << r.message;
+  int index = -1;
+  ASSERT_EQ(cudaGetDevice(&index), cudaSuccess);
+  cudaDeviceProp properties{};
+  ASSERT_EQ(cudaGetDeviceProperties(&properties, index), cudaSuccess);
+  EXPECT_EQ(device.index, index);
+  EXPECT_EQ(device.compute_major, properties.major);
+  EXPECT_EQ(device.compute_minor, properties.minor);
+  EXPECT_EQ(device.multiprocessor_count, properties.multiProcessorCount);
+  EXPECT_STREQ(device.name, properties.name);
 }
 
 }  // namespace

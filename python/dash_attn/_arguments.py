@@ -1,0 +1,281 @@
+"""What every public entry point (fa2.py, fa3.py, sdpa.py) shares: the argument checks, the refusal of options
+DASH does not implement, torch's determinism switch, and the one call into torch.ops.dash_attn.forward.
+
+Invariants:
+- Every check runs in Python before any CUDA call, so a bad call fails with a message that names the argument
+  as the caller spelled it (q, query, qkv[:, :, 0]) and fails the same way on a machine without a GPU or without
+  the library. The C library repeats the checks it needs; these exist for the messages.
+- The device check runs last. The determinism switch runs just before it, so CPU tensors reach both.
+- Flags must be real bools: a truthy stand-in such as causal="no" would otherwise switch the mask on.
+- An option that FlashAttention or SDPA takes is accepted at the value that leaves attention unchanged
+  (dropout_p=0.0, window_size=(-1, -1), ...). Any other value raises NotImplementedError that names the argument
+  and the value. No option is ever ignored in a way that changes the result.
+- A last dimension that is not contiguous is copied, as FlashAttention does. Other strides go to the op, which
+  copies only what the kernels cannot read in place (_ops.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from . import _ops  # noqa: F401  (registers torch.ops.dash_attn.*)
+from ._library import HEAD_DIMS, SCHEDULES
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+
+NONDETERMINISTIC = "nondeterministic"
+
+# Frames between warnings.warn in _warned_instead_of_raising and the caller of a public entry point:
+# _warned_instead_of_raising, _check_determinism_switch, attend, the entry point.
+_FRAMES_TO_CALLER = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How one entry point spells its tensors: their names and where seqlen and heads sit in the shape."""
+
+    names: tuple[str, str, str]
+    seq: int
+    heads: int
+    spelled: str
+
+    def to_bshd(self, t: Tensor) -> Tensor:
+        """`t` as the (B, S, H, D) view the op takes: a transpose (no copy) for (B, H, S, D)."""
+        return t if self.seq == 1 else t.transpose(1, 2)
+
+    def from_bshd(self, t: Tensor) -> Tensor:
+        """The op's (B, S, H, D) result as a view in this layout."""
+        return t if self.seq == 1 else t.transpose(1, 2)
+
+
+BSHD = Layout(("q", "k", "v"), seq=1, heads=2, spelled="(batch, seqlen, heads, head_dim)")
+BHSD = Layout(("query", "key", "value"), seq=2, heads=1, spelled="(batch, heads, seqlen, head_dim)")
+
+
+def bshd_named(q: str, k: str, v: str) -> Layout:
+    """The (B, S, H, D) layout with the tensors named as the caller can find them, e.g. "qkv[:, :, 0]"."""
+    return dataclasses.replace(BSHD, names=(q, k, v))
+
+
+def check_flags(**flags: object) -> None:
+    """Raises TypeError naming the first flag that is not a Python bool. numpy and tensor bools are refused
+    too: a flag picks the mask or the summation order, which must not depend on how a value converts to truth."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+
+
+def check_is_tensor(value: object, name: str) -> None:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+
+
+def check_tensors(tensors: tuple[object, object, object], layout: Layout) -> None:
+    """Raises TypeError (not a tensor, dtype) or ValueError (shape) naming the argument."""
+    for t, name in zip(tensors, layout.names):
+        check_is_tensor(t, name)
+    q, k, v = tensors
+    qn, kn, vn = layout.names
+    for t, name in zip(tensors, layout.names):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D {layout.spelled}, got shape {tuple(t.shape)}")
+        if t.numel() == 0:
+            raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{qn}.dtype must be torch.bfloat16 or torch.float16, got {q.dtype}")
+    for t, name in ((k, kn), (v, vn)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}.dtype ({t.dtype}) must equal {qn}.dtype ({q.dtype})")
+
+    head_dim = q.shape[-1]
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim ({qn}.shape[3]) must be one of {HEAD_DIMS}, got {head_dim}")
+    for t, name in ((k, kn), (v, vn)):
+        if t.shape[0] != q.shape[0]:
+            raise ValueError(f"{name}.shape[0] (batch) = {t.shape[0]} must equal {qn}.shape[0] = {q.shape[0]}")
+        if t.shape[-1] != head_dim:
+            raise ValueError(f"{name}.shape[3] (head_dim) = {t.shape[-1]} must equal {qn}.shape[3] = {head_dim}")
+    s, h = layout.seq, layout.heads
+    if v.shape[s] != k.shape[s]:
+        raise ValueError(f"{vn}.shape[{s}] (seqlen) = {v.shape[s]} must equal {kn}.shape[{s}] = {k.shape[s]}")
+    if v.shape[h] != k.shape[h]:
+        raise ValueError(f"{vn}.shape[{h}] (heads) = {v.shape[h]} must equal {kn}.shape[{h}] = {k.shape[h]}")
+    if q.shape[h] % k.shape[h] != 0:
+        raise ValueError(
+            f"{qn}.shape[{h}] (query heads) = {q.shape[h]} must be a multiple of {kn}.shape[{h}] (key/value "
+            f"heads) = {k.shape[h]}: each key/value head serves a whole group of query heads"
+        )
+
+
+def unstack(packed: object, name: str, count: int) -> tuple[Tensor, ...]:
+    """The `count` tensors stacked in dimension 2 of a (batch, seqlen, count, heads, head_dim) tensor, as
+    views (no copy), as FlashAttention's packed entry points take them."""
+    check_is_tensor(packed, name)
+    if packed.dim() != 5 or packed.shape[2] != count:
+        raise ValueError(
+            f"{name} must be 5-D (batch, seqlen, {count}, heads, head_dim), got shape {tuple(packed.shape)}"
+        )
+    return packed.unbind(2)
+
+
+def _shown(value: object) -> str:
+    """A value as an error message shows it: a tensor by its dtype and shape, anything else by repr."""
+    if isinstance(value, Tensor):
+        return f"<{value.dtype} tensor of shape {tuple(value.shape)}>"
+    return repr(value)
+
+
+def _is_value(value: object, accepted: object) -> bool:
+    """Whether `value` is `accepted`: the same object for None and bools, an equal real number otherwise
+    (0 and 0.0 both mean no dropout). Never true for a tensor, whose == would not give a bool. Plain ints and
+    floats are tested first: this runs several times on every call."""
+    if value is accepted:
+        return True
+    if accepted is None or isinstance(accepted, bool):
+        return False
+    if type(value) in (int, float):
+        return value == accepted
+    is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return is_number and value == accepted
+
+
+def refuse_unsupported(name: str, value: object, accepted: tuple[object, ...], reason: str) -> None:
+    """Raises NotImplementedError naming `name` and `value` unless the value is one of `accepted`, the values
+    that leave attention unchanged. `reason` says what DASH lacks."""
+    for candidate in accepted:
+        if _is_value(value, candidate):
+            return
+    raise NotImplementedError(f"{name}={_shown(value)} is not supported: {reason}; pass {name}={accepted[0]!r}")
+
+
+def _is_unbounded(window_side: object) -> bool:
+    return window_side is None or _is_value(window_side, -1)
+
+
+def refuse_window(window_size: object) -> None:
+    """Accepts the unbounded window of FlashAttention: (-1, -1), or None for a side, as FA4 spells it. A
+    bounded window raises NotImplementedError. For window_size=(-1, 0) the message suggests causal=True."""
+    if type(window_size) is tuple and window_size == (-1, -1):  # the default, without the general test below
+        return
+    is_pair = isinstance(window_size, Sequence) and not isinstance(window_size, str) and len(window_size) == 2
+    if is_pair and all(_is_unbounded(side) for side in window_size):
+        return
+    is_causal_window = is_pair and _is_unbounded(window_size[0]) and _is_value(window_size[1], 0)
+    hint = " (window_size=(-1, 0) is the causal mask: pass causal=True)" if is_causal_window else ""
+    raise NotImplementedError(
+        f"window_size={_shown(window_size)} is not supported: DASH has no sliding-window attention; pass "
+        f"window_size=(-1, -1){hint}"
+    )
+
+
+def _contiguous_last_dim(t: Tensor) -> Tensor:
+    """`t`, or a copy of it when its head_dim elements are not adjacent (the kernels read rows of head_dim)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def check_devices(tensors: tuple[Tensor, Tensor, Tensor], layout: Layout) -> None:
+    """Raises ValueError unless the tensors share one CUDA device. It runs after every other check, so those
+    can be exercised with CPU tensors on a machine without a GPU."""
+    q, k, v = tensors
+    qn, kn, vn = layout.names
+    for t, name in ((k, kn), (v, vn)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but {qn} is on {q.device}: all three must be on one device")
+    if q.device.type != "cuda":
+        raise ValueError(f"{qn}, {kn} and {vn} must be CUDA tensors, got device {q.device}")
+
+
+def resolve_scale(softmax_scale: float | None, head_dim: int, name: str) -> float:
+    """The softmax scale, head_dim ** -0.5 by default as in FlashAttention and SDPA."""
+    if softmax_scale is None:
+        return head_dim**-0.5
+    scale = float(softmax_scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {softmax_scale}")
+    return scale
+
+
+def resolve_schedule(schedule: str, deterministic: bool) -> str:
+    """The backward schedule name; deterministic=False is shorthand for "nondeterministic", and a request
+    that contradicts the flag is refused rather than silently overridden."""
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}; got {schedule!r}")
+    if deterministic:
+        if schedule == NONDETERMINISTIC:
+            raise ValueError('schedule="nondeterministic" contradicts deterministic=True; pass deterministic=False')
+        return schedule
+    if schedule not in ("auto", NONDETERMINISTIC):
+        raise ValueError(
+            f"deterministic=False selects the nondeterministic schedule; it cannot be combined "
+            f"with schedule={schedule!r}"
+        )
+    return NONDETERMINISTIC
+
+
+@torch.compiler.assume_constant_result
+def _warned_instead_of_raising(message: str) -> bool:
+    """Under warn_only, warns with `message` and returns True; else returns False for the caller to raise.
+    torch.compile runs it while tracing (Dynamo can trace neither this flag's query nor warnings.warn), so a
+    compiled call warns once per compilation; the state it reads is part of Dynamo's global-state guard."""
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, UserWarning, stacklevel=_FRAMES_TO_CALLER + 1)
+        return True
+    return False
+
+
+def _check_determinism_switch(schedule: str, tensors: tuple[Tensor, Tensor, Tensor], entry: str) -> None:
+    """Treats the nondeterministic backward as torch treats its own nondeterministic ops once
+    torch.use_deterministic_algorithms(True) is on: RuntimeError, or a UserWarning under warn_only=True.
+
+    The schedule is fixed here, by the forward call, and autograd replays it in the backward, so this is the last
+    point where the call can be refused. A call that autograd does not record (no grad mode, or no input that
+    requires grad) never runs a backward and passes."""
+    if schedule != NONDETERMINISTIC or not torch.are_deterministic_algorithms_enabled():
+        return
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return
+    consequence = (
+        f"{entry}(deterministic=False) runs the nondeterministic backward schedule (dQ summed by unordered "
+        f"atomics), which does not have a deterministic implementation, but you set "
+    )
+    advice = "Pass deterministic=True (DASH's default) for gradients that are bitwise identical from run to run"
+    warn_message = (
+        f"{consequence}'torch.use_deterministic_algorithms(True, warn_only=True)'. Its gradients may differ from "
+        f"run to run. {advice}."
+    )
+    if not _warned_instead_of_raising(warn_message):
+        raise RuntimeError(
+            f"{consequence}'torch.use_deterministic_algorithms(True)'. {advice}, or use the 'warn_only=True' "
+            f"option if run-to-run differences are acceptable for your application."
+        )
+
+
+def attend(
+    tensors: tuple[Tensor, Tensor, Tensor],
+    layout: Layout,
+    *,
+    softmax_scale: float | None,
+    causal: bool,
+    deterministic: bool,
+    schedule: str,
+    entry: str,
+    scale_name: str = "softmax_scale",
+) -> tuple[Tensor, Tensor]:
+    """out (in `layout`) and the fp32 LSE (batch, heads_q, seqlen_q) of tensors and flags that passed
+    check_tensors and check_flags: resolves the scale and schedule, applies the determinism switch, checks the
+    device, calls the op. `entry` is the public name the caller used, for the determinism switch's message, and
+    `scale_name` the name of its softmax scale argument."""
+    q, k, v = (_contiguous_last_dim(t) for t in tensors)
+    scale = resolve_scale(softmax_scale, q.shape[-1], scale_name)
+    resolved = resolve_schedule(schedule, deterministic)
+    _check_determinism_switch(resolved, (q, k, v), entry)
+    check_devices((q, k, v), layout)
+    out, lse = torch.ops.dash_attn.forward(*(layout.to_bshd(t) for t in (q, k, v)), scale, causal, resolved)
+    return layout.from_bshd(out), lse
