@@ -1,19 +1,15 @@
 #include "api/proven_schedules.hpp"
 
-#include <map>
-#include <mutex>
 #include <string>
+#include <utility>
 
-#include "planner/expanded_schedule.hpp"
-#include "planner/validator.hpp"
+#include "planner/plan_proof.hpp"
 
 namespace dash {
 namespace {
 
 // Every field that defines a plan, spelled out (padding bytes would make a raw-byte key unreliable).
-using PlanKey = std::string;
-
-PlanKey key_of(const SchedulePlan& plan) {
+std::string key_of(const SchedulePlan& plan) {
   const TiledProblem& p = plan.problem;
   std::string key;
   for (long long field : {static_cast<long long>(plan.kind), static_cast<long long>(plan.dispatch),
@@ -30,25 +26,49 @@ PlanKey key_of(const SchedulePlan& plan) {
 
 }  // namespace
 
-Status prove_schedule(const SchedulePlan& plan) {
-  static std::mutex mutex;
-  static std::map<PlanKey, std::string> verdicts;  // empty string = proven safe
-  const PlanKey key = key_of(plan);
-  {
-    std::lock_guard lock(mutex);
-    if (const auto it = verdicts.find(key); it != verdicts.end()) {
-      if (it->second.empty()) return Status::success();
-      return {StatusCode::kScheduleRejected, it->second};
-    }
+std::optional<std::string> ProofCache::find(const SchedulePlan& plan) {
+  const std::string key = key_of(plan);
+  std::lock_guard lock(mutex_);
+  const auto it = by_key_.find(key);
+  if (it == by_key_.end()) return std::nullopt;
+  by_recency_.splice(by_recency_.begin(), by_recency_, it->second);
+  return it->second->verdict;
+}
+
+void ProofCache::insert(const SchedulePlan& plan, std::string verdict) {
+  std::string key = key_of(plan);
+  std::lock_guard lock(mutex_);
+  // Two threads may prove the same new plan at once; the verdicts agree, so the second just refreshes it.
+  if (const auto it = by_key_.find(key); it != by_key_.end()) {
+    by_recency_.splice(by_recency_.begin(), by_recency_, it->second);
+    return;
   }
-  const ValidationReport report = validate_schedule(expand_schedule(plan));
-  const std::string verdict =
-      report.ok() ? std::string() : "the " + std::string(schedule_name(plan.kind)) +
-                                        " plan failed validation for this shape: " + report.summary();
-  std::lock_guard lock(mutex);
-  verdicts.emplace(key, verdict);
-  if (verdict.empty()) return Status::success();
-  return {StatusCode::kScheduleRejected, verdict};
+  by_recency_.push_front({key, std::move(verdict)});
+  by_key_.emplace(std::move(key), by_recency_.begin());
+  while (by_recency_.size() > capacity_) {
+    by_key_.erase(by_recency_.back().key);
+    by_recency_.pop_back();
+  }
+}
+
+size_t ProofCache::size() const {
+  std::lock_guard lock(mutex_);
+  return by_recency_.size();
+}
+
+Status prove_schedule(const SchedulePlan& plan) {
+  static ProofCache verdicts(kProofCacheCapacity);
+  std::optional<std::string> verdict = verdicts.find(plan);
+  if (!verdict) {
+    // Proven outside the lock: other threads' launches of cached plans do not wait for this proof.
+    const PlanProof proof = prove_plan(plan);
+    verdict = proof.ok() ? std::string()
+                         : "the " + std::string(schedule_name(plan.kind)) +
+                               " plan failed validation for this shape: " + proof.summary;
+    verdicts.insert(plan, *verdict);
+  }
+  if (verdict->empty()) return Status::success();
+  return {StatusCode::kScheduleRejected, *verdict};
 }
 
 }  // namespace dash

@@ -21,5 +21,6 @@ int cmd_plan(const std::vector<std::string>& args);
 int cmd_emulate(const std::vector<std::string>& args);
 int cmd_check(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
+int cmd_prove(const std::vector<std::string>& args);
 
 }  // namespace dash::cli
