@@ -10,6 +10,7 @@
 #pragma once
 
 #include "kernels/sm90/bwd_config.cuh"
+#include "kernels/sm90/gmem_tensors.cuh"
 #include "kernels/sm90/primitives.cuh"
 #include "schedule/schedule.hpp"
 
@@ -58,10 +59,10 @@ struct BackwardLoader {
     uint64_t& full = smem.kv_stages.producer_expect(jobs, Config::kKVBytes);
     const KvJobCoord c = p.plan.problem.kv_coord(job.head);
     const auto kv_extent = make_shape(p.seqlen_k, int{Config::kHeadDim}, p.heads_kv, p.batch);
-    tma_tile(p.tma_k, kv_extent, c.head_kv, c.batch, job.kv_tile, full,
-             make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{}));
-    tma_tile(p.tma_v, kv_extent, c.head_kv, c.batch, job.kv_tile, full,
-             make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{}));
+    tma_load_tile(p.tma_k, kv_extent, c.head_kv, c.batch, job.kv_tile, full,
+                  make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{}));
+    tma_load_tile(p.tma_v, kv_extent, c.head_kv, c.batch, job.kv_tile, full,
+                  make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{}));
   }
 
   __device__ static void load_step(const Params& p, SharedStorage& smem, const Job& job, int step, int steps) {
@@ -76,24 +77,13 @@ struct BackwardLoader {
     auto sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     auto sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
     const auto q_extent = make_shape(p.seqlen_q, int{Config::kHeadDim}, p.heads_q, p.batch);
-    tma_tile(p.tma_q, q_extent, q.head_q, q.batch, q.q_tile, full, sQ(_, _, stage));
-    tma_tile(p.tma_dout, q_extent, q.head_q, q.batch, q.q_tile, full, sdO(_, _, stage));
+    tma_load_tile(p.tma_q, q_extent, q.head_q, q.batch, q.q_tile, full, sQ(_, _, stage));
+    tma_load_tile(p.tma_dout, q_extent, q.head_q, q.batch, q.q_tile, full, sdO(_, _, stage));
     const int64_t row0 = (static_cast<int64_t>(q.batch) * p.heads_q + q.head_q) * plan.problem.real_q_tiles() *
                              Config::kBlockM + static_cast<int64_t>(q.q_tile) * Config::kBlockM;
     constexpr int kRowBytes = Config::kBlockM * sizeof(float);
     SM90_BULK_COPY_G2S::copy(p.buffers.lse_log2 + row0, &full, smem.lse_log2[stage], kRowBytes);
     SM90_BULK_COPY_G2S::copy(p.buffers.dpsum + row0, &full, smem.dpsum[stage], kRowBytes);
-  }
-
-  // One TMA load of sequence tile `tile` of slice (head, batch) of a tensor of extent
-  // (seqlen, head_dim, heads, batch) into `dst`, completing on `full`.
-  template <class Tma, class Extent, class SmemTensor>
-  __device__ static void tma_tile(const Tma& tma, const Extent& extent, int head, int batch, int tile,
-                                  uint64_t& full, SmemTensor dst) {
-    auto m = tma.get_tma_tensor(extent);
-    auto g = local_tile(m(_, _, head, batch), product_each(shape(dst)), make_coord(_, _0{}));
-    auto [src_part, dst_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(dst), group_modes<0, 2>(g));
-    copy(tma.with(full), src_part(_, tile), dst_part);
   }
 };
 

@@ -13,19 +13,16 @@
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/pipeline.cuh"
 #include "kernels/sm90/warp_roles.cuh"
+#include "schedule/forward_tile_order.hpp"
 #include "schedule/tile_config.hpp"
 
 namespace dash::sm90 {
 
 using namespace cute;
 
-// What the loader tells the MMA warpgroups about each query tile.
-struct ForwardTileRecord {
-  int kv_tiles;  // key/value tiles to visit, or kEndOfTiles
-  int batch;
-  int head;
-  int q_tile;
-};
+// What the loader tells the MMA warpgroups about each query tile (schedule/forward_tile_order.hpp);
+// kv_tiles == kEndOfTiles when the CTA has no more tiles.
+using ForwardTileRecord = ForwardTile;
 inline constexpr int kEndOfTiles = -1;
 
 template <int kHeadDim_, class Element_>
@@ -82,13 +79,8 @@ struct ForwardConfig : WarpRoles {
     int64_t out_strides[3];  // batch, seq, head
     float* lse;
     int* tile_counter;
-    int seqlen_q;
-    int seqlen_k;
-    int heads_q;
+    ForwardTileOrder tiles;  // the mask, the tile shape, heads_q and batch
     int heads_kv;
-    int batch;
-    int q_tiles;
-    bool causal;
     float scale_log2;  // softmax_scale * log2(e)
   };
 };

@@ -25,13 +25,10 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   copy_strides(p.out_strides, a.out_strides);
   p.lse = a.lse;
   p.tile_counter = params.tile_counter;
-  p.seqlen_q = static_cast<int>(shape.seqlen_q);
-  p.seqlen_k = static_cast<int>(shape.seqlen_k);
-  p.heads_q = static_cast<int>(shape.heads_q);
+  const MaskShape mask{static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k), shape.causal};
+  p.tiles = ForwardTileOrder{mask, Config::kBlockM, Config::kBlockN, static_cast<int>(shape.heads_q),
+                             static_cast<int>(shape.batch)};
   p.heads_kv = static_cast<int>(shape.heads_kv);
-  p.batch = static_cast<int>(shape.batch);
-  p.q_tiles = ceil_div(p.seqlen_q, Config::kBlockM);
-  p.causal = shape.causal;
   p.scale_log2 = shape.softmax_scale * kLog2e;
 
   cudaError_t err = cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream);
@@ -39,8 +36,8 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   auto kernel = forward_kernel<Config>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes);
   if (err != cudaSuccess) return err;
-  const long long tiles = 1LL * p.q_tiles * p.heads_q * p.batch;
-  const int grid = static_cast<int>(tiles < params.num_sms ? tiles : params.num_sms);
+  const int tiles = p.tiles.num_tiles();
+  const int grid = tiles < params.num_sms ? tiles : params.num_sms;
   kernel<<<grid, Config::kThreads, Config::kSharedBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -1,6 +1,7 @@
 // Global-memory (B, S, H, D) tensors as the kernels see them: one CuTe type per element type, viewed as
 // (seqlen, head_dim, heads, batch) with head_dim contiguous, which is what the TMA descriptors are built
-// from; and the (batch, seq, head) strides the plain-store epilogues use.
+// from; the one TMA load of a sequence tile that both kernels' loaders issue; and the (batch, seq, head)
+// strides the plain-store epilogues use.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -23,6 +24,18 @@ GmemTensor<Element> make_gmem_bshd(const void* data, int64_t seqlen, int64_t hea
                            cute::make_shape(static_cast<int32_t>(seqlen), static_cast<int32_t>(kHeadDim),
                                             static_cast<int32_t>(heads), static_cast<int32_t>(batch)),
                            cute::make_stride(s.seq, cute::_1{}, s.head, s.batch));
+}
+
+// One TMA load of sequence tile `tile` of slice (head, batch) of a tensor of extent (seqlen, head_dim,
+// heads, batch) into the shared-memory tile `dst`, completing on mbarrier `full`. One thread issues it.
+template <class Tma, class Extent, class SmemTensor>
+__device__ void tma_load_tile(const Tma& tma, const Extent& extent, int head, int batch, int tile, uint64_t& full,
+                              SmemTensor dst) {
+  using namespace cute;
+  auto m = tma.get_tma_tensor(extent);
+  auto g = local_tile(m(_, _, head, batch), product_each(shape(dst)), make_coord(_, _0{}));
+  auto [src_part, dst_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(dst), group_modes<0, 2>(g));
+  copy(tma.with(full), src_part(_, tile), dst_part);
 }
 
 inline void copy_strides(int64_t (&dst)[3], const Strides& s) {

@@ -1,0 +1,48 @@
+// Forward producer, warp 0 (one lane): takes query tiles from the global counter in the order of
+// schedule/forward_tile_order.hpp, announces each to the MMA warpgroups through the tile ring, loads
+// its Q once and streams the K, V tiles it visits through the key/value pipeline, all with TMA.
+#pragma once
+
+#include "kernels/sm90/fwd_config.cuh"
+#include "kernels/sm90/gmem_tensors.cuh"
+#include "kernels/sm90/primitives.cuh"
+
+namespace dash::sm90 {
+
+template <class Config>
+struct ForwardLoader {
+  using Params = typename Config::Params;
+  using SharedStorage = typename Config::SharedStorage;
+
+  __device__ static void run(const Params& p, SharedStorage& smem) {
+    prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    const ForwardTileOrder& order = p.tiles;
+    const int num_tiles = order.num_tiles();
+    const int group = order.heads_q / p.heads_kv;
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+    const auto q_extent = make_shape(order.mask.seqlen_q, int{Config::kHeadDim}, order.heads_q, order.batch);
+    const auto kv_extent = make_shape(order.mask.seqlen_k, int{Config::kHeadDim}, p.heads_kv, order.batch);
+    int tiles = 0;
+    int kv_loads = 0;
+    for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1), ++tiles) {
+      const ForwardTileRecord tile = order.tile_at(t);
+      smem.tiles.publish(tile, tiles);
+      smem.q_stages.producer_acquire(tiles, "q_empty");
+      tma_load_tile(p.tma_q, q_extent, tile.head, tile.batch, tile.q_tile,
+                    smem.q_stages.producer_expect(tiles, Config::kQBytes), sQ);
+      for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
+        const int stage = smem.kv_stages.producer_acquire(kv_loads, "kv_empty");
+        uint64_t& full = smem.kv_stages.producer_expect(kv_loads, Config::kKVStageBytes);
+        tma_load_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, j, full, sK(_, _, stage));
+        tma_load_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, j, full, sV(_, _, stage));
+      }
+    }
+    smem.tiles.publish(ForwardTileRecord{kEndOfTiles, 0, 0, 0}, tiles);
+  }
+};
+
+}  // namespace dash::sm90
