@@ -26,23 +26,12 @@
 namespace dash {
 namespace {
 
+using testing::kSchedules;
+using testing::make_shape;
 using testing::abstract_problem;
 using testing::must_plan;
-
-constexpr Schedule kSchedules[] = {Schedule::kAscending, Schedule::kDescending,      Schedule::kShortestFirst,
-                                   Schedule::kShift,     Schedule::kSymmetricShift, Schedule::kNondeterministic};
-
-AttentionShape make_shape(int batch, int heads_kv, int group, int seqlen_q, int seqlen_k, int head_dim, bool causal) {
-  AttentionShape shape;
-  shape.batch = batch;
-  shape.heads_kv = heads_kv;
-  shape.heads_q = heads_kv * group;
-  shape.seqlen_q = seqlen_q;
-  shape.seqlen_k = seqlen_k;
-  shape.head_dim = head_dim;
-  shape.causal = causal;
-  return shape;
-}
+using testing::step_of;
+using testing::swap_ranks;
 
 std::string describe(const SchedulePlan& plan) {
   const TiledProblem& p = plan.problem;
@@ -265,22 +254,6 @@ class ExpandedFunctions : public ScheduleFunctions {
   const std::string streamed = streamed_validation_summary(s.plan, ExpandedFunctions(s));
   if (streamed == expected) return ::testing::AssertionSuccess() << expected;
   return ::testing::AssertionFailure() << "streamed \"" << streamed << "\", expanding \"" << expected << "\"";
-}
-
-// Index into s.steps of the visit of key/value tile `kv` (of head 0) to query tile `q`.
-int step_of(const ExpandedSchedule& s, int kv, int q) {
-  for (const ExpandedJob& ej : s.jobs) {
-    if (ej.job.head != 0 || ej.job.kv_tile != kv) continue;
-    for (int k = ej.first_step; k < ej.first_step + ej.job.num_steps; ++k) {
-      if (s.steps[k].q_tile == q) return k;
-    }
-  }
-  ADD_FAILURE() << "KV" << kv << " never visits Q" << q;
-  return 0;
-}
-
-void swap_ranks(ExpandedSchedule& s, int q, int kv_a, int kv_b) {
-  std::swap(s.steps[step_of(s, kv_a, q)].rank, s.steps[step_of(s, kv_b, q)].rank);
 }
 
 // The corruptions of test_validator.cpp, each reported word for word as the expanding validator does.

@@ -19,22 +19,9 @@
 namespace dash {
 namespace {
 
+using testing::kSchedules;
+using testing::make_shape;
 using testing::all_ranks;
-
-constexpr Schedule kSchedules[] = {Schedule::kAscending, Schedule::kDescending,      Schedule::kShortestFirst,
-                                   Schedule::kShift,     Schedule::kSymmetricShift, Schedule::kNondeterministic};
-
-AttentionShape make_shape(int batch, int heads_kv, int group, int seqlen_q, int seqlen_k, int head_dim, bool causal) {
-  AttentionShape shape;
-  shape.batch = batch;
-  shape.heads_kv = heads_kv;
-  shape.heads_q = heads_kv * group;
-  shape.seqlen_q = seqlen_q;
-  shape.seqlen_k = seqlen_k;
-  shape.head_dim = head_dim;
-  shape.causal = causal;
-  return shape;
-}
 
 std::string describe(const AttentionShape& s, int num_sms) {
   return "b=" + std::to_string(s.batch) + " hkv=" + std::to_string(s.heads_kv) + " hq=" + std::to_string(s.heads_q) +

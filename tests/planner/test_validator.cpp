@@ -18,27 +18,13 @@ namespace {
 
 using testing::abstract_problem;
 using testing::must_plan;
+using testing::step_of;
+using testing::swap_ranks;
 
 // Passes when `text` contains `part`; prints the whole message otherwise.
 ::testing::AssertionResult mentions(const std::string& text, const std::string& part) {
   if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "\"" << text << "\" does not mention \"" << part << "\"";
-}
-
-// Index into s.steps of the visit of key/value tile `kv` (of head 0) to query tile `q`.
-int step_of(const ExpandedSchedule& s, int kv, int q) {
-  for (const ExpandedJob& ej : s.jobs) {
-    if (ej.job.head != 0 || ej.job.kv_tile != kv) continue;
-    for (int k = ej.first_step; k < ej.first_step + ej.job.num_steps; ++k) {
-      if (s.steps[k].q_tile == q) return k;
-    }
-  }
-  ADD_FAILURE() << "KV" << kv << " never visits Q" << q;
-  return 0;
-}
-
-void swap_ranks(ExpandedSchedule& s, int q, int kv_a, int kv_b) {
-  std::swap(s.steps[step_of(s, kv_a, q)].rank, s.steps[step_of(s, kv_b, q)].rank);
 }
 
 ExpandedSchedule shift_4x4() {

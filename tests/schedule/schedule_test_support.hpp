@@ -17,6 +17,23 @@
 
 namespace dash::testing {
 
+// Every schedule a plan can be made of (auto is resolved before planning).
+inline constexpr Schedule kSchedules[] = {Schedule::kAscending, Schedule::kDescending,      Schedule::kShortestFirst,
+                                   Schedule::kShift,     Schedule::kSymmetricShift, Schedule::kNondeterministic};
+
+// An attention shape with heads_q = heads_kv * group.
+inline AttentionShape make_shape(int batch, int heads_kv, int group, int seqlen_q, int seqlen_k, int head_dim, bool causal) {
+  AttentionShape shape;
+  shape.batch = batch;
+  shape.heads_kv = heads_kv;
+  shape.heads_q = heads_kv * group;
+  shape.seqlen_q = seqlen_q;
+  shape.seqlen_k = seqlen_k;
+  shape.head_dim = head_dim;
+  shape.causal = causal;
+  return shape;
+}
+
 // `heads` independent heads of n_kv key/value tiles and m_q query tiles. With stride s, a key/value
 // tile spans s query rows, as with the 64x128 tiles of head dim 128.
 inline TiledProblem abstract_problem(int heads, int n_kv, int m_q, bool causal, int stride = 1) {
@@ -93,6 +110,23 @@ inline std::vector<Visit> all_ranks(const ExpandedSchedule& s) {
     return std::tie(a.head, a.kv, a.q) < std::tie(b.head, b.kv, b.q);
   });
   return out;
+}
+
+// Index into s.steps of the visit of key/value tile `kv` (of head 0) to query tile `q` (for corrupting
+// an expansion in validator tests).
+inline int step_of(const ExpandedSchedule& s, int kv, int q) {
+  for (const ExpandedJob& ej : s.jobs) {
+    if (ej.job.head != 0 || ej.job.kv_tile != kv) continue;
+    for (int k = ej.first_step; k < ej.first_step + ej.job.num_steps; ++k) {
+      if (s.steps[k].q_tile == q) return k;
+    }
+  }
+  ADD_FAILURE() << "KV" << kv << " never visits Q" << q;
+  return 0;
+}
+
+inline void swap_ranks(ExpandedSchedule& s, int q, int kv_a, int kv_b) {
+  std::swap(s.steps[step_of(s, kv_a, q)].rank, s.steps[step_of(s, kv_b, q)].rank);
 }
 
 }  // namespace dash::testing
