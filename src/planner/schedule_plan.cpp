@@ -117,7 +117,7 @@ AutoChoice choose_auto(const TiledProblem& problem, int num_sms) {
     if (problem.heads_per_job() > 1) {
       return {Schedule::kDescending, "causal with query-head groups folded into each job: descending measured fastest"};
     }
-    return {Schedule::kShortestFirst, "causal: shortest-first measured fastest (or within 1%)"};
+    return {Schedule::kShortestFirst, "causal: shortest-first measured fastest, or within 1% of the fastest"};
   }
   if (problem.num_kv_tiles() <= kShiftMaxKvTiles) {
     if (make_schedule_plan(problem, Schedule::kShift, num_sms).ok()) {
