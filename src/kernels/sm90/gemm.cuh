@@ -1,5 +1,7 @@
 // wgmma helpers shared by the forward and backward kernels: issuing a warpgroup GEMM over all
-// k-blocks, reusing an accumulator fragment as a register A operand, and the fast exp2.
+// k-blocks, partitioning shared-memory operands by a warp-uniform warpgroup index, reusing an
+// accumulator fragment as a register A operand, storing accumulator rows to global memory in paired
+// stores, and the fast exp2.
 #pragma once
 
 #include <cute/tensor.hpp>
