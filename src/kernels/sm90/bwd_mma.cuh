@@ -17,10 +17,6 @@
 
 namespace dash::sm90 {
 
-// Named barrier among the MMA warpgroups: dS of a step is complete in shared memory. Id 0 is
-// __syncthreads; ids are offset past those CUTLASS reserves.
-inline constexpr int kDsReadyBarrier = 1;
-
 template <class Config>
 struct BackwardMma {
   using Element = typename Config::Element;
@@ -118,7 +114,7 @@ struct BackwardMma {
         smem.q_stages.consumer_release(steps);
       }
       smem.kv_stages.consumer_release(jobs);
-      store_dkv(p, job, tdKrdK, tdVrdV, thread);
+      store_dkv(p, smem, job, tdKrdK, tdVrdV, thread);
     }
   }
 
@@ -194,11 +190,12 @@ struct BackwardMma {
     partial.producer_commit(steps);
   }
 
-  // dK * scale and dV for the job's rows: straight to dK/dV, or, when the query-head group is split
-  // over several jobs, to the fp32 per-split accumulators that the postprocess sums in split order.
+  // dK * scale and dV for the job's rows: to dK/dV through shared memory, or, when the query-head group
+  // is split over several jobs, straight to the fp32 per-split accumulators that the postprocess sums in
+  // split order (a float pair fills a 32-byte sector per row and warp instruction already).
   template <class Fragment>
-  __device__ static void store_dkv(const Params& p, const JobRecord& job, const Fragment& dk, const Fragment& dv,
-                                   int thread) {
+  __device__ static void store_dkv(const Params& p, SharedStorage& smem, const JobRecord& job, const Fragment& dk,
+                                   const Fragment& dv, int thread) {
     typename Config::TiledMmadKV mma_dkv;
     constexpr int kHeadDim = Config::kHeadDim;
     const int row0 = job.kv_tile * kBlockN;
@@ -217,8 +214,16 @@ struct BackwardMma {
     const int valid_rows = p.seqlen_k - row0;
     Element* dk_tile = p.dk + job.batch * p.dk_strides[0] + job.head_kv * p.dk_strides[2] + row0 * p.dk_strides[1];
     Element* dv_tile = p.dv + job.batch * p.dv_strides[0] + job.head_kv * p.dv_strides[2] + row0 * p.dv_strides[1];
-    store_accumulator_rows<Element, kBlockN, kHeadDim>(mma_dkv, thread, dk, dk_tile, p.dk_strides[1], valid_rows, scaled);
-    store_accumulator_rows<Element, kBlockN, kHeadDim>(mma_dkv, thread, dv, dv_tile, p.dv_strides[1], valid_rows, unscaled);
+    // dK, then dV, go out through the dS buffer, free once both warpgroups' last dQ GEMMs (each reads
+    // all of dS) are done; the next job's first dS store waits until neither warpgroup reads it.
+    static_assert(cosize_v<typename Config::SmemLayoutdS> >= kBlockN * kHeadDim, "dS holds a dK or dV tile");
+    Element* staging = smem.ds.data();
+    cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kDsFreeBarrier);
+    store_accumulator_rows_staged<Element, kBlockN, kHeadDim>(mma_dkv, thread, dk, staging, dk_tile, p.dk_strides[1],
+                                                              valid_rows, scaled);
+    store_accumulator_rows_staged<Element, kBlockN, kHeadDim>(mma_dkv, thread, dv, staging, dv_tile, p.dv_strides[1],
+                                                              valid_rows, unscaled);
+    cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kDsFreeBarrier);
   }
 };
 

@@ -9,6 +9,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "kernels/kernel_params.hpp"
+#include "kernels/sm90/gemm.cuh"
 #include "kernels/sm90/gmem_tensors.cuh"
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/pipeline.cuh"
@@ -59,6 +60,7 @@ struct ForwardConfig : WarpRoles {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    alignas(16) Element o_staging[kBlockM * kHeadDim];  // O on its way out (store_accumulator_rows_staged)
     RecordRing<ForwardTileRecord, kTileSlots> tiles;  // loader -> MMA warpgroups
     PipelineRing<1> q_stages;         // loader -> MMA warpgroups: Q (per query tile)
     PipelineRing<kStages> kv_stages;  // loader -> MMA warpgroups: K and V (per key/value tile visited)

@@ -13,6 +13,7 @@ template <class Config>
 struct ForwardEpilogue {
   using Element = typename Config::Element;
   using Params = typename Config::Params;
+  using SharedStorage = typename Config::SharedStorage;
   static constexpr int kBlockM = Config::kBlockM;
 
   // O / l in the output type and LSE = (m * c + log2 l) ln 2 (natural log); -inf and O = 0 for rows that
@@ -22,8 +23,8 @@ struct ForwardEpilogue {
   // seqlen_q can share a warp with rows before it (seqlen_q need not be a multiple of 8), and a
   // full-mask shuffle that some lanes skip is undefined behaviour: on the H200 it hung the kernel.
   template <class Out>
-  __device__ static void store(const Params& p, const ForwardTileRecord& tile, const Out& out_frag,
-                               const float* row_max, const float* row_sum, int thread) {
+  __device__ static void store(const Params& p, SharedStorage& smem, const ForwardTileRecord& tile,
+                               const Out& out_frag, const float* row_max, const float* row_sum, int thread) {
     typename Config::TiledMmaO mma_o;
     constexpr int kRows = decltype(size<0>(accumulator_rows_by_columns(out_frag.layout())))::value;
     constexpr float kLn2 = 0.6931471805599453f;
@@ -38,8 +39,8 @@ struct ForwardEpilogue {
     const int row0 = tile.q_tile * kBlockM;
     const int valid_rows = p.tiles.mask.seqlen_q - row0;
     Element* o_tile = p.out + tile.batch * p.out_strides[0] + tile.head * p.out_strides[2] + row0 * p.out_strides[1];
-    store_accumulator_rows<Element, kBlockM, Config::kHeadDim>(
-        mma_o, thread, out_frag, o_tile, p.out_strides[1], valid_rows,
+    store_accumulator_rows_staged<Element, kBlockM, Config::kHeadDim>(
+        mma_o, thread, out_frag, smem.o_staging, o_tile, p.out_strides[1], valid_rows,
         [&](int r) { return sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f; });
 
     // LSE: written by the thread that holds column 0 of the row.

@@ -75,7 +75,7 @@ struct ForwardMainloop {
         smem.kv_stages.consumer_release(kv_loads);
       }
       smem.q_stages.consumer_release(tiles);
-      ForwardEpilogue<Config>::store(p, tile, tOrO, row_max, row_sum, thread);
+      ForwardEpilogue<Config>::store(p, smem, tile, tOrO, row_max, row_sum, thread);
     }
   }
 

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
 #include <cutlass/array.h>
+
+#include "kernels/sm90/warp_roles.cuh"
 
 namespace dash::sm90 {
 
@@ -122,6 +125,61 @@ __device__ __forceinline__ void store_accumulator_rows(const TiledMma& mma, int 
       pair[0] = static_cast<T>(acc(r, c) * scale);
       pair[1] = static_cast<T>(acc(r, c + 1) * scale);
       *reinterpret_cast<Pair*>(&dst(r, c)) = pair;
+    }
+  }
+}
+
+// Offset of (row, column) in a row-major kCols-wide staging tile of 16-bit elements whose 16-byte chunks
+// are XOR-swizzled by row % 8. The 8 rows one paired store of a warp touches then hit 8 different chunks
+// of the 32 banks, and so do the 8 threads that read one chunk each of a row: no bank conflicts on
+// either side, and no padding.
+template <int kCols>
+__device__ __forceinline__ int staged_offset(int row, int column) {
+  constexpr int kChunk = 8;  // 16-bit elements per 16 bytes
+  static_assert(kCols % (8 * kChunk) == 0, "the swizzle permutes 8 chunks of every row");
+  return row * kCols + (((column / kChunk) ^ (row % 8)) * kChunk) + column % kChunk;
+}
+
+template <class T, int kRows, int kCols, class TiledMma, class Accumulator, class RowScale>
+__device__ __forceinline__ void store_accumulator_rows_staged(const TiledMma& mma, int thread,
+                                                              const Accumulator& acc_frag, T* staging, T* tile,
+                                                              int64_t row_stride, int valid_rows, RowScale row_scale) {
+  using Pair = cutlass::AlignedArray<T, 2>;
+  using Vector = cutlass::AlignedArray<T, 16 / sizeof(T)>;
+  constexpr int kThreads = WarpRoles::kWarpGroupThreads;
+  constexpr int kWarpGroupRows = 64;
+  static_assert(kRows == kWarpGroupRows * WarpRoles::kMmaWarpGroups, "each MMA warpgroup owns 64 rows");
+  static_assert(sizeof(T) == 2, "staged_offset swizzles 16-bit elements");
+  const int warp_group = uniform_warp_group(thread, kThreads);
+  Tensor coords_frag = mma.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kCols>>{}));
+  Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
+  Tensor acc = make_tensor(acc_frag.data(), accumulator_rows_by_columns(acc_frag.layout()));
+  cutlass::arch::NamedBarrier::sync(kThreads, kStagingBarrierBase + warp_group);
+  CUTE_UNROLL
+  for (int r = 0; r < size<0>(acc); ++r) {
+    const float scale = row_scale(r);
+    const int row = get<0>(coords(r, 0));
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(acc); c += 2) {
+      Pair pair;
+      pair[0] = static_cast<T>(acc(r, c) * scale);
+      pair[1] = static_cast<T>(acc(r, c + 1) * scale);
+      *reinterpret_cast<Pair*>(staging + staged_offset<kCols>(row, get<1>(coords(r, c)))) = pair;
+    }
+  }
+  cutlass::arch::NamedBarrier::sync(kThreads, kStagingBarrierBase + warp_group);
+  constexpr int kRowVectors = kCols / Vector::kElements;
+  constexpr int kVectorsPerThread = kWarpGroupRows * kRowVectors / kThreads;
+  static_assert(kVectorsPerThread * kThreads == kWarpGroupRows * kRowVectors, "rows split evenly over the threads");
+  const int lane = thread % kThreads;
+  CUTE_UNROLL
+  for (int k = 0; k < kVectorsPerThread; ++k) {
+    const int i = k * kThreads + lane;
+    const int r = warp_group * kWarpGroupRows + i / kRowVectors;
+    const int column = i % kRowVectors * Vector::kElements;
+    if (r < valid_rows) {
+      *reinterpret_cast<Vector*>(tile + r * row_stride + column) =
+          *reinterpret_cast<const Vector*>(staging + staged_offset<kCols>(r, column));
     }
   }
 }

@@ -3,6 +3,7 @@
 // that setmaxnreg applies, and of the role dispatch at the top of each kernel.
 #pragma once
 
+#include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "kernels/sm90/primitives.cuh"
@@ -22,6 +23,18 @@ struct WarpRoles {
                     launch_registers_per_thread(kThreads) * kThreads,
                 "setmaxnreg budget exceeds the CTA's register allocation");
 };
+
+// Named barriers among MMA threads, one list for both kernels so that no two uses share an id. The ids
+// are CUTLASS NamedBarrier ids, which it offsets past the ones it reserves (id 0 there is not __syncthreads).
+enum NamedBarrierId : int {
+  kDsReadyBarrier = 1,      // backward: dS of a step is complete in shared memory (both MMA warpgroups)
+  kDsFreeBarrier = 2,       // backward: no MMA warpgroup reads the dS buffer, which stages dK and dV
+  kStagingBarrierBase = 3,  // kStagingBarrierBase + w: MMA warpgroup w's rows of a staging tile (gemm.cuh)
+  kNamedBarrierIdEnd = kStagingBarrierBase + WarpRoles::kMmaWarpGroups,
+};
+static_assert(kNamedBarrierIdEnd + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <=
+                  cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
+              "more named barriers than the SM has");
 
 // Moves registers from the producer warpgroup to the MMA warpgroups, then runs `produce()` in the
 // producer and `consume(thread)` in the MMA warpgroups, thread numbered from 0 across them.
