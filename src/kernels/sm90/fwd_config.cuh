@@ -62,13 +62,16 @@ struct ForwardConfig : WarpRoles {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
     alignas(16) Element o_staging[kBlockM * kHeadDim];  // O on its way out (store_accumulator_rows_staged)
     RecordRing<ForwardTileRecord, kTileSlots> tiles;  // loader -> MMA warpgroups
-    PipelineRing<1> q_stages;         // loader -> MMA warpgroups: Q (per query tile)
-    PipelineRing<kStages> kv_stages;  // loader -> MMA warpgroups: K and V (per key/value tile visited)
+    PipelineRing<1> q_stages;        // loader -> MMA warpgroups: Q (per query tile)
+    // K and V of each key/value tile visited, in rings of their own: K_j is free once S_j is done, while
+    // V_j is read until O += P_j V_j, which the mainloop issues one tile later (fwd_mainloop.cuh).
+    PipelineRing<kStages> k_stages;  // loader -> MMA warpgroups
+    PipelineRing<kStages> v_stages;  // loader -> MMA warpgroups
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kKVStageBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);  // one K or V tile
 
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, SmemLayoutQ{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, take<0, 2>(SmemLayoutKV{})));

@@ -17,7 +17,8 @@ template <class Config>
 __device__ void init_forward_barriers(typename Config::SharedStorage& smem) {
   constexpr int kLoaderThreads = 1;
   smem.q_stages.init(kLoaderThreads, Config::kMmaThreads);
-  smem.kv_stages.init(kLoaderThreads, Config::kMmaThreads);
+  smem.k_stages.init(kLoaderThreads, Config::kMmaThreads);
+  smem.v_stages.init(kLoaderThreads, Config::kMmaThreads);
   smem.tiles.init(Config::kMmaThreads);
   cutlass::arch::fence_barrier_init();
 }

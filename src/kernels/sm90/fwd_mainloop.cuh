@@ -1,6 +1,7 @@
 // Forward consumer warpgroups: each owns 64 query rows of the 128-row tile and, per key/value tile,
-// computes S = Q K^T (SS wgmma), the online softmax in registers and O += P V (RS wgmma, P reused from
-// the S accumulator), then hands O, the running max and sum to the epilogue:
+// computes S = Q K^T (SS wgmma), the online softmax in registers and O += P V (RS wgmma, P converted
+// from the S accumulator), the O GEMM of tile j - 1 running under the softmax of tile j; then hands O,
+// the running max and sum to the epilogue:
 //   m' = max(m, rowmax(S));  P = exp2((S - m') * c);  l' = l * exp2((m - m') * c) + rowsum(P)
 //   O = O * exp2((m - m') * c) + P V,   with c = scale * log2(e) and m in raw score units.
 #pragma once
@@ -42,7 +43,7 @@ struct ForwardMainloop {
     constexpr int kRows = decltype(size<0>(tScS))::value;
 
     const MaskShape mask = p.tiles.mask;
-    int kv_loads = 0;
+    int kv_loads = 0;  // key/value tiles visited so far: positions in the K and V rings
     for (int tiles = 0;; ++tiles) {
       const ForwardTileRecord tile = smem.tiles.take(tiles);
       if (tile.kv_tiles == kEndOfTiles) break;
@@ -56,36 +57,88 @@ struct ForwardMainloop {
       for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
       const int q_row0 = tile.q_tile * kBlockM;
       smem.q_stages.consumer_wait(tiles, "q_full");
-      for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
-        const int stage = smem.kv_stages.consumer_wait(kv_loads, "kv_full");
-        Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-        warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, stage), tSrS);
-        warpgroup_wait<0>();
-        Tensor scores = make_tensor(tSrS.data(), accumulator_rows_by_columns(tSrS.layout()));
-        // Only tiles crossing the causal diagonal or the key tail need the mask; the test is uniform
-        // over the CTA, so each path stays branch-free.
-        if ((j + 1) * kBlockN > mask.visible_keys(q_row0)) {
-          online_softmax<true>(scores, out, tScS, row_max, row_sum, mask, q_row0, j * kBlockN, p.scale_log2);
-        } else {
-          online_softmax<false>(scores, out, tScS, row_max, row_sum, mask, q_row0, j * kBlockN, p.scale_log2);
+      // Software-pipelined by one key/value tile: while the softmax of S_j runs on the CUDA cores, the
+      // tensor cores run O += P_{j-1} V_{j-1}. S_j and P_{j-1} live in separate registers; O is rescaled
+      // for tile j only once the GEMM that accumulates into it has finished.
+      Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      Tensor scores = make_tensor(tSrS.data(), accumulator_rows_by_columns(tSrS.layout()));
+      Tensor tOrP = make_operand_a_for<Element>(tSrS);
+      float correction[kRows];
+      const int first_masked = mask.visible_keys(q_row0) / kBlockN;  // tiles from here on cross a boundary
+      // A tile whose rows see no key visits no key/value tile (the loader loads none): O = 0, LSE = -inf.
+      if (tile.kv_tiles > 0) {
+        {
+          const int k_stage = smem.k_stages.consumer_wait(kv_loads, "k_full");
+          warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_stage), tSrS);
+          warpgroup_wait<0>();
+          smem.k_stages.consumer_release(kv_loads);
+          softmax_tile(first_masked <= 0, scores, tScS, row_max, row_sum, correction, mask, q_row0, 0, p.scale_log2);
+          convert(tSrS, operand_in_accumulator_layout(tOrP, tSrS));
         }
-        Tensor tOrP = make_operand_a<Element>(tSrS);
-        warpgroup_gemm<false>(mma_o, tOrP, tOrVt(_, _, _, stage), tOrO);
+        for (int j = 1; j < tile.kv_tiles; ++j) {
+          const int k_stage = smem.k_stages.consumer_wait(kv_loads + j, "k_full");
+          warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_stage), tSrS);
+          const int v_stage = smem.v_stages.consumer_wait(kv_loads + j - 1, "v_full");
+          warpgroup_gemm<false>(mma_o, tOrP, tOrVt(_, _, _, v_stage), tOrO);
+          warpgroup_wait<1>();  // S_j is done; O += P_{j-1} V_{j-1} may still run
+          smem.k_stages.consumer_release(kv_loads + j);
+          softmax_tile(j >= first_masked, scores, tScS, row_max, row_sum, correction, mask, q_row0, j * kBlockN,
+                       p.scale_log2);
+          warpgroup_wait<0>();
+          smem.v_stages.consumer_release(kv_loads + j - 1);
+          rescale_rows(out, correction);
+          convert(tSrS, operand_in_accumulator_layout(tOrP, tSrS));
+        }
+        const int last = kv_loads + tile.kv_tiles - 1;
+        const int v_stage = smem.v_stages.consumer_wait(last, "v_full");
+        warpgroup_gemm<false>(mma_o, tOrP, tOrVt(_, _, _, v_stage), tOrO);
         warpgroup_wait<0>();
-        smem.kv_stages.consumer_release(kv_loads);
+        smem.v_stages.consumer_release(last);
       }
+      kv_loads += tile.kv_tiles;
       smem.q_stages.consumer_release(tiles);
       ForwardEpilogue<Config>::store(p, smem, tile, tOrO, row_max, row_sum, thread);
     }
   }
 
  private:
-  // One key/value tile of the online softmax, in place: scores become P, the running max and sum and
-  // the output rows are rescaled. row_max is kept in raw score units, so that the scale folds into
-  // the exponent: P = exp2(S * scale_log2 - max * scale_log2), one FFMA per element.
-  template <bool kMasked, class Scores, class Out, class Coords>
-  __device__ static void online_softmax(Scores& scores, Out& out, const Coords& coords, float* row_max,
-                                        float* row_sum, const MaskShape& mask, int q_row0, int kv_col0,
+  // online_softmax on the CTA-uniform path: masked only for tiles that cross the causal diagonal or the
+  // key tail, so the other path has no mask code.
+  template <class Scores, class Coords>
+  __device__ static void softmax_tile(bool masked, Scores& scores, const Coords& coords, float* row_max,
+                                      float* row_sum, float* correction, const MaskShape& mask, int q_row0,
+                                      int kv_col0, float scale_log2) {
+    if (masked) {
+      online_softmax<true>(scores, coords, row_max, row_sum, correction, mask, q_row0, kv_col0, scale_log2);
+    } else {
+      online_softmax<false>(scores, coords, row_max, row_sum, correction, mask, q_row0, kv_col0, scale_log2);
+    }
+  }
+
+  // O's rows times this tile's correction exp2((m - m') * c).
+  template <class Out>
+  __device__ static void rescale_rows(Out& out, const float* correction) {
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(out); ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(out); ++c) out(r, c) *= correction[r];
+    }
+  }
+
+  // P in the MMA element type, into the A operand registers of O += P V.
+  template <class Accumulator, class Slots>
+  __device__ static void convert(const Accumulator& acc, Slots slots) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) slots(i) = static_cast<Element>(acc(i));
+  }
+
+  // One key/value tile of the online softmax, in place: scores become P, the running max and sum are
+  // updated, and each row's correction for O is returned (rescale_rows applies it). row_max is kept in
+  // raw score units, so that the scale folds into the exponent: P = exp2(S * scale_log2 - max *
+  // scale_log2), one FFMA per element.
+  template <bool kMasked, class Scores, class Coords>
+  __device__ static void online_softmax(Scores& scores, const Coords& coords, float* row_max, float* row_sum,
+                                        float* correction, const MaskShape& mask, int q_row0, int kv_col0,
                                         float scale_log2) {
     CUTE_UNROLL
     for (int r = 0; r < size<0>(scores); ++r) {
@@ -105,7 +158,7 @@ struct ForwardMainloop {
       const float new_max = fmaxf(row_max[r], tile_max);
       // A row with no visible key so far keeps max -inf; use 0 so that exp2 gives 0, not NaN.
       const float base = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
-      const float correction = fast_exp2(fmaf(row_max[r], scale_log2, -base));
+      correction[r] = fast_exp2(fmaf(row_max[r], scale_log2, -base));
       row_max[r] = new_max;
       float tile_sum = 0.0f;
       CUTE_UNROLL
@@ -113,9 +166,7 @@ struct ForwardMainloop {
         scores(r, c) = fast_exp2(fmaf(scores(r, c), scale_log2, -base));
         tile_sum += scores(r, c);
       }
-      row_sum[r] = row_sum[r] * correction + tile_sum;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(out); ++c) out(r, c) *= correction;
+      row_sum[r] = row_sum[r] * correction[r] + tile_sum;
     }
   }
 };
