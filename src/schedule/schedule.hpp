@@ -22,8 +22,7 @@ DASH_HOST_DEVICE Job make_job(const SchedulePlan& plan, int unit, int sub) {
     case Schedule::kShortestFirst: return ShortestFirstSchedule::make_job(plan, unit);
     case Schedule::kShift: return ShiftSchedule::make_job(plan, unit);
     case Schedule::kSymmetricShift: return SymmetricShiftSchedule::make_job(plan, unit, sub);
-    // Only the summation order differs from ascending: the same jobs, added without order.
-    case Schedule::kNondeterministic: return AscendingSchedule::make_job(plan, unit);
+    case Schedule::kNondeterministic: return NondeterministicSchedule::make_job(plan, unit);
     case Schedule::kAuto: break;
   }
   return Job{};  // valid == false: no job
@@ -37,7 +36,7 @@ DASH_HOST_DEVICE int q_tile_at(const SchedulePlan& plan, const Job& job, int ste
     case Schedule::kShortestFirst: return ShortestFirstSchedule::q_tile_at(job, step);
     case Schedule::kShift: return ShiftSchedule::q_tile_at(plan, job, step);
     case Schedule::kSymmetricShift: return SymmetricShiftSchedule::q_tile_at(plan, job, step);
-    case Schedule::kNondeterministic: return AscendingSchedule::q_tile_at(job, step);
+    case Schedule::kNondeterministic: return NondeterministicSchedule::q_tile_at(plan, job, step);
     case Schedule::kAuto: break;
   }
   return -1;  // never reached: make_job gives such a plan no job to ask about
