@@ -9,11 +9,17 @@
 // Every entry point validates its arguments first and returns a Status instead of failing later; the
 // work itself is enqueued on `stream` and runs asynchronously. No CuTe or CUDA types appear here
 // except cudaStream_t.
+//
+// The backward can be planned once and launched many times: plan_backward() validates the shape, plans
+// the schedule for the device and proves it; backward(args, plan, ...) then only checks that the call fits
+// the plan. A device's properties are read once per process and kept.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "dash/status.hpp"
@@ -127,17 +133,70 @@ Status validate(const BackwardArgs& args);
 // built with, or sees no device.
 Status check_current_device();
 
+// A CUDA device as DASH plans for it. The API reads each device's properties once per process and keeps
+// them (they cannot change while it runs), so no call after the first on a device queries them again.
+struct DeviceInfo {
+  int index = 0;                 // CUDA device ordinal
+  int multiprocessor_count = 0;  // the SM count schedules are planned for (bits are promised per SM count)
+  int compute_major = 0;
+  int compute_minor = 0;
+  std::string name;
+};
+
+// The current CUDA device, one the kernels cannot run on included (check_current_device() says whether they
+// can). Without a usable device: check_current_device()'s kNoDevice status, *info untouched.
+Status current_device_info(DeviceInfo* info);
+
 // Bytes of device workspace forward()/backward() need for this shape (0 is possible). Both validate the
 // shape (and the schedule) before anything else; the backward query then plans the schedule for the
-// current device, so it needs a GPU.
+// current device, so it needs a GPU (BackwardPlan::workspace_bytes() answers the same without planning again).
 Status forward_workspace_size(const AttentionShape& shape, size_t* bytes);
 Status backward_workspace_size(const AttentionShape& shape, Schedule schedule, size_t* bytes);
 
 // O, LSE = attention(Q, K, V). Deterministic for every input.
 Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
-// dQ, dK, dV = d attention / d(Q, K, V) for upstream gradient dO, summed in the order the schedule
-// fixes. The schedule is proven deadlock-free on the CPU for this shape before the first launch.
+struct BackwardPlanData;  // api/backward_plan.hpp: what a plan holds, private to the library
+
+// The backward pass planned for one shape, schedule and device: kAuto resolved, the schedule planned for the
+// device's SM count and proven deadlock-free on the CPU, and the workspace size it needs. Immutable, so
+// copies share one plan and any number of threads may launch it at once. A default-constructed plan is
+// empty: backward() refuses it, and its accessors answer zeros (and kAuto).
+class BackwardPlan {
+ public:
+  BackwardPlan() = default;
+
+  bool empty() const { return data_ == nullptr; }
+  const AttentionShape& shape() const;
+  Schedule requested_schedule() const;  // as passed to plan_backward(), kAuto included
+  Schedule schedule() const;            // the schedule that runs: never kAuto
+  int device_index() const;
+  int multiprocessor_count() const;
+  size_t workspace_bytes() const;
+
+ private:
+  friend struct BackwardPlanAccess;  // api/backward_plan.hpp: the library makes plans and reads them
+  std::shared_ptr<const BackwardPlanData> data_;
+};
+
+// Plans the backward of `shape` under `schedule` for `device` (its index and multiprocessor_count: a
+// DeviceInfo from current_device_info(), or one filled in by hand to plan for a device that is not current
+// or not present). Validates the shape and the schedule first, as backward_workspace_size() does, and
+// touches no GPU. *plan is written only on success.
+Status plan_backward(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device, BackwardPlan* plan);
+// The same for the current device, which must be able to run the kernels (check_current_device()).
+Status plan_backward(const AttentionShape& shape, Schedule schedule, BackwardPlan* plan);
+
+// dQ, dK, dV = d attention / d(Q, K, V) for upstream gradient dO, summed in the order the plan's schedule
+// fixes, without planning again. args.shape must equal plan.shape() in every field and args.schedule must
+// be plan.requested_schedule(): a mismatch is refused, naming the field, before anything else is checked.
+// The current device must be the plan's (same index and SM count), and the workspace must hold
+// plan.workspace_bytes().
+Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,
+                cudaStream_t stream);
+
+// The same, planning args.schedule for args.shape on the current device at every call (the proof is cached
+// per plan, the planning is not); a caller that repeats shapes keeps a BackwardPlan instead.
 Status backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace dash

@@ -1,16 +1,16 @@
-// The public entry points: validate, check the device, plan and prove the schedule, carve the
-// workspace, dispatch to the compiled kernel instance. Every failure becomes a Status.
+// The public entry points: validate, check the device, plan and prove the schedule (api/backward_plan.cpp),
+// carve the workspace, dispatch to the compiled kernel instance. Every failure becomes a Status. A launch
+// of a BackwardPlan checks the call against the plan and does no planning; the entry points without a plan
+// make one and launch it through the same path.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <string>
 
+#include "api/backward_plan.hpp"
 #include "api/device.hpp"
-#include "api/proven_schedules.hpp"
-#include "api/validate.hpp"
 #include "dash/attention.hpp"
 #include "kernels/kernel_params.hpp"
-#include "planner/schedule_plan.hpp"
 
 namespace dash {
 namespace {
@@ -36,13 +36,6 @@ Status find_instance(const AttentionShape& shape, const kernels::KernelInstance*
   return Status::success();
 }
 
-Status multiprocessor_count(int* count) {
-  int device = 0;
-  if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
-  return cuda_status(cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device),
-                     "cudaDeviceGetAttribute(multiprocessor count)");
-}
-
 Status check_pointers(std::initializer_list<std::pair<const void*, const char*>> pointers) {
   for (const auto& [p, name] : pointers) {
     if (Status s = check_device_pointer(p, name); !s.ok()) return s;
@@ -64,19 +57,31 @@ Status check_workspace(const void* workspace, size_t given, size_t needed) {
   return check_device_pointer(workspace, "workspace");
 }
 
-// Plans the backward schedule for `shape` on the current device and proves it.
-Status plan_backward(const AttentionShape& shape, Schedule schedule, SchedulePlan* plan) {
-  int sms = 0;
-  if (Status s = multiprocessor_count(&sms); !s.ok()) return s;
-  const TiledProblem problem = make_tiled_problem(shape);
-  const PlanResult planned = plan_schedule(problem, schedule, sms);
-  if (!planned.ok()) {
-    return {StatusCode::kScheduleRejected,
-            "schedule '" + std::string(schedule_name(schedule)) + "' cannot run this shape: " + planned.rejected};
+// Launches `plan` for `args`, which passed validate() and check_args_match_plan(), with `instance`, the
+// kernel of their head dim and dtype.
+Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, const kernels::KernelInstance& instance,
+                       void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const DeviceInfo* device = nullptr;
+  if (Status s = usable_current_device(&device); !s.ok()) return s;
+  // A static schedule planned for more SMs than the device has would wait forever on CTAs that never start.
+  if (device->index != plan.device_index || device->multiprocessor_count != plan.multiprocessor_count) {
+    return {StatusCode::kInvalidArgument,
+            "plan: it was made for device " + std::to_string(plan.device_index) + " with " +
+                std::to_string(plan.multiprocessor_count) + " SMs, but the current device is " +
+                std::to_string(device->index) + " with " + std::to_string(device->multiprocessor_count) +
+                " SMs (make the plan on the device that runs it)"};
   }
-  if (Status s = prove_schedule(planned.plan); !s.ok()) return s;
-  *plan = planned.plan;
-  return Status::success();
+  if (Status s = check_pointers({{args.q, "q"}, {args.k, "k"}, {args.v, "v"}, {args.out, "out"}, {args.dout, "dout"},
+                                 {args.lse, "lse"}, {args.dq, "dq"}, {args.dk, "dk"}, {args.dv, "dv"}});
+      !s.ok()) {
+    return s;
+  }
+  if (Status s = check_workspace(workspace, workspace_bytes, plan.workspace.total_bytes); !s.ok()) return s;
+  kernels::BackwardParams params{};
+  params.args = args;
+  params.plan = plan.schedule_plan;
+  params.buffers = plan.workspace.carve(workspace);
+  return cuda_status(static_cast<cudaError_t>(instance.backward(params, stream)), "backward launch");
 }
 
 }  // namespace
@@ -100,12 +105,9 @@ Status forward_workspace_size(const AttentionShape& shape, size_t* bytes) {
 
 Status backward_workspace_size(const AttentionShape& shape, Schedule schedule, size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "backward_workspace_size: bytes must not be null"};
-  if (Status s = validate(shape); !s.ok()) return s;
-  if (Status s = check_schedule(schedule); !s.ok()) return s;
-  if (Status s = check_current_device(); !s.ok()) return s;
-  SchedulePlan plan{};
+  BackwardPlan plan;
   if (Status s = plan_backward(shape, schedule, &plan); !s.ok()) return s;
-  *bytes = kernels::BackwardWorkspace::layout(shape, plan.problem).total_bytes;
+  *bytes = plan.workspace_bytes();
   return Status::success();
 }
 
@@ -113,7 +115,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
   if (Status s = validate(args); !s.ok()) return s;
   const kernels::KernelInstance* instance = nullptr;
   if (Status s = find_instance(args.shape, &instance); !s.ok()) return s;
-  if (Status s = check_current_device(); !s.ok()) return s;
+  const DeviceInfo* device = nullptr;
+  if (Status s = usable_current_device(&device); !s.ok()) return s;
   if (Status s = check_pointers({{args.q, "q"}, {args.k, "k"}, {args.v, "v"}, {args.out, "out"}, {args.lse, "lse"}});
       !s.ok()) {
     return s;
@@ -122,27 +125,29 @@ Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
   kernels::ForwardParams params{};
   params.args = args;
   params.tile_counter = static_cast<int*>(workspace);
-  if (Status s = multiprocessor_count(&params.num_sms); !s.ok()) return s;
+  params.num_sms = device->multiprocessor_count;
   return cuda_status(static_cast<cudaError_t>(instance->forward(params, stream)), "forward launch");
 }
 
+Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,
+                cudaStream_t stream) {
+  const BackwardPlanData* data = BackwardPlanAccess::data(plan);
+  if (data == nullptr) return {StatusCode::kInvalidArgument, "plan is empty (make it with plan_backward())"};
+  if (Status s = check_args_match_plan(args, *data); !s.ok()) return s;
+  if (Status s = validate(args); !s.ok()) return s;
+  const kernels::KernelInstance* instance = nullptr;
+  if (Status s = find_instance(args.shape, &instance); !s.ok()) return s;
+  return launch_backward(args, *data, *instance, workspace, workspace_bytes, stream);
+}
+
+// The kernel is looked up before planning, so a build without it says so before any device query.
 Status backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
   const kernels::KernelInstance* instance = nullptr;
   if (Status s = find_instance(args.shape, &instance); !s.ok()) return s;
-  if (Status s = check_current_device(); !s.ok()) return s;
-  if (Status s = check_pointers({{args.q, "q"}, {args.k, "k"}, {args.v, "v"}, {args.out, "out"}, {args.dout, "dout"},
-                                 {args.lse, "lse"}, {args.dq, "dq"}, {args.dk, "dk"}, {args.dv, "dv"}});
-      !s.ok()) {
-    return s;
-  }
-  kernels::BackwardParams params{};
-  if (Status s = plan_backward(args.shape, args.schedule, &params.plan); !s.ok()) return s;
-  const auto layout = kernels::BackwardWorkspace::layout(args.shape, params.plan.problem);
-  if (Status s = check_workspace(workspace, workspace_bytes, layout.total_bytes); !s.ok()) return s;
-  params.args = args;
-  params.buffers = layout.carve(workspace);
-  return cuda_status(static_cast<cudaError_t>(instance->backward(params, stream)), "backward launch");
+  BackwardPlan plan;
+  if (Status s = plan_backward(args.shape, args.schedule, &plan); !s.ok()) return s;
+  return launch_backward(args, *BackwardPlanAccess::data(plan), *instance, workspace, workspace_bytes, stream);
 }
 
 }  // namespace dash

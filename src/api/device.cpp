@@ -1,12 +1,15 @@
-// The device checks of the public API: check_current_device() and the helpers in api/device.hpp. They
-// return a Status instead of leaving a CUDA error behind, so a failed check never poisons a later,
-// unrelated cudaGetLastError() of the caller.
+// The device checks of the public API: check_current_device(), current_device_info() and the helpers in
+// api/device.hpp. They return a Status instead of leaving a CUDA error behind, so a failed check never
+// poisons a later, unrelated cudaGetLastError() of the caller. Device properties are read once per device
+// ordinal into one process-wide DeviceInfoCache; every later call costs cudaGetDevice and a lookup.
 #include "api/device.hpp"
 
 #include <cuda_runtime_api.h>
 
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "api/limits.hpp"
 #include "dash/attention.hpp"
@@ -65,28 +68,80 @@ Status check_device_properties(int device, const char* name, int major, int mino
   return {StatusCode::kUnsupportedDevice, message.str()};
 }
 
-Status check_current_device() {
+Status DeviceInfoCache::find_or_read(int device, const DeviceInfo** info) {
+  std::lock_guard lock(mutex_);
+  if (const auto it = by_device_.find(device); it != by_device_.end()) {
+    *info = &it->second;
+    return Status::success();
+  }
+  DeviceInfo read{};
+  if (Status s = read_(device, &read); !s.ok()) return s;
+  *info = &by_device_.emplace(device, std::move(read)).first->second;
+  return Status::success();
+}
+
+namespace {
+
+// kOk if the runtime sees a device; otherwise check_device_count()'s diagnosis of why it sees none.
+Status check_any_device() {
   int count = 0;
-  if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess || count == 0) {
-    static_cast<void>(cudaGetLastError());  // the Status reports it
-    // Neither query can fail: both only read a version (0 for the driver when there is none).
-    int driver_version = 0;
-    int runtime_version = 0;
-    static_cast<void>(cudaDriverGetVersion(&driver_version));
-    static_cast<void>(cudaRuntimeGetVersion(&runtime_version));
-    return check_device_count(error, cudaGetErrorString(error), count, driver_version, runtime_version);
-  }
-  int device = 0;
-  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) {
-    return {StatusCode::kCudaError, take_cuda_error("cudaGetDevice", error)};
-  }
-  // The runtime caches the properties: this costs about 0.05 us a call (measured on the H200,
-  // docs/measurements/2026-12-01/host_cost_cpp.log), so it stays on every call.
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error == cudaSuccess && count > 0) return Status::success();
+  static_cast<void>(cudaGetLastError());  // the Status reports it
+  // Neither query can fail: both only read a version (0 for the driver when there is none).
+  int driver_version = 0;
+  int runtime_version = 0;
+  static_cast<void>(cudaDriverGetVersion(&driver_version));
+  static_cast<void>(cudaRuntimeGetVersion(&runtime_version));
+  return check_device_count(error, cudaGetErrorString(error), count, driver_version, runtime_version);
+}
+
+Status read_device_info(int device, DeviceInfo* info) {
+  if (Status s = check_any_device(); !s.ok()) return s;
   cudaDeviceProp properties{};
   if (const cudaError_t error = cudaGetDeviceProperties(&properties, device); error != cudaSuccess) {
     return {StatusCode::kCudaError, take_cuda_error("cudaGetDeviceProperties(" + std::to_string(device) + ")", error)};
   }
-  return check_device_properties(device, properties.name, properties.major, properties.minor);
+  info->index = device;
+  info->multiprocessor_count = properties.multiProcessorCount;
+  info->compute_major = properties.major;
+  info->compute_minor = properties.minor;
+  info->name = properties.name;
+  return Status::success();
+}
+
+// The current device's kept DeviceInfo, whatever its compute capability.
+Status current_device(const DeviceInfo** info) {
+  static DeviceInfoCache devices(read_device_info);
+  int device = 0;
+  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) {
+    std::string failure = take_cuda_error("cudaGetDevice", error);
+    // Without a usable device cudaGetDevice fails too; the device count says why there is none.
+    if (Status s = check_any_device(); !s.ok()) return s;
+    return {StatusCode::kCudaError, std::move(failure)};
+  }
+  return devices.find_or_read(device, info);
+}
+
+}  // namespace
+
+Status usable_current_device(const DeviceInfo** info) {
+  if (Status s = current_device(info); !s.ok()) return s;
+  const DeviceInfo& device = **info;
+  return check_device_properties(device.index, device.name.c_str(), device.compute_major, device.compute_minor);
+}
+
+Status check_current_device() {
+  const DeviceInfo* info = nullptr;
+  return usable_current_device(&info);
+}
+
+Status current_device_info(DeviceInfo* info) {
+  if (info == nullptr) return {StatusCode::kInvalidArgument, "current_device_info: info must not be null"};
+  const DeviceInfo* kept = nullptr;
+  if (Status s = current_device(&kept); !s.ok()) return s;
+  *info = *kept;
+  return Status::success();
 }
 
 Status check_device_pointer(const void* p, const char* name) {

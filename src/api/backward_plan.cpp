@@ -1,0 +1,134 @@
+// plan_backward() and what a BackwardPlan answers. Planning validates the shape and the schedule before
+// anything uses them (the planner and the workspace layout assume a valid shape), resolves kAuto, plans for
+// the device's SM count and proves the plan; only a proven plan becomes a BackwardPlan. Launching is in
+// attention.cpp; what it checks of a call against a plan (check_args_match_plan) is here.
+#include "api/backward_plan.hpp"
+
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "api/device.hpp"
+#include "api/proven_schedules.hpp"
+#include "api/validate.hpp"
+#include "planner/schedule_plan.hpp"
+
+namespace dash {
+namespace {
+
+// What an empty plan's accessors read: zeros, kAuto.
+const BackwardPlanData& empty_plan_data() {
+  static const BackwardPlanData empty{};
+  return empty;
+}
+
+const BackwardPlanData& data_or_empty(const BackwardPlan& plan) {
+  const BackwardPlanData* data = BackwardPlanAccess::data(plan);
+  return data != nullptr ? *data : empty_plan_data();
+}
+
+Status check_device_info(const DeviceInfo& device) {
+  if (device.index < 0) {
+    return {StatusCode::kInvalidArgument, "device.index must be >= 0, got " + std::to_string(device.index)};
+  }
+  if (device.multiprocessor_count <= 0) {
+    return {StatusCode::kInvalidArgument,
+            "device.multiprocessor_count must be > 0, got " + std::to_string(device.multiprocessor_count)};
+  }
+  return Status::success();
+}
+
+// The values of one field a call and its plan disagree on, in the words of the message.
+template <typename Value>
+Status mismatch(const char* field, const Value& given, const Value& planned) {
+  std::ostringstream message;
+  // Enough digits that two different softmax scales never print alike.
+  message.precision(std::numeric_limits<float>::max_digits10);
+  message << std::boolalpha << field << " is " << given << ", but the plan was made for " << planned
+          << " (make a plan for this call)";
+  return {StatusCode::kInvalidArgument, message.str()};
+}
+
+std::string quoted(Schedule schedule) { return std::string("'").append(schedule_name(schedule)).append("'"); }
+
+// The checks of plan_backward()'s own arguments, which the planner relies on.
+Status check_plan_request(const AttentionShape& shape, Schedule schedule, const BackwardPlan* plan) {
+  if (plan == nullptr) return {StatusCode::kInvalidArgument, "plan_backward: plan must not be null"};
+  if (Status s = validate(shape); !s.ok()) return s;
+  return check_schedule(schedule);
+}
+
+// Plans and proves a request that passed check_plan_request() for a device that passed check_device_info().
+Status make_plan(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device, BackwardPlan* plan) {
+  const TiledProblem problem = make_tiled_problem(shape);
+  const PlanResult planned = plan_schedule(problem, schedule, device.multiprocessor_count);
+  if (!planned.ok()) {
+    return {StatusCode::kScheduleRejected,
+            "schedule '" + std::string(schedule_name(schedule)) + "' cannot run this shape: " + planned.rejected};
+  }
+  if (Status s = prove_schedule(planned.plan); !s.ok()) return s;
+  *plan = BackwardPlanAccess::make(BackwardPlanData{
+      .shape = shape,
+      .requested_schedule = schedule,
+      .device_index = device.index,
+      .multiprocessor_count = device.multiprocessor_count,
+      .schedule_plan = planned.plan,
+      .workspace = kernels::BackwardWorkspace::layout(shape, planned.plan.problem),
+  });
+  return Status::success();
+}
+
+}  // namespace
+
+const AttentionShape& BackwardPlan::shape() const { return data_or_empty(*this).shape; }
+Schedule BackwardPlan::requested_schedule() const { return data_or_empty(*this).requested_schedule; }
+Schedule BackwardPlan::schedule() const { return data_or_empty(*this).schedule_plan.kind; }
+int BackwardPlan::device_index() const { return data_or_empty(*this).device_index; }
+int BackwardPlan::multiprocessor_count() const { return data_or_empty(*this).multiprocessor_count; }
+size_t BackwardPlan::workspace_bytes() const { return data_or_empty(*this).workspace.total_bytes; }
+
+Status plan_backward(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device, BackwardPlan* plan) {
+  if (Status s = check_plan_request(shape, schedule, plan); !s.ok()) return s;
+  if (Status s = check_device_info(device); !s.ok()) return s;
+  return make_plan(shape, schedule, device, plan);
+}
+
+// The request is checked before the device, so a bad one gets its own message on any machine.
+Status plan_backward(const AttentionShape& shape, Schedule schedule, BackwardPlan* plan) {
+  if (Status s = check_plan_request(shape, schedule, plan); !s.ok()) return s;
+  const DeviceInfo* device = nullptr;
+  if (Status s = usable_current_device(&device); !s.ok()) return s;
+  return make_plan(shape, schedule, *device, plan);
+}
+
+Status check_args_match_plan(const BackwardArgs& args, const BackwardPlanData& plan) {
+  const AttentionShape& given = args.shape;
+  const AttentionShape& planned = plan.shape;
+  struct Size {
+    const char* field;
+    int64_t given;
+    int64_t planned;
+  };
+  for (const Size& size : {Size{"shape.batch", given.batch, planned.batch},
+                           Size{"shape.seqlen_q", given.seqlen_q, planned.seqlen_q},
+                           Size{"shape.seqlen_k", given.seqlen_k, planned.seqlen_k},
+                           Size{"shape.heads_q", given.heads_q, planned.heads_q},
+                           Size{"shape.heads_kv", given.heads_kv, planned.heads_kv},
+                           Size{"shape.head_dim", given.head_dim, planned.head_dim}}) {
+    if (size.given != size.planned) return mismatch(size.field, size.given, size.planned);
+  }
+  if (given.dtype != planned.dtype) {
+    return mismatch("shape.dtype", std::string(dtype_name(given.dtype)), std::string(dtype_name(planned.dtype)));
+  }
+  // Exact: validate() refuses NaN, and the plan is for the scale it was made with.
+  if (given.softmax_scale != planned.softmax_scale) {
+    return mismatch("shape.softmax_scale", given.softmax_scale, planned.softmax_scale);
+  }
+  if (given.causal != planned.causal) return mismatch("shape.causal", given.causal, planned.causal);
+  if (args.schedule != plan.requested_schedule) {
+    return mismatch("schedule", quoted(args.schedule), quoted(plan.requested_schedule));
+  }
+  return Status::success();
+}
+
+}  // namespace dash

@@ -1,0 +1,39 @@
+// What a BackwardPlan holds, and the one way into it: BackwardPlanAccess makes plans and reads them for the
+// API's own files. A plan is made only by plan_backward() from a validated shape and schedule and a proven
+// schedule plan, and never changes afterwards, so whoever holds one may launch it without checking it again.
+#pragma once
+
+#include <memory>
+#include <utility>
+
+#include "dash/attention.hpp"
+#include "kernels/kernel_params.hpp"
+#include "schedule/plan.hpp"
+
+namespace dash {
+
+struct BackwardPlanData {
+  AttentionShape shape;
+  Schedule requested_schedule = Schedule::kAuto;
+  int device_index = 0;
+  int multiprocessor_count = 0;
+  SchedulePlan schedule_plan{};          // proven for `shape` on multiprocessor_count persistent CTAs
+  kernels::BackwardWorkspace workspace;  // the layout of schedule_plan's buffers
+};
+
+struct BackwardPlanAccess {
+  static BackwardPlan make(BackwardPlanData data) {
+    BackwardPlan plan;
+    plan.data_ = std::make_shared<const BackwardPlanData>(std::move(data));
+    return plan;
+  }
+  // Null for an empty plan.
+  static const BackwardPlanData* data(const BackwardPlan& plan) { return plan.data_.get(); }
+};
+
+// kOk if `args` is a call of `plan`: args.shape equal to plan.shape in every field and args.schedule the
+// requested schedule. Otherwise kInvalidArgument naming the first field that differs ("shape.seqlen_q", as
+// validate() names it, or "schedule"), with both values.
+Status check_args_match_plan(const BackwardArgs& args, const BackwardPlanData& plan);
+
+}  // namespace dash

@@ -1,0 +1,330 @@
+// Tests of BackwardPlan on the host path (no GPU needed): plan_backward() for a DeviceInfo given by hand
+// plans what the planner plans for that SM count, resolves auto, sizes the workspace as the kernels' layout
+// does, and refuses each bad request (shape, schedule, device, a schedule whose preconditions fail) with its
+// own message, leaving the caller's plan untouched; the current-device overload checks the request before
+// the device; an empty plan answers zeros and is refused; backward(args, plan) names the first field a call
+// and its plan disagree on before anything else, and a call that matches gets past the plan to the next check.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "api/backward_plan.hpp"
+#include "dash/attention.hpp"
+#include "kernels/kernel_params.hpp"
+#include "planner/schedule_plan.hpp"
+#include "rejected_shapes.hpp"
+
+namespace dash {
+namespace {
+
+// An H200 as current_device_info() describes it; planning reads its index and SM count only.
+DeviceInfo h200(int index = 0) { return DeviceInfo{index, 132, 9, 0, "NVIDIA H200"}; }
+
+AttentionShape causal_shape() { return testing::valid_workspace_shape(); }
+
+AttentionShape full_shape() {
+  AttentionShape shape = testing::valid_workspace_shape();
+  shape.causal = false;
+  return shape;
+}
+
+BackwardPlan plan_or_fail(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device = h200()) {
+  BackwardPlan plan;
+  const Status status = plan_backward(shape, schedule, device, &plan);
+  EXPECT_TRUE(status.ok()) << schedule_name(schedule) << ": " << status.to_string();
+  return plan;
+}
+
+TEST(PlanBackward, PlansWhatThePlannerPlansForTheDevicesSmCount) {
+  for (const AttentionShape& shape : {causal_shape(), full_shape()}) {
+    for (Schedule schedule : kAllSchedules) {
+      SCOPED_TRACE(std::string(schedule_name(schedule)) + (shape.causal ? " causal" : " full"));
+      const TiledProblem problem = make_tiled_problem(shape);
+      const PlanResult expected = plan_schedule(problem, schedule, h200().multiprocessor_count);
+      BackwardPlan plan;
+      const Status status = plan_backward(shape, schedule, h200(), &plan);
+      if (!expected.ok()) {
+        EXPECT_EQ(status.code(), StatusCode::kScheduleRejected) << status.to_string();
+        continue;
+      }
+      ASSERT_TRUE(status.ok()) << status.to_string();
+      EXPECT_FALSE(plan.empty());
+      EXPECT_EQ(plan.requested_schedule(), schedule);
+      EXPECT_EQ(plan.schedule(), expected.plan.kind);
+      EXPECT_NE(plan.schedule(), Schedule::kAuto);
+      EXPECT_EQ(plan.device_index(), 0);
+      EXPECT_EQ(plan.multiprocessor_count(), 132);
+      EXPECT_EQ(plan.workspace_bytes(), kernels::BackwardWorkspace::layout(shape, expected.plan.problem).total_bytes);
+      EXPECT_GT(plan.workspace_bytes(), 0u);
+      const BackwardPlanData& data = *BackwardPlanAccess::data(plan);
+      EXPECT_EQ(data.schedule_plan.num_ctas, expected.plan.num_ctas);
+      EXPECT_EQ(data.schedule_plan.num_units, expected.plan.num_units);
+    }
+  }
+}
+
+TEST(PlanBackward, AutoRunsTheScheduleChooseAutoPicks) {
+  for (const AttentionShape& shape : {causal_shape(), full_shape()}) {
+    const BackwardPlan plan = plan_or_fail(shape, Schedule::kAuto);
+    EXPECT_EQ(plan.requested_schedule(), Schedule::kAuto);
+    EXPECT_EQ(plan.schedule(), choose_schedule(make_tiled_problem(shape), 132));
+  }
+}
+
+TEST(PlanBackward, KeepsTheShapeAndTheDevice) {
+  AttentionShape shape = causal_shape();
+  shape.dtype = DType::kFP16;
+  shape.softmax_scale = 0.3f;
+  const BackwardPlan plan = plan_or_fail(shape, Schedule::kDescending, DeviceInfo{3, 114, 9, 0, "NVIDIA H100 PCIe"});
+  EXPECT_EQ(plan.shape().seqlen_k, shape.seqlen_k);
+  EXPECT_EQ(plan.shape().dtype, DType::kFP16);
+  EXPECT_EQ(plan.shape().softmax_scale, 0.3f);
+  EXPECT_EQ(plan.device_index(), 3);
+  EXPECT_EQ(plan.multiprocessor_count(), 114);
+}
+
+// The SM count is an input of the static schedules: a smaller device gets a plan of its own.
+TEST(PlanBackward, PlansStaticSchedulesForTheSmCountGiven) {
+  AttentionShape shape = full_shape();
+  shape.batch = 8;
+  shape.seqlen_q = shape.seqlen_k = 2048;
+  const BackwardPlan large = plan_or_fail(shape, Schedule::kShift, DeviceInfo{0, 132, 9, 0, ""});
+  const BackwardPlan small = plan_or_fail(shape, Schedule::kShift, DeviceInfo{0, 16, 9, 0, ""});
+  EXPECT_EQ(BackwardPlanAccess::data(large)->schedule_plan.num_ctas, 132);
+  EXPECT_EQ(BackwardPlanAccess::data(small)->schedule_plan.num_ctas, 16);
+}
+
+TEST(PlanBackward, CopiesShareOnePlanThatOutlivesTheOriginal) {
+  BackwardPlan copy;
+  {
+    const BackwardPlan original = plan_or_fail(causal_shape(), Schedule::kShortestFirst);
+    copy = original;
+    EXPECT_EQ(BackwardPlanAccess::data(copy), BackwardPlanAccess::data(original));
+  }
+  EXPECT_EQ(copy.schedule(), Schedule::kShortestFirst);
+  EXPECT_EQ(copy.shape().seqlen_q, causal_shape().seqlen_q);
+}
+
+TEST(PlanBackward, AnEmptyPlanAnswersZeros) {
+  const BackwardPlan plan;
+  EXPECT_TRUE(plan.empty());
+  EXPECT_EQ(plan.shape().batch, 0);
+  EXPECT_EQ(plan.requested_schedule(), Schedule::kAuto);
+  EXPECT_EQ(plan.schedule(), Schedule::kAuto);
+  EXPECT_EQ(plan.device_index(), 0);
+  EXPECT_EQ(plan.multiprocessor_count(), 0);
+  EXPECT_EQ(plan.workspace_bytes(), 0u);
+}
+
+// --- refused requests: each its own message, the caller's plan untouched. --------------------------------
+
+// A plan the refusals below must leave alone.
+BackwardPlan sentinel_plan() { return plan_or_fail(full_shape(), Schedule::kAscending); }
+
+void expect_untouched(const BackwardPlan& plan) {
+  EXPECT_EQ(plan.requested_schedule(), Schedule::kAscending);
+  EXPECT_FALSE(plan.shape().causal);
+}
+
+class PlanBackwardShape : public ::testing::TestWithParam<testing::RejectedShape> {};
+
+TEST_P(PlanBackwardShape, RefusesTheShapeBeforeAnythingElse) {
+  AttentionShape shape = causal_shape();
+  GetParam().bend(shape);
+  for (const bool given_device : {true, false}) {
+    SCOPED_TRACE(given_device ? "given device" : "current device");
+    BackwardPlan plan = sentinel_plan();
+    // Also with a bad device: the shape is checked first.
+    const Status status = given_device ? plan_backward(shape, Schedule::kAuto, DeviceInfo{-1, 0, 0, 0, ""}, &plan)
+                                       : plan_backward(shape, Schedule::kAuto, &plan);
+    EXPECT_EQ(status.code(), GetParam().code) << status.to_string();
+    EXPECT_EQ(status.message(), GetParam().message);
+    expect_untouched(plan);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PlanBackwardShape, ::testing::ValuesIn(testing::rejected_shapes()),
+                         testing::rejected_shape_name);
+
+TEST(PlanBackwardRefuses, AnInvalidScheduleValueBeforeTheDevice) {
+  for (const bool given_device : {true, false}) {
+    BackwardPlan plan = sentinel_plan();
+    const Status status = given_device ? plan_backward(causal_shape(), static_cast<Schedule>(42), h200(), &plan)
+                                       : plan_backward(causal_shape(), static_cast<Schedule>(42), &plan);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("Schedule(42)"), std::string::npos) << status.message();
+    expect_untouched(plan);
+  }
+}
+
+TEST(PlanBackwardRefuses, ANullPlan) {
+  for (const bool given_device : {true, false}) {
+    const Status status = given_device ? plan_backward(causal_shape(), Schedule::kAuto, h200(), nullptr)
+                                       : plan_backward(causal_shape(), Schedule::kAuto, nullptr);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message(), "plan_backward: plan must not be null");
+  }
+}
+
+TEST(PlanBackwardRefuses, ANegativeDeviceIndex) {
+  BackwardPlan plan = sentinel_plan();
+  const Status status = plan_backward(causal_shape(), Schedule::kAuto, DeviceInfo{-1, 132, 9, 0, ""}, &plan);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "device.index must be >= 0, got -1");
+  expect_untouched(plan);
+}
+
+TEST(PlanBackwardRefuses, ADeviceWithoutMultiprocessors) {
+  for (const int sms : {0, -4}) {
+    BackwardPlan plan = sentinel_plan();
+    const Status status = plan_backward(causal_shape(), Schedule::kAuto, DeviceInfo{0, sms, 9, 0, ""}, &plan);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message(), "device.multiprocessor_count must be > 0, got " + std::to_string(sms));
+    expect_untouched(plan);
+  }
+}
+
+TEST(PlanBackwardRefuses, AScheduleWhosePreconditionsFail) {
+  BackwardPlan plan = sentinel_plan();
+  const Status status = plan_backward(full_shape(), Schedule::kSymmetricShift, h200(), &plan);
+  EXPECT_EQ(status.code(), StatusCode::kScheduleRejected);
+  EXPECT_EQ(status.message(),
+            "schedule 'symmetric-shift' cannot run this shape: symmetric-shift needs the causal mask (use shift for "
+            "the full mask)");
+  expect_untouched(plan);
+}
+
+// With a GPU the current device's plan is the one its DeviceInfo gives; without one, the device check's status.
+TEST(PlanBackward, ForTheCurrentDevicePlansForItsDeviceInfo) {
+  BackwardPlan plan;
+  const Status status = plan_backward(causal_shape(), Schedule::kAuto, &plan);
+  if (const Status device = check_current_device(); !device.ok()) {
+    EXPECT_EQ(status.to_string(), device.to_string());
+    EXPECT_TRUE(plan.empty());
+    return;
+  }
+  ASSERT_TRUE(status.ok()) << status.to_string();
+  DeviceInfo current;
+  ASSERT_TRUE(current_device_info(&current).ok());
+  const BackwardPlan expected = plan_or_fail(causal_shape(), Schedule::kAuto, current);
+  EXPECT_EQ(plan.device_index(), current.index);
+  EXPECT_EQ(plan.multiprocessor_count(), current.multiprocessor_count);
+  EXPECT_EQ(plan.schedule(), expected.schedule());
+  EXPECT_EQ(plan.workspace_bytes(), expected.workspace_bytes());
+  size_t bytes = 0;
+  ASSERT_TRUE(backward_workspace_size(causal_shape(), Schedule::kAuto, &bytes).ok());
+  EXPECT_EQ(bytes, plan.workspace_bytes());
+}
+
+// --- backward(args, plan): the call must be the plan's. ----------------------------------------------------
+
+// Each fake tensor in its own 64 GiB region, aligned: validate() accepts them and never dereferences them.
+void* fake_pointer(int region) {
+  constexpr uintptr_t kBase = uintptr_t{1} << 44;
+  constexpr uintptr_t kRegionBytes = uintptr_t{1} << 36;
+  return reinterpret_cast<void*>(kBase + static_cast<uintptr_t>(region) * kRegionBytes);
+}
+
+// Arguments validate() accepts for `plan`'s shape and requested schedule.
+BackwardArgs matching_args(const BackwardPlan& plan) {
+  const AttentionShape& s = plan.shape();
+  BackwardArgs a;
+  a.shape = s;
+  a.schedule = plan.requested_schedule();
+  a.q_strides = a.out_strides = a.dout_strides = a.dq_strides = packed_strides(s.seqlen_q, s.heads_q, s.head_dim);
+  a.k_strides = a.v_strides = a.dk_strides = a.dv_strides = packed_strides(s.seqlen_k, s.heads_kv, s.head_dim);
+  a.q = fake_pointer(0);
+  a.k = fake_pointer(1);
+  a.v = fake_pointer(2);
+  a.out = fake_pointer(3);
+  a.dout = fake_pointer(4);
+  a.lse = static_cast<const float*>(fake_pointer(5));
+  a.dq = fake_pointer(6);
+  a.dk = fake_pointer(7);
+  a.dv = fake_pointer(8);
+  return a;
+}
+
+struct Mismatch {
+  std::string field;
+  std::function<void(BackwardArgs&)> bend;
+  std::string message;
+};
+
+std::vector<Mismatch> mismatches() {
+  const std::string tail = " (make a plan for this call)";
+  return {
+      {"batch", [](BackwardArgs& a) { a.shape.batch = 3; }, "shape.batch is 3, but the plan was made for 2" + tail},
+      {"seqlen_q", [](BackwardArgs& a) { a.shape.seqlen_q = 512; },
+       "shape.seqlen_q is 512, but the plan was made for 256" + tail},
+      {"seqlen_k", [](BackwardArgs& a) { a.shape.seqlen_k = 256; },
+       "shape.seqlen_k is 256, but the plan was made for 384" + tail},
+      {"heads_q", [](BackwardArgs& a) { a.shape.heads_q = 4; },
+       "shape.heads_q is 4, but the plan was made for 8" + tail},
+      {"heads_kv", [](BackwardArgs& a) { a.shape.heads_kv = 8; },
+       "shape.heads_kv is 8, but the plan was made for 2" + tail},
+      {"head_dim", [](BackwardArgs& a) { a.shape.head_dim = 64; },
+       "shape.head_dim is 64, but the plan was made for 128" + tail},
+      {"dtype", [](BackwardArgs& a) { a.shape.dtype = DType::kFP16; },
+       "shape.dtype is fp16, but the plan was made for bf16" + tail},
+      // Scales one float apart still differ in print.
+      {"softmax_scale", [](BackwardArgs& a) { a.shape.softmax_scale = std::nextafter(a.shape.softmax_scale, 1.0f); },
+       "shape.softmax_scale is 0.0883883536, but the plan was made for 0.0883883461" + tail},
+      {"causal", [](BackwardArgs& a) { a.shape.causal = false; },
+       "shape.causal is false, but the plan was made for true" + tail},
+      {"schedule", [](BackwardArgs& a) { a.schedule = Schedule::kAuto; },
+       "schedule is 'auto', but the plan was made for 'descending'" + tail},
+  };
+}
+
+TEST(BackwardWithPlan, NamesTheFieldTheCallAndThePlanDisagreeOnBeforeAnythingElse) {
+  const BackwardPlan plan = plan_or_fail(causal_shape(), Schedule::kDescending);
+  for (const Mismatch& m : mismatches()) {
+    SCOPED_TRACE(m.field);
+    BackwardArgs args = matching_args(plan);
+    m.bend(args);
+    args.q = nullptr;  // the plan is checked before the arguments
+    const Status status = backward(args, plan, nullptr, 0, nullptr);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message(), m.message);
+  }
+}
+
+TEST(BackwardWithPlan, RefusesAnEmptyPlan) {
+  const BackwardPlan plan = plan_or_fail(causal_shape(), Schedule::kDescending);
+  const Status status = backward(matching_args(plan), BackwardPlan(), nullptr, 0, nullptr);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "plan is empty (make it with plan_backward())");
+}
+
+TEST(BackwardWithPlan, ValidatesTheArgumentsOfAMatchingCall) {
+  const BackwardPlan plan = plan_or_fail(causal_shape(), Schedule::kDescending);
+  BackwardArgs args = matching_args(plan);
+  args.dk = nullptr;
+  const Status status = backward(args, plan, nullptr, 0, nullptr);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "dk must not be null");
+}
+
+// Past the plan and validate(), a call meets the kernel lookup, then the device, then the pointers (the fake
+// ones are host memory CUDA does not know) - whichever this machine stops at first.
+TEST(BackwardWithPlan, AMatchingCallGetsPastThePlanChecks) {
+  const BackwardPlan plan = plan_or_fail(causal_shape(), Schedule::kDescending);
+  const Status status = backward(matching_args(plan), plan, nullptr, 0, nullptr);
+  if (!kernel_available(plan.shape().head_dim, plan.shape().dtype)) {
+    EXPECT_EQ(status.code(), StatusCode::kNotAvailable) << status.to_string();
+  } else if (const Status device = check_current_device(); !device.ok()) {
+    EXPECT_EQ(status.to_string(), device.to_string());
+  } else {
+    // A hand-made H200 plan on another device is refused first; on an H200 the pointers are.
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.to_string();
+    EXPECT_EQ(status.message().find("but the plan was made for"), std::string::npos) << status.message();
+  }
+}
+
+}  // namespace
+}  // namespace dash
