@@ -6,6 +6,10 @@ on any machine that has the library file. The library is loaded on first use rat
 argument checking and torch.compile tracing work where it has not been built. $DASH_ATTN_LIBRARY, when
 set, names the library to load and wins over the copy installed with the package; if it names no file,
 loading fails rather than silently using another library.
+
+A dash_backward_plan handle is owned by exactly one BackwardPlan object, which frees it once: when the
+object is collected, at interpreter exit, or at close(), whichever comes first; a closed plan refuses to
+run rather than pass a freed handle to the library.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import weakref
 from pathlib import Path
 
 LIBRARY_FILE = "libdash_attn_c.so"
 LIBRARY_ENV = "DASH_ATTN_LIBRARY"
 
 # DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
 # library is loaded; load() verifies that the library agrees.
@@ -142,6 +147,16 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dash_backward": (
             c_int,
             [shape_p, *[tensor_p] * 5, c_void_p, *[tensor_p] * 3, c_char_p, c_void_p, c_size_t, c_void_p, *message],
+        ),
+        "dash_backward_plan_create": (
+            c_int,
+            [shape_p, c_char_p, ctypes.POINTER(Device), ctypes.POINTER(c_void_p), *message],
+        ),
+        "dash_backward_plan_destroy": (None, [c_void_p]),
+        "dash_backward_plan_workspace_size": (c_int, [c_void_p, size_p, *message]),
+        "dash_backward_plan_run": (
+            c_int,
+            [c_void_p, shape_p, *[tensor_p] * 5, c_void_p, *[tensor_p] * 3, c_void_p, c_size_t, c_void_p, *message],
         ),
     }
     for name, (restype, argtypes) in signatures.items():
@@ -296,3 +311,67 @@ def backward(
         workspace_bytes,
         stream,
     )
+
+
+class BackwardPlan:
+    """A dash_backward_plan: the backward planned once for one shape and schedule on one device (the current
+    one, or `device` as described by hand, which needs no GPU), proven, with its workspace size. Running it
+    plans nothing; the library refuses a call whose shape is not the plan's, naming the field."""
+
+    def __init__(self, shape: Shape, schedule: str, device: Device | None = None) -> None:
+        lib = load()
+        handle = ctypes.c_void_p()
+        _call(
+            "backward plan",
+            "dash_backward_plan_create",
+            ctypes.byref(shape),
+            schedule.encode(),
+            None if device is None else ctypes.byref(device),
+            ctypes.byref(handle),
+        )
+        self._handle = handle.value
+        # weakref.finalize frees the handle once: at collection, at exit or at close(), whichever comes first.
+        self._free = weakref.finalize(self, lib.dash_backward_plan_destroy, self._handle)
+        size = ctypes.c_size_t(0)
+        _call("backward workspace query", "dash_backward_plan_workspace_size", self._handle, ctypes.byref(size))
+        self.workspace_bytes = size.value
+
+    @property
+    def closed(self) -> bool:
+        return not self._free.alive
+
+    def close(self) -> None:
+        """Frees the handle now; later calls of close() do nothing."""
+        self._free()
+
+    def backward(
+        self,
+        shape: Shape,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        dout: Tensor,
+        lse: int,
+        dq: Tensor,
+        dk: Tensor,
+        dv: Tensor,
+        workspace: int,
+        workspace_bytes: int,
+        stream: int | None,
+    ) -> None:
+        """Enqueues the planned backward on `stream`; `shape` must be the plan's."""
+        if self.closed:
+            raise ValueError("this BackwardPlan is closed; make a new one")
+        _call(
+            "backward",
+            "dash_backward_plan_run",
+            self._handle,
+            ctypes.byref(shape),
+            *(ctypes.byref(t) for t in (q, k, v, out, dout)),
+            lse,
+            *(ctypes.byref(t) for t in (dq, dk, dv)),
+            workspace,
+            workspace_bytes,
+            stream,
+        )

@@ -1,7 +1,9 @@
 // The C ABI of dash_c.h over the C++ API: converts the plain structs, calls dash::, and turns the Status
 // into a code plus a message copied into the caller's buffer. Exceptions (only std::bad_alloc can come out
-// of the API's string building) are caught here, since unwinding into a C caller is undefined. The version
-// and device queries for diagnostics call the CUDA runtime linked into this library directly.
+// of the API's string building and the plan handle's allocation) are caught here, since unwinding into a C
+// caller is undefined. A dash_backward_plan handle owns one dash::BackwardPlan; it is allocated only by
+// dash_backward_plan_create and freed only by dash_backward_plan_destroy. The version queries for
+// diagnostics call the CUDA runtime linked into this library directly.
 #include "dash_c.h"
 
 #include <cuda_runtime_api.h>
@@ -15,6 +17,11 @@
 #include <utility>
 
 #include "dash/attention.hpp"
+
+// The opaque handle of dash_c.h.
+struct dash_backward_plan {
+  dash::BackwardPlan plan;
+};
 
 namespace {
 
@@ -91,33 +98,75 @@ dash::Status parse(const char* schedule, dash::Schedule* parsed) {
 
 cudaStream_t to_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
-// "call: error string", clearing the error the failed runtime call recorded (the Status now reports it).
-dash::Status cuda_failure(const std::string& call, cudaError_t error) {
-  static_cast<void>(cudaGetLastError());
-  return {dash::StatusCode::kCudaError, call + ": " + cudaGetErrorString(error)};
+dash::DeviceInfo to_device_info(const dash_device& d) {
+  dash::DeviceInfo device;
+  device.index = d.index;
+  device.multiprocessor_count = d.multiprocessor_count;
+  device.compute_major = d.compute_major;
+  device.compute_minor = d.compute_minor;
+  device.name.assign(d.name, strnlen(d.name, sizeof(d.name)));  // a caller's name may lack its NUL
+  return device;
 }
 
 dash::Status describe_current_device(dash_device* device) {
   if (dash::Status s = check_present({{device, "device"}}); !s.ok()) return s;
-  // An unsupported GPU is still described; only a missing device or a failing runtime stops here.
-  if (dash::Status s = dash::check_current_device();
-      s.code() == dash::StatusCode::kNoDevice || s.code() == dash::StatusCode::kCudaError) {
-    return s;
-  }
-  int index = 0;
-  if (const cudaError_t error = cudaGetDevice(&index); error != cudaSuccess) {
-    return cuda_failure("cudaGetDevice", error);
-  }
-  cudaDeviceProp properties{};
-  if (const cudaError_t error = cudaGetDeviceProperties(&properties, index); error != cudaSuccess) {
-    return cuda_failure("cudaGetDeviceProperties(" + std::to_string(index) + ")", error);
-  }
-  device->index = index;
-  device->compute_major = properties.major;
-  device->compute_minor = properties.minor;
-  device->multiprocessor_count = properties.multiProcessorCount;
-  copy_message(properties.name, device->name, sizeof(device->name));
+  dash::DeviceInfo info;
+  if (dash::Status s = dash::current_device_info(&info); !s.ok()) return s;
+  device->index = info.index;
+  device->compute_major = info.compute_major;
+  device->compute_minor = info.compute_minor;
+  device->multiprocessor_count = info.multiprocessor_count;
+  copy_message(info.name, device->name, sizeof(device->name));
   return dash::Status::success();
+}
+
+// The tensors of a backward call, in the order dash_backward and dash_backward_plan_run take them.
+struct BackwardTensors {
+  const dash_tensor* q;
+  const dash_tensor* k;
+  const dash_tensor* v;
+  const dash_tensor* out;
+  const dash_tensor* dout;
+  const float* lse;
+  const dash_tensor* dq;
+  const dash_tensor* dk;
+  const dash_tensor* dv;
+};
+
+// The BackwardArgs of a call whose struct pointers were checked; its schedule is left to the caller.
+dash::BackwardArgs to_backward_args(const dash_shape& shape, const BackwardTensors& t) {
+  dash::BackwardArgs args;
+  args.shape = to_shape(shape);
+  args.q = t.q->data;
+  args.q_strides = to_strides(*t.q);
+  args.k = t.k->data;
+  args.k_strides = to_strides(*t.k);
+  args.v = t.v->data;
+  args.v_strides = to_strides(*t.v);
+  args.out = t.out->data;
+  args.out_strides = to_strides(*t.out);
+  args.dout = t.dout->data;
+  args.dout_strides = to_strides(*t.dout);
+  args.lse = t.lse;
+  args.dq = t.dq->data;
+  args.dq_strides = to_strides(*t.dq);
+  args.dk = t.dk->data;
+  args.dk_strides = to_strides(*t.dk);
+  args.dv = t.dv->data;
+  args.dv_strides = to_strides(*t.dv);
+  return args;
+}
+
+dash::Status check_backward_present(const dash_shape* shape, const BackwardTensors& t) {
+  return check_present({{shape, "shape"},
+                        {t.q, "q"},
+                        {t.k, "k"},
+                        {t.v, "v"},
+                        {t.out, "out"},
+                        {t.dout, "dout"},
+                        {t.dq, "dq"},
+                        {t.dk, "dk"},
+                        {t.dv, "dv"}});
 }
 
 }  // namespace
@@ -214,39 +263,53 @@ int dash_backward(const dash_shape* shape, const dash_tensor* q, const dash_tens
                   const dash_tensor* dk, const dash_tensor* dv, const char* schedule, void* workspace,
                   size_t workspace_bytes, void* stream, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
-    if (dash::Status s = check_present({{shape, "shape"},
-                                        {q, "q"},
-                                        {k, "k"},
-                                        {v, "v"},
-                                        {out, "out"},
-                                        {dout, "dout"},
-                                        {dq, "dq"},
-                                        {dk, "dk"},
-                                        {dv, "dv"}});
-        !s.ok()) {
-      return s;
-    }
-    dash::BackwardArgs args;
-    args.shape = to_shape(*shape);
+    const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
+    if (dash::Status s = check_backward_present(shape, tensors); !s.ok()) return s;
+    dash::BackwardArgs args = to_backward_args(*shape, tensors);
     if (dash::Status s = parse(schedule, &args.schedule); !s.ok()) return s;
-    args.q = q->data;
-    args.q_strides = to_strides(*q);
-    args.k = k->data;
-    args.k_strides = to_strides(*k);
-    args.v = v->data;
-    args.v_strides = to_strides(*v);
-    args.out = out->data;
-    args.out_strides = to_strides(*out);
-    args.dout = dout->data;
-    args.dout_strides = to_strides(*dout);
-    args.lse = lse;
-    args.dq = dq->data;
-    args.dq_strides = to_strides(*dq);
-    args.dk = dk->data;
-    args.dk_strides = to_strides(*dk);
-    args.dv = dv->data;
-    args.dv_strides = to_strides(*dv);
     return dash::backward(args, workspace, workspace_bytes, to_stream(stream));
+  });
+}
+
+int dash_backward_plan_create(const dash_shape* shape, const char* schedule, const dash_device* device,
+                              dash_backward_plan** plan, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (dash::Status s = check_present({{shape, "shape"}, {plan, "plan"}}); !s.ok()) return s;
+    dash::Schedule parsed = dash::Schedule::kAuto;
+    if (dash::Status s = parse(schedule, &parsed); !s.ok()) return s;
+    dash::BackwardPlan made;
+    const dash::Status planned = device == nullptr
+                                     ? dash::plan_backward(to_shape(*shape), parsed, &made)
+                                     : dash::plan_backward(to_shape(*shape), parsed, to_device_info(*device), &made);
+    if (!planned.ok()) return planned;
+    *plan = new dash_backward_plan{std::move(made)};
+    return dash::Status::success();
+  });
+}
+
+void dash_backward_plan_destroy(dash_backward_plan* plan) { delete plan; }
+
+int dash_backward_plan_workspace_size(const dash_backward_plan* plan, size_t* bytes, char* message,
+                                      size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (dash::Status s = check_present({{plan, "plan"}, {bytes, "bytes"}}); !s.ok()) return s;
+    *bytes = plan->plan.workspace_bytes();
+    return dash::Status::success();
+  });
+}
+
+int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* shape, const dash_tensor* q,
+                           const dash_tensor* k, const dash_tensor* v, const dash_tensor* out,
+                           const dash_tensor* dout, const float* lse, const dash_tensor* dq, const dash_tensor* dk,
+                           const dash_tensor* dv, void* workspace, size_t workspace_bytes, void* stream,
+                           char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (dash::Status s = check_present({{plan, "plan"}}); !s.ok()) return s;
+    const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
+    if (dash::Status s = check_backward_present(shape, tensors); !s.ok()) return s;
+    dash::BackwardArgs args = to_backward_args(*shape, tensors);
+    args.schedule = plan->plan.requested_schedule();  // the handle carries the schedule; the C call does not
+    return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
   });
 }
 

@@ -1,8 +1,9 @@
 /* C ABI of DASH, for callers that cannot link C++ (the Python package loads libdash_attn_c.so with ctypes).
  * Plain structs and ints mirror include/dash/attention.hpp one to one, plus dash_device and the version
  * queries that diagnostics (python -m dash_attn.info) print; every function that can fail returns a
- * dash_status_code and copies the Status message into the caller's buffer, so no C++ type, exception
- * or allocation crosses the boundary. */
+ * dash_status_code and copies the Status message into the caller's buffer, so no C++ type or exception
+ * crosses the boundary. The one allocation a caller owns is the opaque dash_backward_plan handle, made by
+ * dash_backward_plan_create and freed by dash_backward_plan_destroy. */
 #ifndef DASH_C_H_
 #define DASH_C_H_
 
@@ -20,8 +21,10 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct, a signature or the set of functions below changes, so a binding can refuse a library
- * it does not match. */
-#define DASH_C_ABI_VERSION 2
+ * it does not match.
+ *   2: dash_device, the version queries and dash_describe_current_device.
+ *   3: the backward plan handle: dash_backward_plan_create, _destroy, _workspace_size and _run. */
+#define DASH_C_ABI_VERSION 3
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -83,8 +86,9 @@ DASH_C_API int dash_cuda_driver_version(void);
 
 #define DASH_DEVICE_NAME_BYTES 256
 
-/* The current CUDA device as the planner sees it: multiprocessor_count is the SM count its schedules are
- * planned for (bitwise results are promised per SM count). */
+/* A CUDA device as the planner sees it: multiprocessor_count is the SM count its schedules are planned for
+ * (bitwise results are promised per SM count). dash_describe_current_device fills one for the current device;
+ * dash_backward_plan_create reads one to plan for a given device. */
 typedef struct dash_device {
   int index;
   int compute_major;
@@ -119,11 +123,40 @@ DASH_C_API int dash_forward(const dash_shape* shape, const dash_tensor* q, const
                             const dash_tensor* out, float* lse, void* workspace, size_t workspace_bytes, void* stream,
                             char* message, size_t message_size);
 
-/* dq, dk, dv for upstream gradient dout, summed in the order `schedule` fixes. */
+/* dq, dk, dv for upstream gradient dout, summed in the order `schedule` fixes. Plans the schedule at every call;
+ * a caller that repeats shapes keeps a dash_backward_plan instead. */
 DASH_C_API int dash_backward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
                              const dash_tensor* out, const dash_tensor* dout, const float* lse, const dash_tensor* dq,
                              const dash_tensor* dk, const dash_tensor* dv, const char* schedule, void* workspace,
                              size_t workspace_bytes, void* stream, char* message, size_t message_size);
+
+/* dash::BackwardPlan: the backward planned once for one shape, schedule and device (the schedule resolved, planned for
+ * the device's SM count and proven) with the workspace size it needs. Immutable: one handle may be run from any
+ * number of threads at once, until it is destroyed. */
+typedef struct dash_backward_plan dash_backward_plan;
+
+/* Validates *shape and the schedule name first (as the workspace queries do), then plans for `device`: NULL for the
+ * current device, which must be able to run the kernels; otherwise only device->index and
+ * device->multiprocessor_count are read, and no GPU is needed. On success *plan receives a new handle, which the
+ * caller frees with dash_backward_plan_destroy; on failure *plan is untouched. */
+DASH_C_API int dash_backward_plan_create(const dash_shape* shape, const char* schedule, const dash_device* device,
+                                         dash_backward_plan** plan, char* message, size_t message_size);
+
+/* Frees a handle of dash_backward_plan_create; NULL is allowed and does nothing. */
+DASH_C_API void dash_backward_plan_destroy(dash_backward_plan* plan);
+
+/* The workspace bytes dash_backward_plan_run needs; *bytes is written only on success. */
+DASH_C_API int dash_backward_plan_workspace_size(const dash_backward_plan* plan, size_t* bytes, char* message,
+                                                 size_t message_size);
+
+/* dash_backward with the plan's schedule, without planning again. *shape must equal the plan's shape in every field
+ * (a mismatch is refused, naming the field, before anything else is checked), the current device must be the
+ * plan's, and the workspace must hold dash_backward_plan_workspace_size bytes. */
+DASH_C_API int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* shape, const dash_tensor* q,
+                                      const dash_tensor* k, const dash_tensor* v, const dash_tensor* out,
+                                      const dash_tensor* dout, const float* lse, const dash_tensor* dq,
+                                      const dash_tensor* dk, const dash_tensor* dv, void* workspace,
+                                      size_t workspace_bytes, void* stream, char* message, size_t message_size);
 
 #ifdef __cplusplus
 }

@@ -2,11 +2,16 @@
 // refuse every shape of api/rejected_shapes.hpp with the C++ API's code and message before any device query,
 // missing arguments are named, the device check tells "no driver" apart from other failures, and the
 // diagnostic queries (versions, device description) agree with what this process's own CUDA runtime reports.
-// Runs without a GPU; the test links the shared library exactly as a C caller would.
+// The backward plan handle: made for a device described by hand (no GPU needed), sized, destroyed (NULL
+// included); each refused creation with its own message and the handle untouched; a run whose shape is not
+// the plan's is refused naming the field, before anything else. Runs without a GPU; the test links the
+// shared library exactly as a C caller would.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <regex>
 #include <string>
@@ -166,6 +171,316 @@ TEST(CDescribeDevice, DescribesTheCurrentDeviceOrSaysWhyThereIsNone) {
   EXPECT_EQ(device.compute_minor, properties.minor);
   EXPECT_EQ(device.multiprocessor_count, properties.multiProcessorCount);
   EXPECT_STREQ(device.name, properties.name);
+}
+
+// --- the backward plan handle ------------------------------------------------------------------------------
+
+// An H200 described by hand: planning for it needs no GPU.
+dash_device h200() {
+  dash_device device{};
+  device.index = 0;
+  device.compute_major = 9;
+  device.compute_minor = 0;
+  device.multiprocessor_count = 132;
+  std::strncpy(device.name, "NVIDIA H200", sizeof(device.name) - 1);
+  return device;
+}
+
+// A handle value the refusals must leave in the caller's variable.
+dash_backward_plan* const kUntouchedPlan = reinterpret_cast<dash_backward_plan*>(uintptr_t{0x1234});
+
+// Creates a plan for h200() (or `device`); fails the test and returns null if that is refused.
+dash_backward_plan* create_plan(const AttentionShape& shape, const char* schedule,
+                                const dash_device* device = nullptr) {
+  const dash_shape c_shape = to_c(shape);
+  const dash_device given = device != nullptr ? *device : h200();
+  dash_backward_plan* plan = nullptr;
+  const Result r = call(
+      [&](char* m, size_t n) { return dash_backward_plan_create(&c_shape, schedule, &given, &plan, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_OK) << schedule << ": " << r.message;
+  EXPECT_EQ(r.message, "");
+  return plan;
+}
+
+size_t plan_workspace_size(const dash_backward_plan* plan) {
+  size_t bytes = kUntouched;
+  const Result r = call([&](char* m, size_t n) { return dash_backward_plan_workspace_size(plan, &bytes, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_OK) << r.message;
+  return bytes;
+}
+
+// What dash_backward_plan_create answered, and the handle variable afterwards (kUntouchedPlan before).
+struct CreateResult {
+  Result result;
+  dash_backward_plan* plan;
+};
+
+CreateResult try_create(const dash_shape* shape, const char* schedule, const dash_device* device,
+                        bool with_plan_output = true) {
+  dash_backward_plan* plan = kUntouchedPlan;
+  const Result r = call([&](char* m, size_t n) {
+    return dash_backward_plan_create(shape, schedule, device, with_plan_output ? &plan : nullptr, m, n);
+  });
+  return {r, plan};
+}
+
+TEST(CBackwardPlan, IsMadeForADeviceDescribedByHandWithoutAGpu) {
+  dash_backward_plan* plan = create_plan(testing::valid_workspace_shape(), "auto");
+  ASSERT_NE(plan, nullptr);
+  const size_t bytes = plan_workspace_size(plan);
+  EXPECT_NE(bytes, kUntouched);
+  EXPECT_GT(bytes, 0u);
+  dash_backward_plan_destroy(plan);
+}
+
+// Every schedule name is planned, or refused for its preconditions; the workspace follows the shape.
+TEST(CBackwardPlan, PlansEveryScheduleWhosePreconditionsHold) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  const dash_device device = h200();
+  int planned = 0;
+  const std::string names = dash_schedule_names();
+  size_t begin = 0;
+  while (begin <= names.size()) {
+    const size_t end = std::min(names.find(',', begin), names.size());
+    const std::string name = names.substr(begin, end - begin);
+    begin = end + 1;
+    const CreateResult created = try_create(&c_shape, name.c_str(), &device);
+    if (created.result.code == DASH_STATUS_SCHEDULE_REJECTED) {
+      EXPECT_EQ(created.plan, kUntouchedPlan) << name;
+      continue;
+    }
+    ASSERT_EQ(created.result.code, DASH_STATUS_OK) << name << ": " << created.result.message;
+    EXPECT_GT(plan_workspace_size(created.plan), 0u) << name;
+    dash_backward_plan_destroy(created.plan);
+    ++planned;
+  }
+  EXPECT_GE(planned, 5) << "auto, ascending, descending, shortest-first and nondeterministic have no preconditions";
+}
+
+TEST(CBackwardPlan, WorkspaceGrowsWithTheShape) {
+  AttentionShape longer = testing::valid_workspace_shape();
+  longer.seqlen_q *= 4;
+  dash_backward_plan* small = create_plan(testing::valid_workspace_shape(), "auto");
+  dash_backward_plan* large = create_plan(longer, "auto");
+  ASSERT_NE(small, nullptr);
+  ASSERT_NE(large, nullptr);
+  EXPECT_GT(plan_workspace_size(large), plan_workspace_size(small));
+  dash_backward_plan_destroy(small);
+  dash_backward_plan_destroy(large);
+}
+
+TEST(CBackwardPlan, DestroyingNullDoesNothing) { dash_backward_plan_destroy(nullptr); }
+
+class CBackwardPlanShape : public ::testing::TestWithParam<testing::RejectedShape> {};
+
+TEST_P(CBackwardPlanShape, RefusesTheShapeBeforeAnythingElse) {
+  AttentionShape shape = testing::valid_workspace_shape();
+  GetParam().bend(shape);
+  const dash_shape c_shape = to_c(shape);
+  const dash_device device = h200();
+  for (const dash_device* given : {&device, static_cast<const dash_device*>(nullptr)}) {
+    const CreateResult created = try_create(&c_shape, "auto", given);
+    EXPECT_EQ(created.result.code, static_cast<int>(GetParam().code)) << created.result.message;
+    EXPECT_EQ(created.result.message, GetParam().message);
+    EXPECT_EQ(created.plan, kUntouchedPlan);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CBackwardPlanShape, ::testing::ValuesIn(testing::rejected_shapes()),
+                         testing::rejected_shape_name);
+
+TEST(CBackwardPlanCreate, RefusesANullShape) {
+  const dash_device device = h200();
+  const CreateResult created = try_create(nullptr, "auto", &device);
+  EXPECT_EQ(created.result.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(created.result.message, "shape must not be null");
+  EXPECT_EQ(created.plan, kUntouchedPlan);
+}
+
+TEST(CBackwardPlanCreate, RefusesANullPlanOutput) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  const dash_device device = h200();
+  const CreateResult created = try_create(&c_shape, "auto", &device, /*with_plan_output=*/false);
+  EXPECT_EQ(created.result.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(created.result.message, "plan must not be null");
+}
+
+TEST(CBackwardPlanCreate, RefusesANullSchedule) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  const dash_device device = h200();
+  const CreateResult created = try_create(&c_shape, nullptr, &device);
+  EXPECT_EQ(created.result.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(created.result.message, "schedule must not be null (pass a name such as \"auto\")");
+  EXPECT_EQ(created.plan, kUntouchedPlan);
+}
+
+TEST(CBackwardPlanCreate, RefusesAnUnknownSchedule) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  const dash_device device = h200();
+  const CreateResult created = try_create(&c_shape, "fastest", &device);
+  EXPECT_EQ(created.result.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(created.result.message.rfind("unknown schedule 'fastest' (valid: auto, ascending", 0), 0u)
+      << created.result.message;
+  EXPECT_EQ(created.plan, kUntouchedPlan);
+}
+
+TEST(CBackwardPlanCreate, RefusesANegativeDeviceIndex) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  dash_device device = h200();
+  device.index = -1;
+  const CreateResult created = try_create(&c_shape, "auto", &device);
+  EXPECT_EQ(created.result.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(created.result.message, "device.index must be >= 0, got -1");
+  EXPECT_EQ(created.plan, kUntouchedPlan);
+}
+
+TEST(CBackwardPlanCreate, RefusesADeviceWithoutMultiprocessors) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  dash_device device = h200();
+  device.multiprocessor_count = 0;
+  const CreateResult created = try_create(&c_shape, "auto", &device);
+  EXPECT_EQ(created.result.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(created.result.message, "device.multiprocessor_count must be > 0, got 0");
+  EXPECT_EQ(created.plan, kUntouchedPlan);
+}
+
+TEST(CBackwardPlanCreate, RefusesAScheduleWhosePreconditionsFail) {
+  AttentionShape shape = testing::valid_workspace_shape();
+  shape.causal = false;
+  const dash_shape c_shape = to_c(shape);
+  const dash_device device = h200();
+  const CreateResult created = try_create(&c_shape, "symmetric-shift", &device);
+  EXPECT_EQ(created.result.code, DASH_STATUS_SCHEDULE_REJECTED);
+  EXPECT_EQ(created.result.message,
+            "schedule 'symmetric-shift' cannot run this shape: symmetric-shift needs the causal mask (use shift for "
+            "the full mask)");
+  EXPECT_EQ(created.plan, kUntouchedPlan);
+}
+
+// NULL plans for the current device: without a usable one, dash_check_device's answer.
+TEST(CBackwardPlanCreate, ForTheCurrentDeviceNeedsOneTheKernelsRunOn) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  const CreateResult created = try_create(&c_shape, "auto", nullptr);
+  const Result check = call([](char* m, size_t n) { return dash_check_device(m, n); });
+  if (check.code != DASH_STATUS_OK) {
+    EXPECT_EQ(created.result.code, check.code);
+    EXPECT_EQ(created.result.message, check.message);
+    EXPECT_EQ(created.plan, kUntouchedPlan);
+    return;
+  }
+  ASSERT_EQ(created.result.code, DASH_STATUS_OK) << created.result.message;
+  EXPECT_GT(plan_workspace_size(created.plan), 0u);
+  dash_backward_plan_destroy(created.plan);
+}
+
+TEST(CBackwardPlanWorkspaceSize, RefusesANullPlan) {
+  size_t bytes = kUntouched;
+  const Result r = call([&](char* m, size_t n) { return dash_backward_plan_workspace_size(nullptr, &bytes, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "plan must not be null");
+  EXPECT_EQ(bytes, kUntouched);
+}
+
+TEST(CBackwardPlanWorkspaceSize, RefusesANullOutput) {
+  dash_backward_plan* plan = create_plan(testing::valid_workspace_shape(), "auto");
+  ASSERT_NE(plan, nullptr);
+  const Result r = call([&](char* m, size_t n) { return dash_backward_plan_workspace_size(plan, nullptr, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "bytes must not be null");
+  dash_backward_plan_destroy(plan);
+}
+
+// The tensors of a backward call, packed, at fake but aligned device-looking addresses (nothing is dereferenced
+// before the device checks, which this machine may not pass).
+struct FakeBackwardCall {
+  explicit FakeBackwardCall(const AttentionShape& s) : shape(to_c(s)) {
+    for (int i = 0; i < kTensors; ++i) {
+      const bool key_side = i == 1 || i == 2 || i == 6 || i == 7;  // k, v, dk, dv
+      const int64_t seqlen = key_side ? s.seqlen_k : s.seqlen_q;
+      const int64_t heads = key_side ? s.heads_kv : s.heads_q;
+      tensors[i] = dash_tensor{region(i), {seqlen * heads * s.head_dim, heads * s.head_dim, s.head_dim, 1}};
+    }
+  }
+
+  // Runs `plan` on this call.
+  Result run(const dash_backward_plan* plan) const {
+    const dash_tensor* t = tensors.data();
+    return call([&](char* m, size_t n) {
+      return dash_backward_plan_run(plan, &shape, &t[0], &t[1], &t[2], &t[3], &t[4], lse(), &t[5], &t[6], &t[7],
+                                    nullptr, 0, nullptr, m, n);
+    });
+  }
+
+  static constexpr int kTensors = 8;  // q, k, v, out, dout, dq, dk, dv
+  dash_shape shape;
+  std::array<dash_tensor, kTensors> tensors{};
+
+ private:
+  // Each tensor in its own 64 GiB region far above any real allocation.
+  static void* region(int i) {
+    return reinterpret_cast<void*>((uintptr_t{1} << 44) + static_cast<uintptr_t>(i) * (uintptr_t{1} << 36));
+  }
+  static const float* lse() { return static_cast<const float*>(region(kTensors)); }
+};
+
+TEST(CBackwardPlanRun, RefusesANullPlan) {
+  const FakeBackwardCall c(testing::valid_workspace_shape());
+  const Result r = c.run(nullptr);
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "plan must not be null");
+}
+
+TEST(CBackwardPlanRun, NamesAMissingArgument) {
+  dash_backward_plan* plan = create_plan(testing::valid_workspace_shape(), "auto");
+  ASSERT_NE(plan, nullptr);
+  const FakeBackwardCall c(testing::valid_workspace_shape());
+  const dash_tensor* t = c.tensors.data();
+  Result r = call([&](char* m, size_t n) {
+    return dash_backward_plan_run(plan, nullptr, &t[0], &t[1], &t[2], &t[3], &t[4], nullptr, &t[5], &t[6], &t[7],
+                                  nullptr, 0, nullptr, m, n);
+  });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "shape must not be null");
+  r = call([&](char* m, size_t n) {
+    return dash_backward_plan_run(plan, &c.shape, &t[0], &t[1], &t[2], &t[3], &t[4], nullptr, nullptr, &t[6], &t[7],
+                                  nullptr, 0, nullptr, m, n);
+  });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "dq must not be null");
+  dash_backward_plan_destroy(plan);
+}
+
+// The shape is checked against the plan before the arguments themselves: a null data pointer waits its turn.
+TEST(CBackwardPlanRun, RefusesAShapeThatIsNotThePlansNamingTheField) {
+  dash_backward_plan* plan = create_plan(testing::valid_workspace_shape(), "auto");
+  ASSERT_NE(plan, nullptr);
+  AttentionShape longer = testing::valid_workspace_shape();
+  longer.seqlen_q = 512;
+  FakeBackwardCall c(longer);
+  c.tensors[0].data = nullptr;
+  const Result r = c.run(plan);
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "shape.seqlen_q is 512, but the plan was made for 256 (make a plan for this call)");
+  dash_backward_plan_destroy(plan);
+}
+
+// A call of the plan's shape meets the library's next checks: the kernel lookup, the device, the pointers.
+TEST(CBackwardPlanRun, AMatchingCallGetsPastThePlanChecks) {
+  const AttentionShape shape = testing::valid_workspace_shape();
+  dash_backward_plan* plan = create_plan(shape, "auto");
+  ASSERT_NE(plan, nullptr);
+  const Result r = FakeBackwardCall(shape).run(plan);
+  const Result check = call([](char* m, size_t n) { return dash_check_device(m, n); });
+  if (dash_kernel_available(shape.head_dim, static_cast<int>(shape.dtype)) == 0) {
+    EXPECT_EQ(r.code, DASH_STATUS_NOT_AVAILABLE) << r.message;
+  } else if (check.code != DASH_STATUS_OK) {
+    EXPECT_EQ(r.code, check.code);
+    EXPECT_EQ(r.message, check.message);
+  } else {
+    EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT) << r.message;
+    EXPECT_EQ(r.message.find("but the plan was made for"), std::string::npos) << r.message;
+  }
+  dash_backward_plan_destroy(plan);
 }
 
 }  // namespace
