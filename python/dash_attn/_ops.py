@@ -4,17 +4,16 @@ Custom ops (not a torch.autograd.Function) keep the C library opaque to torch.co
 node per call instead of tracing into ctypes, the fake kernels give it the output metadata, and the
 autograd formula wires the backward op in. Both ops take (B, S, H, D) tensors that passed the checks in
 _arguments.py; they fix only what the kernels cannot take but a caller may legitimately pass (odd strides,
-misaligned views, broadcast gradients) by copying.
+misaligned views, broadcast gradients) by copying. The backward runs the plan of its device, shape and
+schedule from _plans, so a training loop plans and proves each shape once.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
-from . import _library
+from . import _library, _plans
 
 # TMA needs 16-byte aligned addresses and strides that are multiples of 16 bytes: 8 two-byte elements,
 # and below 2^40 bytes (src/api/limits.hpp), even for a dimension of one index.
@@ -70,13 +69,6 @@ def _c_shape(q: Tensor, k: Tensor, softmax_scale: float, causal: bool) -> _libra
         softmax_scale=softmax_scale,
         causal=int(causal),
     )
-
-
-@functools.lru_cache(maxsize=256)
-def _backward_workspace_bytes(device: int, shape_fields: tuple, schedule: str) -> int:
-    """The backward workspace size, which costs a CPU planning pass; a training loop repeats shapes, so
-    it is cached per device (the plan depends on its SM count), shape and schedule."""
-    return _library.backward_workspace_size(_library.Shape(*shape_fields), schedule)
 
 
 def _workspace(nbytes: int, device: torch.device) -> Tensor:
@@ -147,17 +139,16 @@ def backward(
     dq, dk, dv = _backward_outputs(q, k, v)
     shape = _c_shape(q, k, softmax_scale, causal)
     with torch.cuda.device(q.device):
-        shape_fields = tuple(getattr(shape, name) for name, _ in _library.Shape._fields_)
-        workspace_bytes = _backward_workspace_bytes(q.device.index, shape_fields, schedule)
-        workspace = _workspace(workspace_bytes, q.device)
-        _library.backward(
+        # Planned and proven once per (device, shape, schedule); the plan sizes the workspace and runs.
+        plan = _plans.backward_plan(q.device.index, shape, schedule)
+        workspace = _workspace(plan.workspace_bytes, q.device)
+        plan.backward(
             shape,
             *(_c_tensor(t) for t in (q, k, v, out, dout)),
             lse.data_ptr(),
             *(_c_tensor(t) for t in (dq, dk, dv)),
-            schedule,
             workspace.data_ptr(),
-            workspace_bytes,
+            plan.workspace_bytes,
             torch.cuda.current_stream(q.device).cuda_stream,
         )
     return dq, dk, dv

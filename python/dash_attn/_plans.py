@@ -1,0 +1,79 @@
+"""The process's backward plans: one bounded, least-recently-used cache of BackwardPlan handles.
+
+A plan is keyed by everything that decides it: the CUDA device ordinal (a plan is made for that device's SM
+count), every field of the C shape (sizes, head dim, dtype, softmax scale as the library sees it, mask) and
+the schedule name, so a hit is exactly the plan the library would make again. At most `capacity` plans are
+kept; adding one beyond that drops the least recently used, whose handle is freed as soon as no call still
+uses it (BackwardPlan frees its handle when collected) and at the latest at interpreter exit. Plans are made
+outside the lock, so a long first proof does not hold up other threads' lookups; when two threads make the
+same plan at once, the first one stored wins and the other is dropped. A failed planning caches nothing.
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+from . import _library
+
+# Plans kept per process: a training run uses a handful of shapes, a shape sweep many; each plan holds a few
+# hundred bytes on the host and nothing on the GPU.
+PLAN_CACHE_CAPACITY = 256
+
+Plan = TypeVar("Plan")
+
+
+class PlanCache(Generic[Plan]):
+    """`make(key)` at most once per key while the key stays among the `capacity` most recently used."""
+
+    def __init__(self, capacity: int, make: Callable[[Hashable], Plan]) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self._capacity = capacity
+        self._make = make
+        self._lock = threading.Lock()
+        self._plans: OrderedDict[Hashable, Plan] = OrderedDict()  # least recently used first
+
+    def get(self, key: Hashable) -> Plan:
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+                return plan
+        made = self._make(key)
+        with self._lock:
+            plan = self._plans.setdefault(key, made)
+            self._plans.move_to_end(key)
+            while len(self._plans) > self._capacity:
+                self._plans.popitem(last=False)
+            return plan
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._plans)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+
+def _shape_fields(shape: _library.Shape) -> tuple:
+    """Every field of `shape`, in struct order, as the library reads them (the scale already rounded to float32)."""
+    return tuple(getattr(shape, name) for name, _ in _library.Shape._fields_)
+
+
+def _make_backward_plan(key: tuple) -> _library.BackwardPlan:
+    _device, shape_fields, schedule = key
+    return _library.BackwardPlan(_library.Shape(*shape_fields), schedule)
+
+
+backward_plans: PlanCache[_library.BackwardPlan] = PlanCache(PLAN_CACHE_CAPACITY, _make_backward_plan)
+
+
+def backward_plan(device: int, shape: _library.Shape, schedule: str) -> _library.BackwardPlan:
+    """The backward plan of `shape` and `schedule` on CUDA device `device`, which must be the current device
+    (a plan is made for the current device; the library refuses to run it on another)."""
+    return backward_plans.get((device, _shape_fields(shape), schedule))

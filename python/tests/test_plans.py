@@ -1,0 +1,347 @@
+"""Tests of the backward plans: the plan cache of dash_attn._plans (hits, least-recently-used eviction, a
+failed planning caching nothing, threads, the key holding every field that decides a plan) with a fake maker;
+BackwardPlan handles of the real library made for a device described by hand, which needs no GPU (workspace
+size, refusals, a call whose shape is not the plan's, freeing on close, on eviction and at exit); and on a
+Hopper GPU, the backward op running one cached plan with the bits of the entry point that plans every call.
+Without the library or a GPU, the tests that need them skip and say why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from dash_attn import _plans
+
+SHAPE_FIELDS = (2, 256, 384, 8, 2, 128, 0, 128**-0.5, 1)  # batch, seqlen_q, seqlen_k, heads_q, heads_kv, ...
+
+
+class Made:
+    """A fake plan: which key it was made for."""
+
+    def __init__(self, key) -> None:
+        self.key = key
+
+
+class Maker:
+    """A plan maker that counts what it makes, and fails on the keys in `failing`."""
+
+    def __init__(self, failing: tuple = ()) -> None:
+        self.made: list = []
+        self.failing = set(failing)
+        self.lock = threading.Lock()
+
+    def __call__(self, key) -> Made:
+        with self.lock:
+            self.made.append(key)
+        if key in self.failing:
+            self.failing.discard(key)
+            raise RuntimeError(f"cannot plan {key}")
+        return Made(key)
+
+
+# --- the cache, with a fake maker (no library needed) ------------------------------------------------------
+
+
+def test_a_hit_is_the_plan_made_for_the_key_and_makes_nothing() -> None:
+    maker = Maker()
+    cache = _plans.PlanCache(4, maker)
+    first = cache.get("a")
+    assert first.key == "a"
+    assert cache.get("a") is first
+    assert maker.made == ["a"]
+    assert len(cache) == 1
+
+
+def test_beyond_capacity_the_least_recently_used_plan_is_dropped() -> None:
+    maker = Maker()
+    cache = _plans.PlanCache(2, maker)
+    a = cache.get("a")
+    cache.get("b")
+    assert cache.get("a") is a  # now "b" is the least recently used
+    cache.get("c")
+    assert len(cache) == 2
+    assert cache.get("a") is a
+    cache.get("b")  # dropped: made again
+    assert maker.made == ["a", "b", "c", "b"]
+
+
+def test_a_failed_planning_caches_nothing() -> None:
+    maker = Maker(failing=("a",))
+    cache = _plans.PlanCache(2, maker)
+    with pytest.raises(RuntimeError, match="cannot plan a"):
+        cache.get("a")
+    assert len(cache) == 0
+    assert cache.get("a").key == "a"
+    assert maker.made == ["a", "a"]
+
+
+def test_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="capacity must be >= 1, got 0"):
+        _plans.PlanCache(0, Maker())
+
+
+def test_clear_drops_every_plan() -> None:
+    cache = _plans.PlanCache(2, Maker())
+    cache.get("a")
+    cache.clear()
+    assert len(cache) == 0
+
+
+def hammer(cache: _plans.PlanCache, keys: int, threads: int = 8, lookups: int = 500) -> dict:
+    """Every plan object each key got from `cache` while `threads` threads looked keys up at once; fails the
+    test if a lookup got another key's plan or the cache ever held more than its capacity."""
+    got: dict = {}
+    wrong: list = []
+    lock = threading.Lock()
+
+    def work(t: int) -> None:
+        for i in range(lookups):
+            key = (t * 7 + i * 13) % keys
+            plan = cache.get(key)
+            if plan.key != key or len(cache) > cache._capacity:
+                wrong.append((key, plan.key))
+            with lock:
+                got.setdefault(key, set()).add(id(plan))
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert wrong == []
+    return got
+
+
+def test_threads_share_one_plan_per_key_while_it_is_kept() -> None:
+    got = hammer(_plans.PlanCache(16, Maker()), keys=12)
+    assert all(len(plans) == 1 for plans in got.values()), got
+
+
+def test_threads_evicting_each_others_plans_keep_the_bound() -> None:
+    cache = _plans.PlanCache(8, Maker())
+    hammer(cache, keys=12)
+    assert len(cache) == 8
+
+
+def test_the_process_cache_holds_a_few_hundred_plans() -> None:
+    assert _plans.backward_plans._capacity == _plans.PLAN_CACHE_CAPACITY == 256
+
+
+def test_the_key_holds_the_device_every_shape_field_and_the_schedule(monkeypatch) -> None:
+    from dash_attn import _library
+
+    maker = Maker()
+    monkeypatch.setattr(_plans, "backward_plans", _plans.PlanCache(64, maker))
+    base = _library.Shape(*SHAPE_FIELDS)
+    plan = _plans.backward_plan(0, base, "auto")
+    assert _plans.backward_plan(0, _library.Shape(*SHAPE_FIELDS), "auto") is plan
+    assert len(maker.made) == 1
+    variants = [(1, base, "auto"), (0, base, "ascending")]
+    replacements = {
+        "batch": 3,
+        "seqlen_q": 512,
+        "seqlen_k": 256,
+        "heads_q": 4,
+        "heads_kv": 8,
+        "head_dim": 64,
+        "dtype": 1,
+        "softmax_scale": 0.5,
+        "causal": 0,
+    }
+    assert set(replacements) == {name for name, _ in _library.Shape._fields_}
+    for name, value in replacements.items():
+        shape = _library.Shape(*SHAPE_FIELDS)
+        setattr(shape, name, value)
+        variants.append((0, shape, "auto"))
+    for device, shape, schedule in variants:
+        assert _plans.backward_plan(device, shape, schedule) is not plan
+    assert len(maker.made) == 1 + len(variants)
+    # The scale as the library reads it: two Python floats that round to one float32 are one plan.
+    nearby = _library.Shape(*SHAPE_FIELDS)
+    nearby.softmax_scale = 128**-0.5 + 1e-12
+    assert _plans.backward_plan(0, nearby, "auto") is plan
+
+
+# --- handles of the real library, for a device described by hand (no GPU needed) ---------------------------
+
+
+@pytest.fixture
+def h200(library):
+    """An H200 as dash_describe_current_device would describe it."""
+    return library.Device(index=0, compute_major=9, compute_minor=0, multiprocessor_count=132, name=b"NVIDIA H200")
+
+
+def fake_tensors(library, shape) -> list:
+    """q, k, v, out, dout, dq, dk, dv as packed tensors at addresses the library never reads before it refuses."""
+    query = (shape.seqlen_q * shape.heads_q * shape.head_dim, shape.heads_q * shape.head_dim, shape.head_dim, 1)
+    key = (shape.seqlen_k * shape.heads_kv * shape.head_dim, shape.heads_kv * shape.head_dim, shape.head_dim, 1)
+    base, region = 1 << 44, 1 << 36
+    return [
+        library.Tensor(base + i * region, (ctypes.c_int64 * 4)(*(key if i in (1, 2, 6, 7) else query)))
+        for i in range(8)
+    ]
+
+
+def run_plan(library, plan, shape) -> None:
+    q, k, v, out, dout, dq, dk, dv = fake_tensors(library, shape)
+    plan.backward(shape, q, k, v, out, dout, (1 << 44) + 8 * (1 << 36), dq, dk, dv, 0, 0, None)
+
+
+def test_a_plan_for_a_described_device_knows_its_workspace(library, h200) -> None:
+    small = library.BackwardPlan(library.Shape(*SHAPE_FIELDS), "auto", h200)
+    longer = library.Shape(*SHAPE_FIELDS)
+    longer.seqlen_q *= 4
+    large = library.BackwardPlan(longer, "auto", h200)
+    assert 0 < small.workspace_bytes < large.workspace_bytes
+    assert not small.closed
+
+
+def test_planning_refusals_carry_the_librarys_message(library, h200) -> None:
+    shape = library.Shape(*SHAPE_FIELDS)
+    with pytest.raises(library.LibraryError, match="unknown schedule 'fastest' \\(valid: auto, ascending") as caught:
+        library.BackwardPlan(shape, "fastest", h200)
+    assert caught.value.status == "invalid-argument"
+    bad = library.Shape(*SHAPE_FIELDS)
+    bad.heads_kv = 0
+    with pytest.raises(library.LibraryError, match="shape.heads_kv must be > 0, got 0"):
+        library.BackwardPlan(bad, "auto", h200)
+    no_sms = library.Device(index=0, multiprocessor_count=0)
+    with pytest.raises(library.LibraryError, match="device.multiprocessor_count must be > 0, got 0"):
+        library.BackwardPlan(shape, "auto", no_sms)
+    full = library.Shape(*SHAPE_FIELDS)
+    full.causal = 0
+    with pytest.raises(library.LibraryError, match="symmetric-shift needs the causal mask") as caught:
+        library.BackwardPlan(full, "symmetric-shift", h200)
+    assert caught.value.status == "schedule-rejected"
+
+
+def test_a_plan_refuses_a_call_whose_shape_is_not_its_own(library, h200) -> None:
+    plan = library.BackwardPlan(library.Shape(*SHAPE_FIELDS), "auto", h200)
+    other = library.Shape(*SHAPE_FIELDS)
+    other.seqlen_q = 512
+    with pytest.raises(library.LibraryError) as caught:
+        run_plan(library, plan, other)
+    assert caught.value.status == "invalid-argument"
+    assert caught.value.message == "shape.seqlen_q is 512, but the plan was made for 256 (make a plan for this call)"
+
+
+def test_close_frees_the_handle_once_and_a_closed_plan_refuses_to_run(library, h200) -> None:
+    shape = library.Shape(*SHAPE_FIELDS)
+    plan = library.BackwardPlan(shape, "auto", h200)
+    plan.close()
+    assert plan.closed
+    plan.close()
+    with pytest.raises(ValueError, match="this BackwardPlan is closed; make a new one"):
+        run_plan(library, plan, shape)
+
+
+@pytest.fixture
+def freed(library, monkeypatch) -> list:
+    """The handles dash_backward_plan_destroy frees from now on (plans made after this fixture)."""
+    lib = library.load()
+    real_destroy = lib.dash_backward_plan_destroy
+    handles: list = []
+
+    def destroy(handle) -> None:
+        handles.append(handle)
+        real_destroy(handle)
+
+    monkeypatch.setattr(lib, "dash_backward_plan_destroy", destroy)
+    return handles
+
+
+def test_dropping_the_last_reference_frees_the_handle(library, h200, freed) -> None:
+    plan = library.BackwardPlan(library.Shape(*SHAPE_FIELDS), "auto", h200)
+    handle = plan._handle
+    del plan
+    gc.collect()
+    assert freed == [handle]
+
+
+def test_eviction_frees_the_dropped_plans_handle(library, h200, freed) -> None:
+    cache = _plans.PlanCache(1, lambda schedule: library.BackwardPlan(library.Shape(*SHAPE_FIELDS), schedule, h200))
+    first = cache.get("ascending")._handle
+    cache.get("descending")
+    gc.collect()
+    assert freed == [first]
+    cache.clear()
+    gc.collect()
+    assert len(freed) == 2
+
+
+def test_handles_still_held_are_freed_at_exit(library) -> None:
+    program = (
+        "import dash_attn._library as library\n"
+        "lib = library.load()\n"
+        "real_destroy = lib.dash_backward_plan_destroy\n"
+        "def destroy(handle):\n"
+        "    print('freed', handle == plan_handle, flush=True)\n"
+        "    real_destroy(handle)\n"
+        "lib.dash_backward_plan_destroy = destroy\n"
+        f"shape = library.Shape{SHAPE_FIELDS!r}\n"
+        "device = library.Device(index=0, multiprocessor_count=132)\n"
+        "plan = library.BackwardPlan(shape, 'auto', device)\n"
+        "plan_handle = plan._handle\n"
+        "print('exiting', flush=True)\n"
+    )
+    package_parent = str(Path(_plans.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_parent, os.environ.get("PYTHONPATH"))))}
+    env[library.LIBRARY_ENV] = str(library.library_path())
+    result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["exiting", "freed True"]
+
+
+# --- on a Hopper GPU: the backward op runs one cached plan ------------------------------------------------
+
+
+def test_the_backward_op_runs_one_cached_plan_with_the_bits_of_the_planning_entry_point(
+    device, require_kernel, library
+) -> None:
+    import torch
+
+    from dash_attn import _ops
+
+    dtype, head_dim, causal = torch.bfloat16, 128, True
+    require_kernel(head_dim, dtype)
+    generator = torch.Generator(device).manual_seed(11)
+
+    def draw(seqlen: int, heads: int) -> torch.Tensor:
+        return torch.randn(2, seqlen, heads, head_dim, generator=generator, device=device).to(dtype)
+
+    q, k, v, dout = draw(300, 4), draw(300, 2), draw(300, 2), draw(300, 4)
+    scale = head_dim**-0.5
+    out, lse = torch.ops.dash_attn.forward(q, k, v, scale, causal, "auto")
+    _plans.backward_plans.clear()
+    first = torch.ops.dash_attn.backward(dout, q, k, v, out, lse, scale, causal, "auto")
+    shape = _ops._c_shape(q, k, scale, causal)
+    plan = _plans.backward_plan(device.index, shape, "auto")
+    second = torch.ops.dash_attn.backward(dout, q, k, v, out, lse, scale, causal, "auto")
+    assert len(_plans.backward_plans) == 1
+    assert _plans.backward_plan(device.index, shape, "auto") is plan
+
+    planned_every_call = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    workspace = torch.empty(library.backward_workspace_size(shape, "auto"), dtype=torch.uint8, device=device)
+    with torch.cuda.device(device):
+        library.backward(
+            shape,
+            *(_ops._c_tensor(t) for t in (q, k, v, out, dout)),
+            lse.data_ptr(),
+            *(_ops._c_tensor(t) for t in planned_every_call),
+            "auto",
+            workspace.data_ptr(),
+            workspace.numel(),
+            torch.cuda.current_stream(device).cuda_stream,
+        )
+    torch.cuda.synchronize(device)
+    for name, a, b, c in zip(("dq", "dk", "dv"), first, second, planned_every_call):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name
+        assert torch.equal(a.view(torch.int16), c.view(torch.int16)), name
