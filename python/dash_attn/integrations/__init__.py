@@ -1,0 +1,5 @@
+"""Integrations of dash_attn with other libraries, one module each (transformers.py: Hugging Face Transformers).
+
+This package imports nothing: importing dash_attn.integrations needs neither torch nor any integrated library.
+Each module imports its library itself and says in its ImportError which version it needs.
+"""
