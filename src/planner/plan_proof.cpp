@@ -1,6 +1,7 @@
-// prove_plan: head classes, then the fast conditions on one representative head per class, in chunks on
-// several threads. The conditions and why they imply the validator's verdict are in validator.hpp
-// ("Proving a plan without expanding it").
+// prove_plan: the shift schedules by their structure (shift_proof.hpp) where its hypotheses hold; otherwise
+// head classes, then the fast conditions on one representative head per class, in chunks on several threads.
+// The conditions and why they imply the validator's verdict are in validator.hpp ("Proving a plan without
+// expanding it").
 #include "planner/plan_proof.hpp"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "planner/shift_proof.hpp"
 #include "planner/streamed_validator.hpp"
 #include "schedule/schedule.hpp"
 
@@ -53,16 +55,12 @@ uint64_t hash_but_head(uint64_t hash, const Job& job) {
 // Head h runs units [h U, (h + 1) U) of the plan, U = units_per_head.
 struct HeadClass {
   int representative;  // the first head of the class
-  int wave_start;      // see first_wave_start
+  int wave_start;      // see wave_start_of
 };
 
-// Static dispatch runs unit u in wave u / num_ctas. The first unit of `head`, counted from the head's first,
-// that begins a wave (at most U: none inside the head). It fixes the wave, relative to the head's first, of
-// every unit of the head. Dynamic dispatch has no waves: 0.
-int first_wave_start(const SchedulePlan& plan, int head, int units_per_head) {
-  if (plan.dispatch != Dispatch::kStatic) return 0;
-  const int into_wave = static_cast<int>(1LL * head * units_per_head % plan.num_ctas);
-  return std::min(units_per_head, into_wave == 0 ? plan.num_ctas : plan.num_ctas - into_wave);
+// Where the head's first wave ends (first_wave_start); dynamic dispatch has no waves: 0.
+int wave_start_of(const SchedulePlan& plan, int head, int units_per_head) {
+  return plan.dispatch == Dispatch::kStatic ? first_wave_start(head, units_per_head, plan.num_ctas) : 0;
 }
 
 bool same_jobs_but_head(const SchedulePlan& plan, int head_a, int head_b, int units_per_head) {
@@ -83,7 +81,7 @@ std::optional<std::vector<HeadClass>> head_classes(const SchedulePlan& plan, int
   std::vector<HeadClass> classes;
   std::unordered_multimap<uint64_t, size_t> by_hash;
   for (int head = 0; head < plan.problem.num_heads(); ++head) {
-    const int wave_start = first_wave_start(plan, head, units_per_head);
+    const int wave_start = wave_start_of(plan, head, units_per_head);
     uint64_t hash = mix(0, wave_start);
     for (int a = 0; a < units_per_head; ++a) {
       for (int sub = 0; sub < plan.jobs_per_unit; ++sub) {
@@ -426,6 +424,13 @@ PlanProof prove_plan(const SchedulePlan& plan, const ProofOptions& options) {
   }
   if (plan.dispatch != Dispatch::kStatic && plan.dispatch != Dispatch::kDynamic) {
     proof.summary = "deadlock: the plan's dispatch is neither static nor dynamic";
+    return proof;
+  }
+  if (const StructuralProof structural = options.by_structure ? prove_shift_by_structure(plan) : StructuralProof{};
+      structural.proven) {
+    proof.stats.head_classes = structural.head_classes;
+    proof.stats.by_structure = true;
+    proof.summary = "valid";
     return proof;
   }
   if (fast_conditions_hold(plan, options, proof.stats)) {

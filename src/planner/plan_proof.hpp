@@ -2,13 +2,15 @@
 // validate_schedule(expand_schedule(plan)) (coverage, rank permutation, deadlock freedom), without expanding
 // the plan.
 //
-// Heads whose jobs are equal but for the head index are proven once: the plan's heads are grouped into
-// classes by their jobs (make_job on every unit, O(jobs)), and the visits (q_tile_at, rank_of, O(visits)) of
-// one representative per class are checked against sufficient conditions that imply every check of the
-// validator. validator.hpp says why that is sound. Visits are checked in chunks on several threads, keeping a
-// few integers per query tile of one head per chunk, so memory depends neither on batch and heads nor on the
-// number of visits. When a condition does not hold, streamed_validation_summary() (streamed_validator.hpp)
-// decides, and words the finding as the validator would.
+// Plans of the shift schedules are proven from their structure when its hypotheses hold (shift_proof.hpp,
+// which every plan the planner makes of them meets): make_job on one head per class, bounded by the CTA count,
+// and no visit enumerated. Otherwise heads whose jobs are equal but for the head index are proven once: the
+// plan's heads are grouped into classes by their jobs (make_job on every unit, O(jobs)), and the visits
+// (q_tile_at, rank_of, O(visits)) of one representative per class are checked against sufficient conditions
+// that imply every check of the validator. validator.hpp says why that is sound. Visits are checked in chunks
+// on several threads, keeping a few integers per query tile of one head per chunk, so memory depends neither
+// on batch and heads nor on the number of visits. When a condition does not hold,
+// streamed_validation_summary() (streamed_validator.hpp) decides, and words the finding as the validator would.
 #pragma once
 
 #include <string>
@@ -19,9 +21,10 @@ namespace dash {
 
 struct ProofStats {
   int heads = 0;                   // schedule heads of the plan
-  int head_classes = 0;            // heads whose visits were enumerated, one per class of equal heads
+  int head_classes = 0;            // heads whose jobs (and visits, unless by_structure) were checked, one per class
   long long visits = 0;            // tile visits enumerated by the fast conditions
   int threads = 1;                 // threads that checked them
+  bool by_structure = false;       // a shift schedule proven from its closed forms (shift_proof.hpp): no visits
   bool streamed_fallback = false;  // a fast condition failed: the streamed validator decided
 };
 
@@ -32,6 +35,9 @@ struct PlanProof {
 };
 
 struct ProofOptions {
+  // Off: plans of the shift schedules are enumerated like any other (tests, and dash-attn prove --enumerate, to
+  // check the structural proof against the enumeration and to time the latter).
+  bool by_structure = true;
   int max_threads = 0;  // 0: one per hardware thread
   // A class is cut into chunks of at least this many visits (whole waves), one thread each at a time: fewer
   // visits than this do not pay for a thread. Tests lower it to cut small plans into many chunks.

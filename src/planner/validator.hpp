@@ -39,6 +39,8 @@
 //      its first wave starts, which is part of the class, so the keys of a head compare as its class's do.
 //  When a condition fails (a schedule that waits across equal positions without deadlocking, or a broken
 //  plan), the streamed validator (streamed_validator.hpp) runs the checks above as written and decides.
+//  The shift schedules need not enumerate their visits for these conditions: shift_proof.hpp derives them from
+//  the schedules' closed forms, under hypotheses it checks on the plan and on the jobs.
 #pragma once
 
 #include <string>

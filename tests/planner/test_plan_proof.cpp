@@ -1,10 +1,12 @@
 // prove_plan (and the streamed validator it falls back on) against the expanding validator: the same report
 // ("valid" or the same first finding, word for word) on random plans of every schedule, including heads that
 // straddle waves, GQA splits, ragged lengths, odd tile counts and seqlen_q != seqlen_k, on small SM counts
-// and several thread counts; and on plans corrupted field by field, which must still be caught. Also checks
-// the facts the proof's reduction rests on (validator.hpp): the schedule functions ignore a job's head, each
-// head owns its block of dQ tiles, heads fall into few classes, and the fast conditions hold for every plan
-// the planner makes, so the proof's work does not grow with batch and heads.
+// and several thread counts, both by the shift schedules' structure and by enumeration; on plans corrupted
+// field by field and on plans the planner rejects, which must still be caught. Also checks the facts the
+// proof's reductions rest on (validator.hpp, shift_proof.hpp): the schedule functions ignore a job's head, each
+// head owns its block of dQ tiles, heads with the same first wave start have the same jobs, heads fall into few
+// classes, and every plan the planner makes meets the structural hypotheses (shift schedules) or the fast
+// conditions (all), so the proof's work does not grow with batch and heads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,12 +14,14 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
 #include "planner/expanded_schedule.hpp"
 #include "planner/plan_proof.hpp"
 #include "planner/schedule_plan.hpp"
+#include "planner/shift_proof.hpp"
 #include "planner/streamed_validator.hpp"
 #include "planner/validator.hpp"
 #include "schedule/schedule.hpp"
@@ -45,9 +49,11 @@ std::string describe(const SchedulePlan& plan) {
 
 std::string full_report(const SchedulePlan& plan) { return validate_schedule(expand_schedule(plan)).summary(); }
 
-// Up to `threads` chunks per class whatever its size, so that small plans exercise the cuts and the joins.
+// The enumerating proof, also for the shift schedules, with up to `threads` chunks per class whatever its size,
+// so that small plans exercise the cuts and the joins.
 ProofOptions in_chunks(int threads) {
   ProofOptions options;
+  options.by_structure = false;
   options.max_threads = threads;
   options.min_visits_per_chunk = 1;
   return options;
@@ -80,6 +86,10 @@ std::vector<TiledProblem> random_problems(unsigned seed, int count) {
   return out;
 }
 
+bool is_shift_schedule(Schedule schedule) {
+  return schedule == Schedule::kShift || schedule == Schedule::kSymmetricShift;
+}
+
 // SM counts that put heads across wave boundaries: few, odd, or the H100/H200 ones.
 int random_sms(std::mt19937& rng) {
   const int named[] = {1, 2, 3, 7, 13, 78, 114, 132};
@@ -108,6 +118,12 @@ TEST(PlanProof, AgreesWithTheExpandingValidatorOnEveryPlannedSchedule) {
         EXPECT_GE(proof.stats.head_classes, 1);
         EXPECT_LE(proof.stats.head_classes, proof.stats.heads);
       }
+      // The structural hypotheses hold for every plan the planner makes of the shift schedules.
+      const PlanProof proof = prove_plan(plan);
+      EXPECT_EQ(proof.summary, expected) << describe(plan);
+      EXPECT_EQ(proof.stats.by_structure, is_shift_schedule(schedule)) << describe(plan);
+      EXPECT_FALSE(proof.stats.streamed_fallback) << describe(plan);
+      EXPECT_LE(proof.stats.head_classes, std::min(proof.stats.heads, plan.num_ctas));
       EXPECT_EQ(streamed_validation_summary(plan), expected) << describe(plan);
       ++proven;
       const int units_per_head = plan.num_units / problem.num_heads();
@@ -144,7 +160,9 @@ TEST(PlanProof, ManyChunksAgree) {
     EXPECT_FALSE(proof.stats.streamed_fallback);
     EXPECT_GT(proof.stats.threads, 1) << schedule_name(schedule);
     // By default a head this small is one chunk: a thread would cost more than it saves.
-    EXPECT_EQ(prove_plan(planned.plan).stats.threads, 1);
+    ProofOptions enumerating;
+    enumerating.by_structure = false;
+    EXPECT_EQ(prove_plan(planned.plan, enumerating).stats.threads, 1);
   }
 }
 
@@ -180,6 +198,8 @@ SchedulePlan corrupted(const SchedulePlan& plan, std::mt19937& rng) {
 TEST(PlanProof, CorruptedPlansGetTheValidatorsReport) {
   std::mt19937 rng(7);
   std::map<std::string, int> findings;  // by the report's first words
+  int by_structure = 0;                 // corrupted shift plans that still meet the structural hypotheses
+  int shift_not_by_structure = 0;       // and those that do not
   for (const TiledProblem& problem : random_problems(23, 120)) {
     const int sms = random_sms(rng);
     for (Schedule schedule : kSchedules) {
@@ -189,12 +209,20 @@ TEST(PlanProof, CorruptedPlansGetTheValidatorsReport) {
         const SchedulePlan bad = corrupted(planned.plan, rng);
         const std::string expected = full_report(bad);
         EXPECT_EQ(prove_plan(bad, in_chunks(3)).summary, expected) << describe(bad);
+        const PlanProof proof = prove_plan(bad);
+        EXPECT_EQ(proof.summary, expected) << describe(bad);
         EXPECT_EQ(streamed_validation_summary(bad), expected) << describe(bad);
         const size_t cut = expected.find(" ", expected.find(':') + 2);
         ++findings[expected.substr(0, cut)];
+        by_structure += proof.stats.by_structure ? 1 : 0;
+        shift_not_by_structure += is_shift_schedule(bad.kind) && !proof.stats.by_structure ? 1 : 0;
       }
     }
   }
+  // Both sides of the structural hypotheses are reached: corrupted fields that keep them (another SM count or
+  // sequence length the plan still fits), and ones that break them, which the enumeration then decides.
+  EXPECT_GT(by_structure, 20);
+  EXPECT_GT(shift_not_by_structure, 20);
   // Plans corrupted this way come out valid, uncovered or waiting on later units (rank errors are rare and
   // static stalls do not occur: the expansion-corrupting tests below compare those findings).
   for (const char* kind : {"valid", "coverage: job", "deadlock: unit"}) EXPECT_GT(findings[kind], 0) << kind;
@@ -398,15 +426,244 @@ TEST(PlanProof, ProofWorkDoesNotGrowWithBatchAndHeads) {
     EXPECT_EQ(many.stats.head_classes, 1) << schedule_name(schedule);
     EXPECT_EQ(many.stats.visits, one.stats.visits) << schedule_name(schedule);
   }
-  // 32 key/value tiles, 16 units per head on 132 CTAs: gcd 4, so at most 33 classes.
+  // 32 key/value tiles, 16 units per head on 132 CTAs: gcd 4, so at most 33 classes, and no visit enumerated.
   const PlanProof symmetric = prove_plan(must_plan(many_heads, Schedule::kSymmetricShift, 132));
   EXPECT_TRUE(symmetric.ok()) << symmetric.summary;
+  EXPECT_TRUE(symmetric.stats.by_structure);
+  EXPECT_EQ(symmetric.stats.visits, 0);
   EXPECT_LE(symmetric.stats.head_classes, 132 / std::gcd(16, 132));
   // 4 key/value tiles per head, 33 heads to a 132-CTA wave: no head straddles, so all are alike.
   const TiledProblem short_heads = make_tiled_problem(make_shape(4, 32, 1, 512, 512, 128, false));
   const PlanProof shift = prove_plan(must_plan(short_heads, Schedule::kShift, 132));
   EXPECT_TRUE(shift.ok()) << shift.summary;
+  EXPECT_TRUE(shift.stats.by_structure);
   EXPECT_EQ(shift.stats.head_classes, 1);
+}
+
+// The fact the structural proof's classes rest on (shift_proof.hpp): under static dispatch, heads with the same
+// first_wave_start get the same jobs from make_job but for the head, which is their own.
+TEST(PlanProof, HeadsWithTheSameFirstWaveStartHaveTheSameJobs) {
+  // Every field of a Job but its head; stops compiling when Job gains a field, which must then join it.
+  const auto fields_but_head = [](const Job& job) {
+    const auto& [head, kv_tile, q_begin, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, is_short,
+                 valid] = job;
+    static_cast<void>(head);
+    return std::tuple(kv_tile, q_begin, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, is_short, valid);
+  };
+  std::mt19937 rng(17);
+  int compared_heads = 0;
+  for (const TiledProblem& problem : random_problems(13, 120)) {
+    const int sms = random_sms(rng);
+    for (Schedule schedule : {Schedule::kShift, Schedule::kSymmetricShift}) {
+      const PlanResult planned = make_schedule_plan(problem, schedule, sms);
+      if (!planned.ok()) continue;
+      const SchedulePlan& plan = planned.plan;
+      const int units_per_head = plan.num_units / problem.num_heads();
+      std::map<int, int> representative;  // by first_wave_start
+      for (int head = 0; head < problem.num_heads(); ++head) {
+        const int start = first_wave_start(head, units_per_head, plan.num_ctas);
+        const int first = representative.emplace(start, head).first->second;
+        if (first == head) continue;
+        ++compared_heads;
+        for (int a = 0; a < units_per_head; ++a) {
+          for (int sub = 0; sub < plan.jobs_per_unit; ++sub) {
+            const Job job = make_job(plan, head * units_per_head + a, sub);
+            const Job other = make_job(plan, first * units_per_head + a, sub);
+            ASSERT_EQ(fields_but_head(job), fields_but_head(other)) << describe(plan) << " heads " << first << ", " << head;
+            if (job.valid) {
+              ASSERT_EQ(job.head, head) << describe(plan);
+            }
+          }
+        }
+      }
+      // Starts repeat with period S / gcd(U, S): the structural proof looks no further than one period.
+      const int period = plan.num_ctas / std::gcd(units_per_head, plan.num_ctas);
+      for (int head = period; head < problem.num_heads(); ++head) {
+        ASSERT_EQ(first_wave_start(head, units_per_head, plan.num_ctas),
+                  first_wave_start(head - period, units_per_head, plan.num_ctas));
+      }
+    }
+  }
+  EXPECT_GT(compared_heads, 200);
+}
+
+// The cases the structural proof must get right, each against the expanding validator and the enumerating
+// proof: odd key/value tile counts (symmetric shift's middle unit), seqlen_q != seqlen_k, GQA groups folded
+// into the jobs and split, heads that straddle waves, SM counts that do not divide the unit count.
+TEST(PlanProof, StructuralProofAgreesOnTheHardCases) {
+  struct Case {
+    const char* what;
+    AttentionShape shape;
+    int group_splits;  // 0: the planner's
+    int sms;
+  };
+  const Case cases[] = {
+      {"odd n, one head", make_shape(1, 1, 1, 1152, 1152, 64, true), 0, 132},
+      {"odd n, heads across waves", make_shape(2, 3, 1, 1152, 1152, 64, true), 0, 7},
+      {"odd n, stride 2", make_shape(1, 3, 1, 1408, 1408, 128, true), 0, 4},
+      {"seqlen_q > seqlen_k", make_shape(2, 2, 1, 2000, 1300, 128, true), 0, 5},
+      {"seqlen_q > seqlen_k, ragged", make_shape(1, 3, 1, 1999, 1201, 64, true), 0, 3},
+      {"seqlen_q < seqlen_k, full", make_shape(2, 2, 1, 700, 2100, 128, false), 0, 9},
+      {"seqlen_q > seqlen_k, full", make_shape(1, 3, 1, 2100, 700, 64, false), 0, 4},
+      {"GQA folded, one part", make_shape(1, 2, 4, 1300, 1300, 128, true), 1, 6},
+      {"GQA split in two", make_shape(2, 2, 4, 1300, 1100, 128, true), 2, 11},
+      {"GQA split in two, full", make_shape(2, 2, 4, 900, 1500, 64, false), 2, 13},
+      {"GQA, the planner's split in two", make_shape(1, 9, 4, 2048, 2048, 64, true), 0, 78},
+      {"units not divisible by SMs", make_shape(3, 5, 1, 1536, 1536, 64, false), 0, 114},
+      {"units not divisible by SMs, causal", make_shape(3, 5, 1, 2304, 2304, 128, true), 0, 114},
+      {"heads straddle every wave", make_shape(3, 4, 1, 1664, 1664, 64, true), 0, 10},
+      {"one CTA", make_shape(1, 2, 1, 640, 640, 64, true), 0, 1},
+  };
+  int proven = 0;
+  for (const Case& c : cases) {
+    const TiledProblem problem = make_tiled_problem(c.shape, c.group_splits);
+    const Schedule schedule = problem.causal ? Schedule::kSymmetricShift : Schedule::kShift;
+    const PlanResult planned = make_schedule_plan(problem, schedule, c.sms);
+    ASSERT_TRUE(planned.ok()) << c.what << ": " << planned.rejected;
+    const SchedulePlan& plan = planned.plan;
+    const std::string expected = full_report(plan);
+    const PlanProof proof = prove_plan(plan);
+    EXPECT_EQ(proof.summary, expected) << c.what << ": " << describe(plan);
+    EXPECT_TRUE(proof.stats.by_structure) << c.what;
+    EXPECT_EQ(prove_plan(plan, in_chunks(2)).summary, expected) << c.what;
+    proven += proof.stats.by_structure && proof.ok() ? 1 : 0;
+  }
+  EXPECT_EQ(proven, static_cast<int>(std::size(cases)));
+}
+
+// Plans of the shift schedules that the planner rejects (a wave wider than its rotation, or a mask the
+// closed forms do not describe) do not meet the structural hypotheses: the enumeration decides, as the
+// expanding validator does. Some are valid all the same (lanes that meet on a tile stall rather than
+// deadlock), one visits tiles its mask hides. (Symmetric shift's rectangles are never shorter than their wave
+// where its mask hypothesis holds, so that precondition has no case here.)
+TEST(PlanProof, RejectedShiftPlansAreNotProvenByStructure) {
+  struct Case {
+    const char* what;
+    TiledProblem problem;
+    Schedule schedule;
+    int sms;
+  };
+  TiledProblem uneven_stride = abstract_problem(1, 6, 12, true, 3);
+  uneven_stride.block_q = 2;
+  const Case cases[] = {
+      {"shift, fewer query tiles than the wave", abstract_problem(2, 6, 3, false), Schedule::kShift, 6},
+      {"shift, causal", abstract_problem(2, 5, 5, true), Schedule::kShift, 4},
+      {"symmetric shift, block_kv not a multiple of block_q", uneven_stride, Schedule::kSymmetricShift, 3},
+      {"symmetric shift, seqlen_q < seqlen_k", abstract_problem(2, 8, 5, true), Schedule::kSymmetricShift, 3},
+      {"symmetric shift, full mask", abstract_problem(2, 6, 6, false), Schedule::kSymmetricShift, 3},
+  };
+  for (const Case& c : cases) {
+    const PlanResult planned = make_schedule_plan(c.problem, c.schedule, c.sms);
+    EXPECT_FALSE(planned.ok()) << c.what;
+    const std::string expected = full_report(planned.plan);
+    const PlanProof proof = prove_plan(planned.plan);
+    EXPECT_EQ(proof.summary, expected) << c.what << ": " << describe(planned.plan);
+    EXPECT_FALSE(proof.stats.by_structure) << c.what;
+  }
+}
+
+// The closed forms shift_proof.hpp reasons about, visit by visit, against q_tile_at and rank_of: an edit of
+// shift_schedules.hpp that changes them must revisit the structural proof.
+TEST(PlanProof, ShiftSchedulesFollowTheClosedFormsOfTheStructuralProof) {
+  std::mt19937 rng(29);
+  long long visits = 0;
+  for (const TiledProblem& problem : random_problems(37, 80)) {
+    const int sms = random_sms(rng);
+    const int m = problem.num_q_tiles();
+    const int n = problem.num_kv_tiles();
+    for (Schedule schedule : {Schedule::kShift, Schedule::kSymmetricShift}) {
+      const PlanResult planned = make_schedule_plan(problem, schedule, sms);
+      if (!planned.ok()) continue;
+      const SchedulePlan& plan = planned.plan;
+      for (int unit = 0; unit < plan.num_units; ++unit) {
+        for (int sub = 0; sub < plan.jobs_per_unit; ++sub) {
+          const Job job = make_job(plan, unit, sub);
+          if (!job.valid) continue;
+          const int lane = job.lane;
+          const int size = job.wave_size;
+          const int earlier = job.earlier;
+          const int rect_height = m - job.rect_begin;
+          for (int step = 0; step < job.num_steps; ++step) {
+            const int v = q_tile_at(plan, job, step);
+            const int contributors = problem.num_contributors(v);
+            const int earlier_waves = earlier + std::max(0, contributors - (n - earlier));
+            int expected_v = 0;
+            int expected_rank = 0;
+            if (schedule == Schedule::kShift) {
+              expected_v = (lane + step) % m;
+              expected_rank = earlier + positive_mod(std::min(v, size - 1) - lane, size);
+            } else if (job.is_short) {
+              expected_v = m - 1 - step;
+              expected_rank = earlier_waves + size + job.wave_shorts - 1 - lane;
+            } else if (step < rect_height) {
+              expected_v = job.rect_begin + (lane + step) % rect_height;
+              expected_rank = earlier_waves + positive_mod(std::min(v - job.rect_begin, size - 1) - lane, size);
+            } else {
+              expected_v = job.q_begin + step - rect_height;
+              expected_rank = earlier + contributors - 1 - job.kv_tile;
+            }
+            ASSERT_EQ(v, expected_v) << describe(plan) << " unit " << unit << " sub " << sub << " step " << step;
+            ASSERT_EQ(rank_of(plan, job, v), expected_rank) << describe(plan) << " unit " << unit << " step " << step;
+            ++visits;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(visits, 100000);
+}
+
+// Shapes too large to expand, proven both ways: the structural proof's verdict is the enumeration's, and the
+// enumeration finds the fast conditions hold, as the theorems of shift_proof.hpp say they do.
+TEST(PlanProof, StructuralProofAgreesWithTheEnumerationOnLargerShapes) {
+  std::mt19937 rng(43);
+  const auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const int groups[] = {1, 2, 4};
+  int proven = 0;
+  for (int i = 0; i < 60; ++i) {
+    const int seqlen_q = uniform(2000, 24000);
+    const int seqlen_k = i % 2 == 0 ? seqlen_q : uniform(2000, seqlen_q);
+    const int group = groups[uniform(0, 2)];
+    const bool causal = i % 4 < 2;
+    const TiledProblem problem = make_tiled_problem(
+        make_shape(uniform(1, 4), uniform(1, 8), group, seqlen_q, seqlen_k, uniform(0, 1) == 0 ? 64 : 128, causal),
+        group > 1 && uniform(0, 1) == 0 ? group / 2 : 0);
+    const PlanResult planned =
+        make_schedule_plan(problem, causal ? Schedule::kSymmetricShift : Schedule::kShift, random_sms(rng));
+    if (!planned.ok()) continue;
+    const PlanProof structural = prove_plan(planned.plan);
+    const PlanProof enumerated = prove_plan(planned.plan, in_chunks(2));
+    EXPECT_TRUE(structural.stats.by_structure) << describe(planned.plan);
+    EXPECT_EQ(structural.summary, enumerated.summary) << describe(planned.plan);
+    EXPECT_FALSE(enumerated.stats.streamed_fallback) << describe(planned.plan);
+    EXPECT_LE(structural.stats.head_classes, enumerated.stats.head_classes) << describe(planned.plan);
+    ++proven;
+  }
+  EXPECT_GT(proven, 40);
+}
+
+// The shapes of the issue: 1M tokens, as many heads as the library accepts, the H100/H200 SM counts (132,
+// 114) and a smaller part (78). The shift schedules are proven without enumerating a visit, from a number of
+// head classes bounded by the SM count.
+TEST(PlanProof, MillionTokenShapesAreProvenByStructure) {
+  constexpr int kTokens = 1 << 20;
+  const AttentionShape shapes[] = {
+      make_shape(1, 15, 1, kTokens, kTokens, 128, true),  make_shape(1, 31, 1, kTokens, kTokens, 64, true),
+      make_shape(3, 5, 1, kTokens, kTokens, 128, true),   make_shape(1, 8, 3, kTokens, kTokens, 64, true),
+      make_shape(1, 15, 1, kTokens, kTokens, 128, false), make_shape(1, 31, 1, kTokens, kTokens, 64, false),
+      make_shape(1, 8, 3, kTokens, kTokens, 64, false),
+  };
+  for (const AttentionShape& shape : shapes) {
+    const TiledProblem problem = make_tiled_problem(shape);
+    const Schedule schedule = shape.causal ? Schedule::kSymmetricShift : Schedule::kShift;
+    for (int sms : {132, 114, 78}) {
+      const PlanProof proof = prove_plan(must_plan(problem, schedule, sms));
+      EXPECT_TRUE(proof.ok()) << proof.summary;
+      EXPECT_TRUE(proof.stats.by_structure);
+      EXPECT_EQ(proof.stats.visits, 0);
+      EXPECT_LE(proof.stats.head_classes, std::min(proof.stats.heads, sms));
+    }
+  }
 }
 
 }  // namespace
