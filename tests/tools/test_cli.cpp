@@ -374,21 +374,29 @@ TEST(Cli, PaperGridJson) {
 }
 
 // prove plans and proves each schedule as the API does before a first launch; with --reference the expanding
-// validator agrees. Heads straddle the 13-CTA waves, so the shift schedules prove several head classes.
+// validator agrees. Heads straddle the 13-CTA waves, so the shift schedules prove several head classes:
+// symmetric shift by its structure, or with --enumerate by its visits.
 TEST(Cli, ProveEverySchedule) {
-  const Output out = run("prove --batch 2 --heads 8 --heads-kv 4 --seqlen 1000 --causal --sms 13 --reference");
-  ASSERT_EQ(out.status, 0) << out.text;
-  EXPECT_NE(out.text.find("peak-MiB"), std::string::npos) << out.text;
-  std::istringstream lines(out.text);
-  int proven = 0;
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("shift ", 0) == 0) {
-      EXPECT_NE(line.find("not planned: shift needs the full mask"), std::string::npos) << line;
+  for (const char* how : {"", " --enumerate"}) {
+    const bool enumerate = *how != '\0';
+    const Output out =
+        run(std::string("prove --batch 2 --heads 8 --heads-kv 4 --seqlen 1000 --causal --sms 13 --reference") + how);
+    ASSERT_EQ(out.status, 0) << out.text;
+    EXPECT_NE(out.text.find("peak-MiB"), std::string::npos) << out.text;
+    std::istringstream lines(out.text);
+    int proven = 0;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("shift ", 0) == 0) {
+        EXPECT_NE(line.find("not planned: shift needs the full mask"), std::string::npos) << line;
+      }
+      if (line.rfind("symmetric-shift ", 0) == 0) {
+        EXPECT_EQ(line.find("valid (by structure)") != std::string::npos, !enumerate) << line;
+      }
+      if (line.find("  valid") != std::string::npos) ++proven;
+      EXPECT_EQ(line.find("disagrees"), std::string::npos) << line;
     }
-    if (line.size() >= 5 && line.compare(line.size() - 5, 5, "valid") == 0) ++proven;
-    EXPECT_EQ(line.find("disagrees"), std::string::npos) << line;
+    EXPECT_EQ(proven, 5) << out.text;
   }
-  EXPECT_EQ(proven, 5) << out.text;
   const Output one = run("prove --batch 2 --heads 8 --seqlen 1000 --schedule auto --threads 1");
   ASSERT_EQ(one.status, 0) << one.text;
   EXPECT_NE(one.text.find("\nshift "), std::string::npos) << "auto runs shift on short full-mask heads: " << one.text;

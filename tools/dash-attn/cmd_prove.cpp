@@ -1,7 +1,8 @@
 // dash-attn prove: plans and proves the backward schedules of one shape as the API does before a first launch
 // (make_schedule_plan, then prove_plan), and prints how long each took, the process's peak resident memory
-// during the proof, how many head classes and tile visits the proof enumerated, and its verdict. With
-// --reference it also runs the expanding validator, measured the same way, and fails unless both agree.
+// during the proof, how many head classes and tile visits the proof enumerated, and its verdict (the shift
+// schedules are proven by their structure and enumerate no visit, unless --enumerate). With --reference it
+// also runs the expanding validator, measured the same way, and fails unless both agree.
 // It proves only shapes the library accepts. No GPU needed.
 #include <chrono>
 #if defined(__GLIBC__)
@@ -94,12 +95,17 @@ int cmd_prove(const std::vector<std::string>& args) {
   std::string schedule_text;
   int64_t threads = 0;
   bool reference = false;
+  bool enumerate = false;
   FlagParser parser("prove",
                     "Plans and proves the backward schedules of a shape as the API does before their first launch,\n"
                     "and prints the time, peak resident memory and work of each proof. No GPU needed.");
   add_shape_flags(parser, &shape_flags);
   parser.add_string("schedule", "NAME", "prove only this schedule (auto: the one auto picks)", &schedule_text, "all");
   parser.add_int("threads", "threads the proof may use (0: one per hardware thread)", &threads, 0, kMaxThreads);
+  parser.add_switch("enumerate",
+                    "prove the shift schedules by enumerating their visits, as the other schedules are, not by\n"
+                    "their structure",
+                    &enumerate);
   parser.add_switch("reference",
                     "also run the validator on the expanded schedule (memory grows with the tile visits) and\n"
                     "fail unless both verdicts agree",
@@ -144,6 +150,7 @@ int cmd_prove(const std::vector<std::string>& args) {
     const Measured proving = measure([&] {
       ProofOptions options;
       options.max_threads = static_cast<int>(threads);
+      options.by_structure = !enumerate;
       proof = prove_plan(planned.plan, options);
       return proof.summary;
     });
@@ -152,6 +159,7 @@ int cmd_prove(const std::vector<std::string>& args) {
               << std::setw(kCountWidth) << proof.stats.head_classes << std::setw(kVisitsWidth) << proof.stats.visits
               << std::setw(kCountWidth) << proof.stats.threads;
     std::string verdict = proof.summary;
+    if (proof.stats.by_structure) verdict += " (by structure)";
     if (proof.stats.streamed_fallback) verdict += " (streamed validator)";
     if (reference) {
       const Measured full =
