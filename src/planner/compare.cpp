@@ -24,19 +24,25 @@ ScheduleReport evaluate_schedule(const TiledProblem& problem, Schedule schedule,
     report.reason = validation.summary();
     return report;
   }
-  const SimulationResult sim = simulate(expanded, costs);
   report.valid = true;
+  // With jitter one draw is one possible run: the makespan is the mean over kJitterSamples seeds.
+  const int samples = costs.jitter > 0.0 ? kJitterSamples : 1;
+  for (int i = 0; i < samples; ++i) {
+    CostModel draw = costs;
+    draw.seed = costs.seed + static_cast<uint64_t>(i);
+    const SimulationResult sim = simulate(expanded, draw);
+    report.makespan += sim.makespan / samples;
+    report.bubble_fraction += sim.bubble_fraction / samples;
+  }
   // The validator's DAG uses its own unit costs; the critical path must use the caller's c and r (and,
-  // under dynamic dispatch, the CTA assignment those costs produce).
-  const CostModel instant{costs.compute, costs.reduce, 0.0};
+  // under dynamic dispatch, the CTA assignment those costs produce), without latency, overhead or jitter.
+  const CostModel instant{costs.compute, costs.reduce};
   const std::vector<std::vector<int>> cta_jobs = planned.plan.dispatch == Dispatch::kStatic
                                                      ? static_cta_jobs(expanded)
                                                      : simulate(expanded, instant).cta_jobs;
   const DagAnalysis dag = analyze_dag(expanded, cta_jobs, instant);
   report.critical_path = dag.critical_path;
   report.lemma_violations = dag.lemma_violations;
-  report.makespan = sim.makespan;
-  report.bubble_fraction = sim.bubble_fraction;
   return report;
 }
 

@@ -9,14 +9,17 @@
 
 namespace dash {
 
+// Simulations averaged per schedule when the cost model has jitter (seeds seed, seed + 1, ...).
+inline constexpr int kJitterSamples = 8;
+
 struct ScheduleReport {
   Schedule schedule;
   bool valid = false;          // preconditions hold and the validator proved the plan safe
   std::string reason;          // why not, when !valid
   bool deadlock_free = false;
   double critical_path = 0.0;  // DAG longest path (no signal latency)
-  double makespan = 0.0;       // event-driven simulation, with the cost model's signal latency
-  double bubble_fraction = 0.0;
+  double makespan = 0.0;       // event-driven simulation with the cost model (the mean of kJitterSamples
+  double bubble_fraction = 0.0;  // draws when it has jitter)
   long long lemma_violations = 0;
 };
 

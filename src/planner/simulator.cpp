@@ -1,6 +1,7 @@
 #include "planner/simulator.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <queue>
 #include <tuple>
 
@@ -10,6 +11,18 @@ namespace dash {
 namespace {
 
 enum class EventKind : int { kComputed = 0, kReduced = 1, kFree = 2 };
+
+// A uniform draw on [-sqrt 3, sqrt 3] (mean 0, variance 1) from (seed, index): splitmix64's finalizer,
+// so that every step gets an independent-looking value without any state between draws.
+double unit_variance_draw(uint64_t seed, uint64_t index) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 1;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  constexpr double kTwoPow53 = 9007199254740992.0;
+  const double uniform01 = static_cast<double>(z >> 11) / kTwoPow53;
+  return (2.0 * uniform01 - 1.0) * std::sqrt(3.0);
+}
 
 struct Event {
   double time;
@@ -86,12 +99,19 @@ class Simulation {
     }
     result_.cta_jobs[cta].push_back(st.job);
     st.step = s_.jobs[st.job].first_step;
-    start_compute(cta, t);
+    start_compute(cta, t, costs_.job_overhead);
   }
 
-  void start_compute(int cta, double t) {
-    record(cta, t, t + costs_.compute, SegmentKind::kCompute);
-    events_.push({t + costs_.compute, EventKind::kComputed, cta});
+  // The step's compute, after `overhead` (the job's fixed cost, on its first step).
+  void start_compute(int cta, double t, double overhead = 0.0) {
+    double compute = costs_.compute;
+    if (costs_.jitter > 0.0) {
+      compute *= 1.0 + costs_.jitter * unit_variance_draw(costs_.seed, static_cast<uint64_t>(cta_[cta].step));
+    }
+    extra_busy_ += overhead + (compute - costs_.compute);
+    const double end = t + overhead + compute;
+    record(cta, t, end, SegmentKind::kCompute);
+    events_.push({end, EventKind::kComputed, cta});
   }
 
   void request_reduce(int cta, double t) {
@@ -164,7 +184,7 @@ class Simulation {
     for (const auto& jobs : result_.cta_jobs) {
       for (int j : jobs) executed += s_.jobs[j].job.num_steps;
     }
-    result_.busy = static_cast<double>(executed) * (costs_.compute + costs_.reduce);
+    result_.busy = static_cast<double>(executed) * (costs_.compute + costs_.reduce) + extra_busy_;
     const double capacity = result_.makespan * s_.plan.num_ctas;
     result_.bubble_fraction = capacity > 0 ? 1.0 - result_.busy / capacity : 0.0;
   }
@@ -180,6 +200,7 @@ class Simulation {
   std::vector<std::vector<Waiter>> waiters_;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   int next_unit_ = 0;
+  double extra_busy_ = 0.0;  // job overheads and the jitter's deviations from c
 };
 
 }  // namespace

@@ -1,10 +1,12 @@
 // The paper's closed-form makespans in the DAG model (m heads, n SMs = key/value tiles = query tiles),
 // reproduced exactly by the event-driven simulator; the DAG critical path equals the simulated makespan
 // when signals are instant; the lemma separates the shift schedules from the ascending baseline; and
-// a signal latency never shortens a statically dispatched schedule.
+// a signal latency never shortens a statically dispatched schedule. Past the paper: a job overhead is paid
+// once per job, and jitter is reproducible from its seed and unbiased.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -235,6 +237,40 @@ TEST(DagVersusSimulation, ShiftSchedulesAreStallFree) {
   }
   EXPECT_GT(checked[0], 100);
   EXPECT_GT(checked[1], 150);
+}
+
+// One CTA runs every job in order and never waits (its own contributions come in rank order), so its
+// makespan is the sum of everything it does.
+TEST(ModelExtensions, JobOverheadIsPaidOncePerJob) {
+  const ExpandedSchedule s = expand_schedule(must_plan(abstract_problem(2, 4, 4, true), Schedule::kAscending, 1));
+  long long steps = 0;
+  int jobs = 0;
+  for (const ExpandedJob& j : s.jobs) {
+    steps += j.job.num_steps;
+    jobs += j.job.num_steps > 0 ? 1 : 0;
+  }
+  CostModel costs{1.0, 0.25};
+  costs.job_overhead = 3.0;
+  const SimulationResult sim = simulate(s, costs);
+  EXPECT_DOUBLE_EQ(sim.makespan, jobs * 3.0 + static_cast<double>(steps) * 1.25);
+  EXPECT_DOUBLE_EQ(sim.busy, sim.makespan);
+}
+
+// 4096 visits on one CTA: the sum of the jittered computes stays within 4 standard deviations
+// (jitter * sqrt(visits) = 19.2) of 4096; the same seed gives the same run, another seed another.
+TEST(ModelExtensions, JitterIsReproducibleAndUnbiased) {
+  const ExpandedSchedule s =
+      expand_schedule(must_plan(abstract_problem(4, 32, 32, false), Schedule::kNondeterministic, 1));
+  const double visits = static_cast<double>(s.steps.size());
+  ASSERT_EQ(visits, 4096.0);
+  CostModel costs{1.0, 0.25};
+  costs.jitter = 0.3;
+  costs.seed = 7;
+  const double makespan = simulate(s, costs).makespan;
+  EXPECT_NEAR(makespan - visits * costs.reduce, visits, 4 * costs.jitter * std::sqrt(visits));
+  EXPECT_DOUBLE_EQ(simulate(s, costs).makespan, makespan);
+  costs.seed = 8;
+  EXPECT_NE(simulate(s, costs).makespan, makespan);
 }
 
 }  // namespace

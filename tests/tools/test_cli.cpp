@@ -280,6 +280,16 @@ TEST(Cli, PlanRefusesNegativeCosts) {
   EXPECT_TRUE(refused_with("plan --preset paper-example --reduce-cost -0.5", "--reduce-cost: -0.5 is below 0"));
   EXPECT_TRUE(refused_with("plan --preset paper-example --signal-latency -1", "--signal-latency: -1 is below 0"));
   EXPECT_TRUE(refused_with("plan --preset paper-example --compute-cost 0", "--compute-cost must be > 0"));
+  EXPECT_TRUE(refused_with("plan --preset paper-example --job-overhead -1", "--job-overhead: -1 is below 0"));
+  EXPECT_TRUE(refused_with("plan --preset paper-example --jitter 0.6", "--jitter must be in [0, 0.5]"));
+}
+
+TEST(Cli, PlanWithJitterAndJobOverheadReportsThem) {
+  const Output out = run("plan --preset paper-example --jitter 0.2 --job-overhead 1 --json");
+  ASSERT_EQ(out.status, 0) << out.text;
+  const Json costs = parse_json(out.text)["problem"]["costs"];
+  EXPECT_EQ(costs["jitter"].number, 0.2);
+  EXPECT_EQ(costs["job_overhead"].number, 1);
 }
 
 TEST(Cli, PlanPaperExampleJson) {

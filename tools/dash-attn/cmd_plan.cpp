@@ -42,6 +42,7 @@ constexpr int kSmallWidth = 9;
 constexpr int kViolationWidth = 17;
 constexpr int kPercentDigits = 3;
 constexpr double kPercent = 100.0;
+constexpr double kMaxJitter = 0.5;
 
 struct PlanFlags {
   ShapeFlags shape;
@@ -174,6 +175,8 @@ std::string point_json(const Point& point, const CostModel& costs, std::optional
                                     .add("compute", json_number(costs.compute))
                                     .add("reduce", json_number(costs.reduce))
                                     .add("signal_latency", json_number(costs.signal_latency))
+                                    .add("job_overhead", json_number(costs.job_overhead))
+                                    .add("jitter", json_number(costs.jitter))
                                     .str();
   JsonObject o;
   o.add("recommended", json_string(schedule_name(c.recommended)))
@@ -189,7 +192,8 @@ void print_point(const Point& point, const CostModel& costs, std::optional<Sched
   std::cout << "problem: " << describe_shape(point.shape) << "; " << point.sms << " SMs\n"
             << "tiles:   " << describe_tiles(point.problem) << "\n"
             << "costs:   compute " << format_number(costs.compute) << ", reduce " << format_number(costs.reduce)
-            << ", signal latency " << format_number(costs.signal_latency) << "\n\n"
+            << ", signal latency " << format_number(costs.signal_latency) << ", job overhead "
+            << format_number(costs.job_overhead) << ", jitter " << format_number(costs.jitter) << "\n\n"
             << header() << "\n";
   for (const ScheduleReport& r : point.comparison.schedules) {
     if (shown(r, point, only)) std::cout << row(r, point.comparison) << "\n";
@@ -203,7 +207,8 @@ void print_point(const Point& point, const CostModel& costs, std::optional<Sched
 void print_grid(const std::vector<Point>& points, const CostModel& costs, std::optional<Schedule> only) {
   std::cout << "paper grid: " << kPaperTokens << " tokens per batch, heads x head_dim = " << kPaperHidden
             << ", costs compute " << format_number(costs.compute) << ", reduce " << format_number(costs.reduce)
-            << ", signal latency " << format_number(costs.signal_latency) << "\n\n";
+            << ", signal latency " << format_number(costs.signal_latency) << ", job overhead "
+            << format_number(costs.job_overhead) << ", jitter " << format_number(costs.jitter) << "\n\n";
   constexpr int kDimWidth = 5;
   constexpr int kSeqWidth = 7;
   constexpr int kCountWidth = 6;
@@ -254,6 +259,12 @@ int cmd_plan(const std::vector<std::string>& args) {
   parser.add_double("reduce-cost", "r, one dQ tile's serialized reduction", &f.costs.reduce, 0.0);
   parser.add_double("signal-latency", "delay before another SM sees a released semaphore", &f.costs.signal_latency,
                     0.0);
+  parser.add_double("job-overhead", "fixed cost at the start of each job (K/V load, dK/dV store)",
+                    &f.costs.job_overhead, 0.0);
+  parser.add_double("jitter",
+                    "coefficient of variation of each tile visit's compute, 0 to 0.5; above 0 the makespan\n"
+                    "is the mean of 8 simulations (0: the paper's equal costs)",
+                    &f.costs.jitter, 0.0);
   parser.add_string("schedule", "NAME",
                     "show only this schedule (auto: the one auto picks), and draw it with --svg", &f.schedule, "all");
   parser.add_string("svg", "FILE", "write the Gantt chart of the recommended schedule (or of --schedule)", &f.svg,
@@ -268,6 +279,8 @@ int cmd_plan(const std::vector<std::string>& args) {
   if (!parser.parse(args)) return kExitOk;
 
   if (!(f.costs.compute > 0.0)) parser.fail("--compute-cost must be > 0");
+  // Past 0.5 a draw of c (1 - sqrt(3) jitter) can reach zero or below: a visit that takes no time.
+  if (!(f.costs.jitter >= 0.0 && f.costs.jitter <= kMaxJitter)) parser.fail("--jitter must be in [0, 0.5]");
   std::optional<Schedule> only;
   if (parser.given("schedule")) {
     Schedule s{};
