@@ -245,18 +245,19 @@ TEST(KvOrderSchedules, VisitAndRankFormulas) {
   }
 }
 
-TEST(KvOrderSchedules, NondeterministicVisitsLikeAutoUnderTheCausalMask) {
-  // Folded GQA heads under the causal mask: descending visits (what auto runs there); otherwise ascending.
+TEST(KvOrderSchedules, NondeterministicVisitsLikeAuto) {
+  // Causal: descending visits with folded GQA heads, shortest-first's jobs otherwise; full: ascending.
   TiledProblem grouped = abstract_problem(2, 4, 4, true);
   grouped.group_size = 2;
   TiledProblem grouped_full = grouped;
   grouped_full.causal = false;
-  for (const TiledProblem& p : {grouped, grouped_full, abstract_problem(2, 4, 4, true)}) {
+  for (const TiledProblem& p : {grouped, grouped_full, abstract_problem(2, 4, 4, true), abstract_problem(2, 4, 4, false)}) {
     const SchedulePlan nondet = must_plan(p, Schedule::kNondeterministic, 3);
     const bool descending = p.causal && p.heads_per_job() > 1;
+    const Schedule jobs_of = p.causal && p.heads_per_job() == 1 ? Schedule::kShortestFirst : Schedule::kAscending;
     for (int unit = 0; unit < nondet.num_units; ++unit) {
       const Job job = make_job(nondet, unit, 0);
-      EXPECT_EQ(job.kv_tile, make_job(must_plan(p, Schedule::kAscending, 3), unit, 0).kv_tile);
+      EXPECT_EQ(job.kv_tile, make_job(must_plan(p, jobs_of, 3), unit, 0).kv_tile) << "unit " << unit;
       for (int step = 0; step < job.num_steps; ++step) {
         EXPECT_EQ(q_tile_at(nondet, job, step), descending ? p.num_q_tiles() - 1 - step : job.q_begin + step)
             << "causal " << p.causal << ", heads per job " << p.heads_per_job() << ", unit " << unit;
