@@ -13,6 +13,11 @@
 // The backward can be planned once and launched many times: plan_backward() validates the shape, plans
 // the schedule for the device and proves it; backward(args, plan, ...) then only checks that the call fits
 // the plan. A device's properties are read once per process and kept.
+//
+// Both passes run persistent grids of at most one CTA per SM. sm_margin (as in FlashAttention-3) leaves that
+// many SMs to other work, such as the communication kernels of a training step: the forward launches at most
+// SM count - sm_margin CTAs, and the backward is planned for SM count - sm_margin (docs/DESIGN.md, "SMs left to
+// other work", says what this guarantees for the static schedules and what it does not).
 #pragma once
 
 #include <cstddef>
@@ -91,6 +96,9 @@ struct ForwardArgs {
   void* out = nullptr;      // (B, Sq, Hq, D)
   Strides out_strides;
   float* lse = nullptr;     // (B, Hq, Sq) packed, natural-log logsumexp of each scaled score row
+  // SMs the persistent grid leaves to other work: at most SM count - sm_margin CTAs run. Needs
+  // 0 <= sm_margin < the device's SM count. It does not change the result.
+  int sm_margin = 0;
 };
 
 struct BackwardArgs {
@@ -113,6 +121,9 @@ struct BackwardArgs {
   void* dv = nullptr;
   Strides dv_strides;
   Schedule schedule = Schedule::kAuto;
+  // SMs the backward leaves to other work: the schedule is planned for SM count - sm_margin persistent CTAs
+  // (see plan_backward()). Needs 0 <= sm_margin < the device's SM count.
+  int sm_margin = 0;
 };
 
 // Whether this build has kernels at all, and for this (head dim, dtype).
@@ -124,7 +135,8 @@ bool kernel_available(int64_t head_dim, DType dtype);
 // plans a shape without tensors runs it to refuse exactly what the API refuses.
 Status validate(const AttentionShape& shape);
 
-// Checks `args` without touching the GPU (validate(args.shape), then pointers, alignment, strides, overlap).
+// Checks `args` without touching the GPU (validate(args.shape), then pointers, alignment, strides, overlap, and
+// sm_margin >= 0; its upper bound, the device's SM count, is checked where the device is known).
 Status validate(const ForwardArgs& args);
 Status validate(const BackwardArgs& args);
 
@@ -137,7 +149,8 @@ Status check_current_device();
 // them (they cannot change while it runs), so no call after the first on a device queries them again.
 struct DeviceInfo {
   int index = 0;                 // CUDA device ordinal
-  int multiprocessor_count = 0;  // the SM count schedules are planned for (bits are promised per SM count)
+  int multiprocessor_count = 0;  // SMs; schedules are planned for this less sm_margin (bits are promised per
+                                 // planned SM count)
   int compute_major = 0;
   int compute_minor = 0;
   std::string name;
@@ -150,6 +163,7 @@ Status current_device_info(DeviceInfo* info);
 // Bytes of device workspace forward()/backward() need for this shape (0 is possible). Both validate the
 // shape (and the schedule) before anything else; the backward query then plans the schedule for the
 // current device, so it needs a GPU (BackwardPlan::workspace_bytes() answers the same without planning again).
+// Neither size depends on sm_margin.
 Status forward_workspace_size(const AttentionShape& shape, size_t* bytes);
 Status backward_workspace_size(const AttentionShape& shape, Schedule schedule, size_t* bytes);
 
@@ -171,7 +185,11 @@ class BackwardPlan {
   Schedule requested_schedule() const;  // as passed to plan_backward(), kAuto included
   Schedule schedule() const;            // the schedule that runs: never kAuto
   int device_index() const;
-  int multiprocessor_count() const;
+  int multiprocessor_count() const;  // the device's SM count: the plan runs only on a device with this many
+  int sm_margin() const;             // SMs left to other work, as passed to plan_backward()
+  // multiprocessor_count() - sm_margin(): the SM count the schedule was planned for. The backward's persistent
+  // grid never exceeds it, and a static schedule needs that many of its CTAs resident at once.
+  int planned_sm_count() const;
   size_t workspace_bytes() const;
 
  private:
@@ -181,22 +199,31 @@ class BackwardPlan {
 
 // Plans the backward of `shape` under `schedule` for `device` (its index and multiprocessor_count: a
 // DeviceInfo from current_device_info(), or one filled in by hand to plan for a device that is not current
-// or not present). Validates the shape and the schedule first, as backward_workspace_size() does, and
-// touches no GPU. *plan is written only on success.
-Status plan_backward(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device, BackwardPlan* plan);
+// or not present), leaving `sm_margin` of its SMs to other work: the schedule is planned for
+// multiprocessor_count - sm_margin persistent CTAs (planned_sm_count()). Validates the shape, the schedule and
+// sm_margin >= 0 first, then the device and sm_margin < its SM count, and touches no GPU. The dynamic schedules
+// (ascending, descending, shortest-first, nondeterministic) give the same bits for every margin; the static
+// ones (shift, symmetric shift) are planned for the smaller CTA count, so their bits are those of a device
+// with that many SMs. *plan is written only on success.
+Status plan_backward(const AttentionShape& shape, Schedule schedule, int sm_margin, const DeviceInfo& device,
+                     BackwardPlan* plan);
 // The same for the current device, which must be able to run the kernels (check_current_device()).
+Status plan_backward(const AttentionShape& shape, Schedule schedule, int sm_margin, BackwardPlan* plan);
+// Both with sm_margin 0: every SM of the device.
+Status plan_backward(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device, BackwardPlan* plan);
 Status plan_backward(const AttentionShape& shape, Schedule schedule, BackwardPlan* plan);
 
 // dQ, dK, dV = d attention / d(Q, K, V) for upstream gradient dO, summed in the order the plan's schedule
-// fixes, without planning again. args.shape must equal plan.shape() in every field and args.schedule must
-// be plan.requested_schedule(): a mismatch is refused, naming the field, before anything else is checked.
+// fixes, without planning again. args.shape must equal plan.shape() in every field, args.schedule must be
+// plan.requested_schedule() and args.sm_margin plan.sm_margin(): a mismatch is refused, naming the field, before
+// anything else is checked.
 // The current device must be the plan's (same index and SM count), and the workspace must hold
 // plan.workspace_bytes().
 Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,
                 cudaStream_t stream);
 
-// The same, planning args.schedule for args.shape on the current device at every call (the proof is cached
-// per plan, the planning is not); a caller that repeats shapes keeps a BackwardPlan instead.
+// The same, planning args.schedule for args.shape with args.sm_margin on the current device at every call (the
+// proof is cached per plan, the planning is not); a caller that repeats shapes keeps a BackwardPlan instead.
 Status backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace dash

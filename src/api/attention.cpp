@@ -9,6 +9,7 @@
 
 #include "api/backward_plan.hpp"
 #include "api/device.hpp"
+#include "api/validate.hpp"
 #include "dash/attention.hpp"
 #include "kernels/kernel_params.hpp"
 
@@ -63,7 +64,8 @@ Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, c
                        void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const DeviceInfo* device = nullptr;
   if (Status s = usable_current_device(&device); !s.ok()) return s;
-  // A static schedule planned for more SMs than the device has would wait forever on CTAs that never start.
+  // A static schedule planned for more SMs than the device has would wait forever on CTAs that never start. The
+  // plan's grid is planned_sm_count CTAs at most (its sm_margin less than the device's SMs).
   if (device->index != plan.device_index || device->multiprocessor_count != plan.multiprocessor_count) {
     return {StatusCode::kInvalidArgument,
             "plan: it was made for device " + std::to_string(plan.device_index) + " with " +
@@ -117,6 +119,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
   if (Status s = find_instance(args.shape, &instance); !s.ok()) return s;
   const DeviceInfo* device = nullptr;
   if (Status s = usable_current_device(&device); !s.ok()) return s;
+  if (Status s = check_sm_margin(args.sm_margin, *device); !s.ok()) return s;
   if (Status s = check_pointers({{args.q, "q"}, {args.k, "k"}, {args.v, "v"}, {args.out, "out"}, {args.lse, "lse"}});
       !s.ok()) {
     return s;
@@ -125,7 +128,9 @@ Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
   kernels::ForwardParams params{};
   params.args = args;
   params.tile_counter = static_cast<int*>(workspace);
-  params.num_sms = device->multiprocessor_count;
+  // The forward's grid is persistent (tiles come from a counter, no CTA waits on another): it needs no SM to be
+  // free, but it leaves sm_margin SMs to other work as the backward does.
+  params.num_sms = device->multiprocessor_count - args.sm_margin;
   return cuda_status(static_cast<cudaError_t>(instance->forward(params, stream)), "forward launch");
 }
 
@@ -146,7 +151,7 @@ Status backward(const BackwardArgs& args, void* workspace, size_t workspace_byte
   const kernels::KernelInstance* instance = nullptr;
   if (Status s = find_instance(args.shape, &instance); !s.ok()) return s;
   BackwardPlan plan;
-  if (Status s = plan_backward(args.shape, args.schedule, &plan); !s.ok()) return s;
+  if (Status s = plan_backward(args.shape, args.schedule, args.sm_margin, &plan); !s.ok()) return s;
   return launch_backward(args, *BackwardPlanAccess::data(plan), *instance, workspace, workspace_bytes, stream);
 }
 

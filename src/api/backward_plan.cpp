@@ -1,6 +1,6 @@
-// plan_backward() and what a BackwardPlan answers. Planning validates the shape and the schedule before
-// anything uses them (the planner and the workspace layout assume a valid shape), resolves kAuto, plans for
-// the device's SM count and proves the plan; only a proven plan becomes a BackwardPlan. Launching is in
+// plan_backward() and what a BackwardPlan answers. Planning validates the shape, the schedule and the SM margin
+// before anything uses them (the planner and the workspace layout assume a valid shape), resolves kAuto, plans
+// for the device's SM count less the margin and proves the plan; only a proven plan becomes a BackwardPlan. Launching is in
 // attention.cpp; what it checks of a call against a plan (check_args_match_plan) is here.
 #include "api/backward_plan.hpp"
 
@@ -51,17 +51,23 @@ Status mismatch(const char* field, const Value& given, const Value& planned) {
 
 std::string quoted(Schedule schedule) { return std::string("'").append(schedule_name(schedule)).append("'"); }
 
-// The checks of plan_backward()'s own arguments, which the planner relies on.
-Status check_plan_request(const AttentionShape& shape, Schedule schedule, const BackwardPlan* plan) {
+// The checks of plan_backward()'s own arguments, which the planner relies on; sm_margin's upper bound needs the
+// device, so make_plan() checks it.
+Status check_plan_request(const AttentionShape& shape, Schedule schedule, int sm_margin, const BackwardPlan* plan) {
   if (plan == nullptr) return {StatusCode::kInvalidArgument, "plan_backward: plan must not be null"};
   if (Status s = validate(shape); !s.ok()) return s;
-  return check_schedule(schedule);
+  if (Status s = check_schedule(schedule); !s.ok()) return s;
+  return check_sm_margin(sm_margin);
 }
 
-// Plans and proves a request that passed check_plan_request() for a device that passed check_device_info().
-Status make_plan(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device, BackwardPlan* plan) {
+// Plans and proves a request that passed check_plan_request() for a device that passed check_device_info(), on
+// the device's SMs less sm_margin.
+Status make_plan(const AttentionShape& shape, Schedule schedule, int sm_margin, const DeviceInfo& device,
+                 BackwardPlan* plan) {
+  if (Status s = check_sm_margin(sm_margin, device); !s.ok()) return s;
+  const int planned_sm_count = device.multiprocessor_count - sm_margin;
   const TiledProblem problem = make_tiled_problem(shape);
-  const PlanResult planned = plan_schedule(problem, schedule, device.multiprocessor_count);
+  const PlanResult planned = plan_schedule(problem, schedule, planned_sm_count);
   if (!planned.ok()) {
     return {StatusCode::kScheduleRejected,
             "schedule '" + std::string(schedule_name(schedule)) + "' cannot run this shape: " + planned.rejected};
@@ -72,6 +78,8 @@ Status make_plan(const AttentionShape& shape, Schedule schedule, const DeviceInf
       .requested_schedule = schedule,
       .device_index = device.index,
       .multiprocessor_count = device.multiprocessor_count,
+      .sm_margin = sm_margin,
+      .planned_sm_count = planned_sm_count,
       .schedule_plan = planned.plan,
       .workspace = kernels::BackwardWorkspace::layout(shape, planned.plan.problem),
   });
@@ -85,20 +93,31 @@ Schedule BackwardPlan::requested_schedule() const { return data_or_empty(*this).
 Schedule BackwardPlan::schedule() const { return data_or_empty(*this).schedule_plan.kind; }
 int BackwardPlan::device_index() const { return data_or_empty(*this).device_index; }
 int BackwardPlan::multiprocessor_count() const { return data_or_empty(*this).multiprocessor_count; }
+int BackwardPlan::sm_margin() const { return data_or_empty(*this).sm_margin; }
+int BackwardPlan::planned_sm_count() const { return data_or_empty(*this).planned_sm_count; }
 size_t BackwardPlan::workspace_bytes() const { return data_or_empty(*this).workspace.total_bytes; }
 
-Status plan_backward(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device, BackwardPlan* plan) {
-  if (Status s = check_plan_request(shape, schedule, plan); !s.ok()) return s;
+Status plan_backward(const AttentionShape& shape, Schedule schedule, int sm_margin, const DeviceInfo& device,
+                     BackwardPlan* plan) {
+  if (Status s = check_plan_request(shape, schedule, sm_margin, plan); !s.ok()) return s;
   if (Status s = check_device_info(device); !s.ok()) return s;
-  return make_plan(shape, schedule, device, plan);
+  return make_plan(shape, schedule, sm_margin, device, plan);
 }
 
 // The request is checked before the device, so a bad one gets its own message on any machine.
-Status plan_backward(const AttentionShape& shape, Schedule schedule, BackwardPlan* plan) {
-  if (Status s = check_plan_request(shape, schedule, plan); !s.ok()) return s;
+Status plan_backward(const AttentionShape& shape, Schedule schedule, int sm_margin, BackwardPlan* plan) {
+  if (Status s = check_plan_request(shape, schedule, sm_margin, plan); !s.ok()) return s;
   const DeviceInfo* device = nullptr;
   if (Status s = usable_current_device(&device); !s.ok()) return s;
-  return make_plan(shape, schedule, *device, plan);
+  return make_plan(shape, schedule, sm_margin, *device, plan);
+}
+
+Status plan_backward(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device, BackwardPlan* plan) {
+  return plan_backward(shape, schedule, /*sm_margin=*/0, device, plan);
+}
+
+Status plan_backward(const AttentionShape& shape, Schedule schedule, BackwardPlan* plan) {
+  return plan_backward(shape, schedule, /*sm_margin=*/0, plan);
 }
 
 Status check_args_match_plan(const BackwardArgs& args, const BackwardPlanData& plan) {
@@ -128,6 +147,7 @@ Status check_args_match_plan(const BackwardArgs& args, const BackwardPlanData& p
   if (args.schedule != plan.requested_schedule) {
     return mismatch("schedule", quoted(args.schedule), quoted(plan.requested_schedule));
   }
+  if (args.sm_margin != plan.sm_margin) return mismatch("sm_margin", args.sm_margin, plan.sm_margin);
   return Status::success();
 }
 

@@ -16,8 +16,10 @@ struct BackwardPlanData {
   AttentionShape shape;
   Schedule requested_schedule = Schedule::kAuto;
   int device_index = 0;
-  int multiprocessor_count = 0;
-  SchedulePlan schedule_plan{};          // proven for `shape` on multiprocessor_count persistent CTAs
+  int multiprocessor_count = 0;          // the device's SM count
+  int sm_margin = 0;                     // SMs left to other work
+  int planned_sm_count = 0;              // multiprocessor_count - sm_margin: what the schedule was planned for
+  SchedulePlan schedule_plan{};          // proven for `shape` on min(units, planned_sm_count) persistent CTAs
   kernels::BackwardWorkspace workspace;  // the layout of schedule_plan's buffers
 };
 
@@ -31,9 +33,9 @@ struct BackwardPlanAccess {
   static const BackwardPlanData* data(const BackwardPlan& plan) { return plan.data_.get(); }
 };
 
-// kOk if `args` is a call of `plan`: args.shape equal to plan.shape in every field and args.schedule the
-// requested schedule. Otherwise kInvalidArgument naming the first field that differs ("shape.seqlen_q", as
-// validate() names it, or "schedule"), with both values.
+// kOk if `args` is a call of `plan`: args.shape equal to plan.shape in every field, args.schedule the
+// requested schedule and args.sm_margin the plan's. Otherwise kInvalidArgument naming the first field that
+// differs ("shape.seqlen_q", as validate() names it, "schedule" or "sm_margin"), with both values.
 Status check_args_match_plan(const BackwardArgs& args, const BackwardPlanData& plan);
 
 }  // namespace dash

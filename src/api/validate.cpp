@@ -1,6 +1,6 @@
 // Host-side argument validation: the shape alone (validate(AttentionShape), which every entry point and the
-// tools that plan without tensors run first), the schedule value, and for forward() and backward() also
-// pointers, alignment, strides, self-overlap of each layout and overlap of outputs with the other tensors.
+// tools that plan without tensors run first), the schedule value, sm_margin, and for forward() and backward()
+// also pointers, alignment, strides, self-overlap of each layout and overlap of outputs with the other tensors.
 // Nothing here touches the GPU. Every failure names the argument and the rule, so a caller can fix the
 // call from the message alone. The shape is checked before anything that uses it, so later checks may rely
 // on every size being within the limits of api/limits.hpp.
@@ -192,6 +192,18 @@ Status check_schedule(Schedule schedule) {
   return invalid(cat("schedule must be a valid Schedule value, got Schedule(", static_cast<int>(schedule), ")"));
 }
 
+Status check_sm_margin(int sm_margin) {
+  if (sm_margin >= 0) return Status::success();
+  return invalid(cat("sm_margin must satisfy 0 <= sm_margin < the device's SM count (at least one SM must run the ",
+                     "kernel), got ", sm_margin));
+}
+
+Status check_sm_margin(int sm_margin, const DeviceInfo& device) {
+  if (sm_margin >= 0 && sm_margin < device.multiprocessor_count) return Status::success();
+  return invalid(cat("sm_margin must satisfy 0 <= sm_margin < the device's SM count (", device.multiprocessor_count,
+                     " on device ", device.index, "; at least one SM must run the kernel), got ", sm_margin));
+}
+
 Status validate(const AttentionShape& shape) {
   const std::pair<const char*, int64_t> sizes[] = {
       {"batch", shape.batch},       {"seqlen_q", shape.seqlen_q}, {"seqlen_k", shape.seqlen_k},
@@ -252,7 +264,8 @@ Status validate(const ForwardArgs& args) {
       {"v", "v_strides", args.v, args.v_strides, shape.seqlen_k, shape.heads_kv, false},
       {"out", "out_strides", args.out, args.out_strides, shape.seqlen_q, shape.heads_q, true},
   };
-  return check_tensors(shape, tensors, args.lse, true);
+  if (Status s = check_tensors(shape, tensors, args.lse, true); !s.ok()) return s;
+  return check_sm_margin(args.sm_margin);
 }
 
 Status validate(const BackwardArgs& args) {
@@ -269,7 +282,8 @@ Status validate(const BackwardArgs& args) {
       {"dk", "dk_strides", args.dk, args.dk_strides, shape.seqlen_k, shape.heads_kv, true},
       {"dv", "dv_strides", args.dv, args.dv_strides, shape.seqlen_k, shape.heads_kv, true},
   };
-  return check_tensors(shape, tensors, args.lse, false);
+  if (Status s = check_tensors(shape, tensors, args.lse, false); !s.ok()) return s;
+  return check_sm_margin(args.sm_margin);
 }
 
 }  // namespace dash

@@ -10,4 +10,10 @@ namespace dash {
 // from an out-of-range int must not reach the planner).
 Status check_schedule(Schedule schedule);
 
+// The rule of sm_margin (SMs a launch leaves to other work): 0 <= sm_margin < the device's SM count, so that at
+// least one SM runs the kernel. The first form checks the lower bound alone, for checks that run before the device
+// is known; the second both, naming the device. kInvalidArgument with the rule otherwise.
+Status check_sm_margin(int sm_margin);
+Status check_sm_margin(int sm_margin, const DeviceInfo& device);
+
 }  // namespace dash

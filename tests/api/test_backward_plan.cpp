@@ -4,6 +4,8 @@
 // own message, leaving the caller's plan untouched; the current-device overload checks the request before
 // the device; an empty plan answers zeros and is refused; backward(args, plan) names the first field a call
 // and its plan disagree on before anything else, and a call that matches gets past the plan to the next check.
+// The SM margin: a plan is what the planner plans for the device's SMs less the margin and records both counts;
+// a margin outside [0, SM count) is refused with the rule, a negative one before the device is looked at.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -117,6 +119,8 @@ TEST(PlanBackward, AnEmptyPlanAnswersZeros) {
   EXPECT_EQ(plan.schedule(), Schedule::kAuto);
   EXPECT_EQ(plan.device_index(), 0);
   EXPECT_EQ(plan.multiprocessor_count(), 0);
+  EXPECT_EQ(plan.sm_margin(), 0);
+  EXPECT_EQ(plan.planned_sm_count(), 0);
   EXPECT_EQ(plan.workspace_bytes(), 0u);
 }
 
@@ -220,6 +224,87 @@ TEST(PlanBackward, ForTheCurrentDevicePlansForItsDeviceInfo) {
   EXPECT_EQ(bytes, plan.workspace_bytes());
 }
 
+// --- the SM margin ---------------------------------------------------------------------------------------
+
+TEST(PlanBackwardSmMargin, PlansWhatThePlannerPlansForTheSmsLeft) {
+  AttentionShape shape = full_shape();
+  shape.batch = 8;
+  shape.seqlen_q = shape.seqlen_k = 2048;
+  for (const AttentionShape& s : {shape, causal_shape()}) {
+    for (Schedule schedule : kAllSchedules) {
+      for (const int margin : {0, 1, 8, 100, 131}) {
+        SCOPED_TRACE(std::string(schedule_name(schedule)) + (s.causal ? " causal" : " full") + ", sm_margin " +
+                     std::to_string(margin));
+        const PlanResult expected = plan_schedule(make_tiled_problem(s), schedule, 132 - margin);
+        BackwardPlan plan;
+        const Status status = plan_backward(s, schedule, margin, h200(), &plan);
+        if (!expected.ok()) {
+          EXPECT_EQ(status.code(), StatusCode::kScheduleRejected) << status.to_string();
+          continue;
+        }
+        ASSERT_TRUE(status.ok()) << status.to_string();
+        EXPECT_EQ(plan.multiprocessor_count(), 132);
+        EXPECT_EQ(plan.sm_margin(), margin);
+        EXPECT_EQ(plan.planned_sm_count(), 132 - margin);
+        EXPECT_EQ(plan.schedule(), expected.plan.kind);
+        const SchedulePlan& planned = BackwardPlanAccess::data(plan)->schedule_plan;
+        EXPECT_EQ(planned.num_ctas, expected.plan.num_ctas);
+        EXPECT_LE(planned.num_ctas, 132 - margin);
+        EXPECT_EQ(planned.num_units, expected.plan.num_units);
+        // The workspace is the shape's, whatever the margin.
+        EXPECT_EQ(plan.workspace_bytes(), kernels::BackwardWorkspace::layout(s, expected.plan.problem).total_bytes);
+      }
+    }
+  }
+}
+
+TEST(PlanBackwardSmMargin, ZeroIsTheDefault) {
+  const BackwardPlan plain = plan_or_fail(causal_shape(), Schedule::kAuto);
+  EXPECT_EQ(plain.sm_margin(), 0);
+  EXPECT_EQ(plain.planned_sm_count(), 132);
+}
+
+TEST(PlanBackwardSmMargin, RefusesAMarginNotBelowTheDevicesSmCount) {
+  for (const DeviceInfo& device : {h200(), DeviceInfo{3, 114, 9, 0, "NVIDIA H100 PCIe"}}) {
+    for (const int margin : {device.multiprocessor_count, device.multiprocessor_count + 1, 1 << 30}) {
+      BackwardPlan plan = sentinel_plan();
+      const Status status = plan_backward(causal_shape(), Schedule::kAuto, margin, device, &plan);
+      EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+      EXPECT_EQ(status.message(), "sm_margin must satisfy 0 <= sm_margin < the device's SM count (" +
+                                      std::to_string(device.multiprocessor_count) + " on device " +
+                                      std::to_string(device.index) + "; at least one SM must run the kernel), got " +
+                                      std::to_string(margin));
+      expect_untouched(plan);
+    }
+  }
+}
+
+// Negative margins are refused before the device: also for a bad device, and for the current one without a GPU.
+TEST(PlanBackwardSmMargin, RefusesANegativeMarginBeforeTheDevice) {
+  const std::string expected =
+      "sm_margin must satisfy 0 <= sm_margin < the device's SM count (at least one SM must run the kernel), got -1";
+  for (const bool given_device : {true, false}) {
+    SCOPED_TRACE(given_device ? "given device" : "current device");
+    BackwardPlan plan = sentinel_plan();
+    const Status status = given_device
+                              ? plan_backward(causal_shape(), Schedule::kAuto, -1, DeviceInfo{-1, 0, 0, 0, ""}, &plan)
+                              : plan_backward(causal_shape(), Schedule::kAuto, -1, &plan);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message(), expected);
+    expect_untouched(plan);
+  }
+}
+
+// The shape and the schedule come before the margin.
+TEST(PlanBackwardSmMargin, TheShapeAndTheScheduleAreCheckedFirst) {
+  AttentionShape shape = causal_shape();
+  shape.heads_kv = 0;
+  BackwardPlan plan;
+  EXPECT_EQ(plan_backward(shape, Schedule::kAuto, -1, h200(), &plan).message(), "shape.heads_kv must be > 0, got 0");
+  EXPECT_NE(plan_backward(causal_shape(), static_cast<Schedule>(42), -1, h200(), &plan).message().find("Schedule(42)"),
+            std::string::npos);
+}
+
 // --- backward(args, plan): the call must be the plan's. ----------------------------------------------------
 
 // Each fake tensor in its own 64 GiB region, aligned: validate() accepts them and never dereferences them.
@@ -278,6 +363,7 @@ std::vector<Mismatch> mismatches() {
        "shape.causal is false, but the plan was made for true" + tail},
       {"schedule", [](BackwardArgs& a) { a.schedule = Schedule::kAuto; },
        "schedule is 'auto', but the plan was made for 'descending'" + tail},
+      {"sm_margin", [](BackwardArgs& a) { a.sm_margin = 8; }, "sm_margin is 8, but the plan was made for 0" + tail},
   };
 }
 
@@ -292,6 +378,18 @@ TEST(BackwardWithPlan, NamesTheFieldTheCallAndThePlanDisagreeOnBeforeAnythingEls
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(status.message(), m.message);
   }
+}
+
+TEST(BackwardWithPlan, NamesTheSmMarginOfAPlanMadeWithOne) {
+  BackwardPlan plan;
+  ASSERT_TRUE(plan_backward(causal_shape(), Schedule::kDescending, 8, h200(), &plan).ok());
+  BackwardArgs args = matching_args(plan);
+  EXPECT_EQ(args.sm_margin, 0);
+  const Status status = backward(args, plan, nullptr, 0, nullptr);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "sm_margin is 0, but the plan was made for 8 (make a plan for this call)");
+  args.sm_margin = 8;
+  EXPECT_EQ(backward(args, plan, nullptr, 0, nullptr).message().find("but the plan was made for"), std::string::npos);
 }
 
 TEST(BackwardWithPlan, RefusesAnEmptyPlan) {

@@ -517,6 +517,27 @@ TYPED_TEST(ValidateBoth, AcceptsOutputAdjacentToAnInput) {
   EXPECT_TRUE(is_ok(validate(a)));
 }
 
+// sm_margin's lower bound needs no device; its upper bound (the device's SM count) is checked at the launch.
+TYPED_TEST(ValidateBoth, AcceptsAnySmMarginFromZeroUp) {
+  for (int margin : {0, 1, 131, 100000}) {
+    TypeParam a = valid_args<TypeParam>();
+    a.sm_margin = margin;
+    EXPECT_TRUE(is_ok(validate(a))) << "sm_margin " << margin;
+  }
+}
+
+TYPED_TEST(ValidateBoth, RejectsANegativeSmMargin) {
+  for (int margin : {-1, -132}) {
+    TypeParam a = valid_args<TypeParam>();
+    a.sm_margin = margin;
+    const Status status = validate(a);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message(),
+              "sm_margin must satisfy 0 <= sm_margin < the device's SM count (at least one SM must run the kernel), "
+              "got " + std::to_string(margin));
+  }
+}
+
 // --- Forward-only and backward-only rules. -------------------------------------------------------------
 
 TEST(ValidateForward, RejectsLseOverlappingOut) {
