@@ -7,6 +7,8 @@ Invariants:
   the library. The C library repeats the checks it needs; these exist for the messages.
 - The device check runs last. The determinism switch runs just before it, so CPU tensors reach both.
 - Flags must be real bools: a truthy stand-in such as causal="no" would otherwise switch the mask on.
+- sm_margin must be an int >= 0 (a bool or a float is refused); its upper bound, the device's SM count, is the
+  library's to check when the forward runs.
 - An option that FlashAttention or SDPA takes is accepted at the value that leaves attention unchanged
   (dropout_p=0.0, window_size=(-1, -1), ...). Any other value raises NotImplementedError that names the argument
   and the value. No option is ever ignored in a way that changes the result.
@@ -70,6 +72,17 @@ def check_flags(**flags: object) -> None:
     for name, value in flags.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+
+
+def check_sm_margin(sm_margin: object) -> int:
+    """sm_margin as a Python int: SMs the kernels leave to other work (FlashAttention-3's option). Raises TypeError
+    unless it is an integer (bools are refused: True is no SM count) and ValueError if it is negative. The library
+    refuses a margin of the device's SM count or more when the forward runs, naming the count."""
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, numbers.Integral):
+        raise TypeError(f"sm_margin must be an int, got {type(sm_margin).__name__} {sm_margin!r}")
+    if sm_margin < 0:
+        raise ValueError(f"sm_margin must satisfy 0 <= sm_margin < the device's SM count, got {sm_margin}")
+    return int(sm_margin)
 
 
 def check_is_tensor(value: object, name: str) -> None:
@@ -267,15 +280,18 @@ def attend(
     schedule: str,
     entry: str,
     scale_name: str = "softmax_scale",
+    sm_margin: object = 0,
 ) -> tuple[Tensor, Tensor]:
     """out (in `layout`) and the fp32 LSE (batch, heads_q, seqlen_q) of tensors and flags that passed
-    check_tensors and check_flags: resolves the scale and schedule, applies the determinism switch, checks the
-    device, calls the op. `entry` is the public name the caller used, for the determinism switch's message, and
-    `scale_name` the name of its softmax scale argument."""
+    check_tensors and check_flags: resolves the scale and schedule, checks sm_margin, applies the determinism
+    switch, checks the device, calls the op. `entry` is the public name the caller used, for the determinism
+    switch's message, and `scale_name` the name of its softmax scale argument. The forward and, through autograd,
+    the backward leave `sm_margin` SMs to other work; the backward's plan is keyed by it."""
     q, k, v = (_contiguous_last_dim(t) for t in tensors)
     scale = resolve_scale(softmax_scale, q.shape[-1], scale_name)
     resolved = resolve_schedule(schedule, deterministic)
+    margin = check_sm_margin(sm_margin)
     _check_determinism_switch(resolved, (q, k, v), entry)
     check_devices((q, k, v), layout)
-    out, lse = torch.ops.dash_attn.forward(*(layout.to_bshd(t) for t in (q, k, v)), scale, causal, resolved)
+    out, lse = torch.ops.dash_attn.forward(*(layout.to_bshd(t) for t in (q, k, v)), scale, causal, resolved, margin)
     return layout.from_bshd(out), lse

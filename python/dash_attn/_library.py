@@ -7,6 +7,10 @@ argument checking and torch.compile tracing work where it has not been built. $D
 set, names the library to load and wins over the copy installed with the package; if it names no file,
 loading fails rather than silently using another library.
 
+sm_margin, wherever it appears, is FlashAttention-3's: SMs the launch leaves to other work (communication
+kernels); the kernels' persistent grids use at most the device's SM count - sm_margin SMs, and the library
+refuses a margin outside [0, SM count).
+
 A dash_backward_plan handle is owned by exactly one BackwardPlan object, which frees it once: when the
 object is collected, at interpreter exit, or at close(), whichever comes first; a closed plan refuses to
 run rather than pass a freed handle to the library.
@@ -24,7 +28,7 @@ LIBRARY_FILE = "libdash_attn_c.so"
 LIBRARY_ENV = "DASH_ATTN_LIBRARY"
 
 # DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
 # library is loaded; load() verifies that the library agrees.
@@ -142,18 +146,30 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dash_backward_workspace_size": (c_int, [shape_p, c_char_p, size_p, *message]),
         "dash_forward": (
             c_int,
-            [shape_p, tensor_p, tensor_p, tensor_p, tensor_p, c_void_p, c_void_p, c_size_t, c_void_p, *message],
+            [shape_p, tensor_p, tensor_p, tensor_p, tensor_p, c_void_p, c_int, c_void_p, c_size_t, c_void_p, *message],
         ),
         "dash_backward": (
             c_int,
-            [shape_p, *[tensor_p] * 5, c_void_p, *[tensor_p] * 3, c_char_p, c_void_p, c_size_t, c_void_p, *message],
+            [
+                shape_p,
+                *[tensor_p] * 5,
+                c_void_p,
+                *[tensor_p] * 3,
+                c_char_p,
+                c_int,
+                c_void_p,
+                c_size_t,
+                c_void_p,
+                *message,
+            ],
         ),
         "dash_backward_plan_create": (
             c_int,
-            [shape_p, c_char_p, ctypes.POINTER(Device), ctypes.POINTER(c_void_p), *message],
+            [shape_p, c_char_p, c_int, ctypes.POINTER(Device), ctypes.POINTER(c_void_p), *message],
         ),
         "dash_backward_plan_destroy": (None, [c_void_p]),
         "dash_backward_plan_workspace_size": (c_int, [c_void_p, size_p, *message]),
+        "dash_backward_plan_sm_count": (c_int, [c_void_p, ctypes.POINTER(c_int), *message]),
         "dash_backward_plan_run": (
             c_int,
             [c_void_p, shape_p, *[tensor_p] * 5, c_void_p, *[tensor_p] * 3, c_void_p, c_size_t, c_void_p, *message],
@@ -265,8 +281,10 @@ def forward(
     workspace: int,
     workspace_bytes: int,
     stream: int | None,
+    sm_margin: int = 0,
 ) -> None:
-    """Enqueues the forward on `stream`; `lse` and `workspace` are device addresses."""
+    """Enqueues the forward on `stream`, leaving `sm_margin` SMs to other work; `lse` and `workspace` are device
+    addresses."""
     _call(
         "forward",
         "dash_forward",
@@ -276,6 +294,7 @@ def forward(
         ctypes.byref(v),
         ctypes.byref(out),
         lse,
+        sm_margin,
         workspace,
         workspace_bytes,
         stream,
@@ -297,8 +316,10 @@ def backward(
     workspace: int,
     workspace_bytes: int,
     stream: int | None,
+    sm_margin: int = 0,
 ) -> None:
-    """Enqueues the backward on `stream`, summing dQ in the order `schedule` fixes."""
+    """Enqueues the backward on `stream`, summing dQ in the order `schedule` fixes as planned (at every call) for
+    the device's SMs less `sm_margin`."""
     _call(
         "backward",
         "dash_backward",
@@ -307,6 +328,7 @@ def backward(
         lse,
         *(ctypes.byref(t) for t in (dq, dk, dv)),
         schedule.encode(),
+        sm_margin,
         workspace,
         workspace_bytes,
         stream,
@@ -315,10 +337,11 @@ def backward(
 
 class BackwardPlan:
     """A dash_backward_plan: the backward planned once for one shape and schedule on one device (the current
-    one, or `device` as described by hand, which needs no GPU), proven, with its workspace size. Running it
-    plans nothing; the library refuses a call whose shape is not the plan's, naming the field."""
+    one, or `device` as described by hand, which needs no GPU) leaving `sm_margin` of its SMs to other work,
+    proven, with its workspace size and the SM count it was planned for (`sm_count`: the device's less the
+    margin). Running it plans nothing; the library refuses a call whose shape is not the plan's, naming the field."""
 
-    def __init__(self, shape: Shape, schedule: str, device: Device | None = None) -> None:
+    def __init__(self, shape: Shape, schedule: str, device: Device | None = None, sm_margin: int = 0) -> None:
         lib = load()
         handle = ctypes.c_void_p()
         _call(
@@ -326,6 +349,7 @@ class BackwardPlan:
             "dash_backward_plan_create",
             ctypes.byref(shape),
             schedule.encode(),
+            sm_margin,
             None if device is None else ctypes.byref(device),
             ctypes.byref(handle),
         )
@@ -335,6 +359,10 @@ class BackwardPlan:
         size = ctypes.c_size_t(0)
         _call("backward workspace query", "dash_backward_plan_workspace_size", self._handle, ctypes.byref(size))
         self.workspace_bytes = size.value
+        sm_count = ctypes.c_int(0)
+        _call("backward plan query", "dash_backward_plan_sm_count", self._handle, ctypes.byref(sm_count))
+        self.sm_margin = sm_margin
+        self.sm_count = sm_count.value
 
     @property
     def closed(self) -> bool:

@@ -4,8 +4,9 @@ Custom ops (not a torch.autograd.Function) keep the C library opaque to torch.co
 node per call instead of tracing into ctypes, the fake kernels give it the output metadata, and the
 autograd formula wires the backward op in. Both ops take (B, S, H, D) tensors that passed the checks in
 _arguments.py; they fix only what the kernels cannot take but a caller may legitimately pass (odd strides,
-misaligned views, broadcast gradients) by copying. The backward runs the plan of its device, shape and
-schedule from _plans, so a training loop plans and proves each shape once.
+misaligned views, broadcast gradients) by copying. The backward runs the plan of its device, shape, schedule and
+SM margin from _plans, so a training loop plans and proves each shape once. sm_margin (SMs left to other work,
+as in FlashAttention-3) is an input of the forward op, so that autograd hands the backward the same margin.
 """
 
 from __future__ import annotations
@@ -90,10 +91,10 @@ def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, 
 
 @torch.library.custom_op("dash_attn::forward", mutates_args=(), device_types="cuda")
 def forward(
-    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, schedule: str
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, schedule: str, sm_margin: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """out, lse = attention(q, k, v). `schedule` is not used here: it is an input so that autograd records
-    the summation order the backward must use."""
+    """out, lse = attention(q, k, v), leaving `sm_margin` SMs to other work. `schedule` is not used here: it is
+    an input so that autograd records the summation order the backward must use."""
     q, k, v = (_kernel_ready(t) for t in (q, k, v))
     out, lse = _forward_outputs(q)
     shape = _c_shape(q, k, softmax_scale, causal)
@@ -110,13 +111,14 @@ def forward(
             workspace.data_ptr(),
             workspace_bytes,
             torch.cuda.current_stream(q.device).cuda_stream,
+            sm_margin,
         )
     return out, lse
 
 
 @forward.register_fake
 def _forward_fake(
-    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, schedule: str
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, schedule: str, sm_margin: int = 0
 ) -> tuple[Tensor, Tensor]:
     return _forward_outputs(q)
 
@@ -132,15 +134,17 @@ def backward(
     softmax_scale: float,
     causal: bool,
     schedule: str,
+    sm_margin: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of attention for upstream gradient `dout`, dQ summed in the order `schedule` fixes."""
+    """dq, dk, dv of attention for upstream gradient `dout`, dQ summed in the order `schedule` fixes as planned
+    for the device's SMs less `sm_margin`."""
     dout, q, k, v, out = (_kernel_ready(t) for t in (dout, q, k, v, out))
     lse = lse.contiguous()
     dq, dk, dv = _backward_outputs(q, k, v)
     shape = _c_shape(q, k, softmax_scale, causal)
     with torch.cuda.device(q.device):
-        # Planned and proven once per (device, shape, schedule); the plan sizes the workspace and runs.
-        plan = _plans.backward_plan(q.device.index, shape, schedule)
+        # Planned and proven once per (device, shape, schedule, margin); the plan sizes the workspace and runs.
+        plan = _plans.backward_plan(q.device.index, shape, schedule, sm_margin)
         workspace = _workspace(plan.workspace_bytes, q.device)
         plan.backward(
             shape,
@@ -165,17 +169,19 @@ def _backward_fake(
     softmax_scale: float,
     causal: bool,
     schedule: str,
+    sm_margin: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return _backward_outputs(q, k, v)
 
 
 def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
-    q, k, v, softmax_scale, causal, schedule = inputs
+    q, k, v, softmax_scale, causal, schedule, sm_margin = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.schedule = schedule
+    ctx.sm_margin = sm_margin
     # The backward does not differentiate through the LSE; marking it keeps a loss that uses it from
     # silently getting a wrong gradient.
     ctx.mark_non_differentiable(lse)
@@ -183,10 +189,12 @@ def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, outp
 
 def _backward_formula(
     ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor, grad_lse: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
+) -> tuple[Tensor, Tensor, Tensor, None, None, None, None]:
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.dash_attn.backward(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.schedule)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = torch.ops.dash_attn.backward(
+        grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.schedule, ctx.sm_margin
+    )
+    return dq, dk, dv, None, None, None, None
 
 
 forward.register_autograd(_backward_formula, setup_context=_setup_context)

@@ -1,8 +1,9 @@
 """The process's backward plans: one bounded, least-recently-used cache of BackwardPlan handles.
 
 A plan is keyed by everything that decides it: the CUDA device ordinal (a plan is made for that device's SM
-count), every field of the C shape (sizes, head dim, dtype, softmax scale as the library sees it, mask) and
-the schedule name, so a hit is exactly the plan the library would make again. At most `capacity` plans are
+count), every field of the C shape (sizes, head dim, dtype, softmax scale as the library sees it, mask), the
+schedule name and the SM margin (SMs left to other work), so a hit is exactly the plan the library would make
+again. At most `capacity` plans are
 kept; adding one beyond that drops the least recently used, whose handle is freed as soon as no call still
 uses it (BackwardPlan frees its handle when collected) and at the latest at interpreter exit. Plans are made
 outside the lock, so a long first proof does not hold up other threads' lookups; when two threads make the
@@ -66,14 +67,15 @@ def _shape_fields(shape: _library.Shape) -> tuple:
 
 
 def _make_backward_plan(key: tuple) -> _library.BackwardPlan:
-    _device, shape_fields, schedule = key
-    return _library.BackwardPlan(_library.Shape(*shape_fields), schedule)
+    _device, shape_fields, schedule, sm_margin = key
+    return _library.BackwardPlan(_library.Shape(*shape_fields), schedule, sm_margin=sm_margin)
 
 
 backward_plans: PlanCache[_library.BackwardPlan] = PlanCache(PLAN_CACHE_CAPACITY, _make_backward_plan)
 
 
-def backward_plan(device: int, shape: _library.Shape, schedule: str) -> _library.BackwardPlan:
+def backward_plan(device: int, shape: _library.Shape, schedule: str, sm_margin: int = 0) -> _library.BackwardPlan:
     """The backward plan of `shape` and `schedule` on CUDA device `device`, which must be the current device
-    (a plan is made for the current device; the library refuses to run it on another)."""
-    return backward_plans.get((device, _shape_fields(shape), schedule))
+    (a plan is made for the current device; the library refuses to run it on another), for its SMs less
+    `sm_margin`."""
+    return backward_plans.get((device, _shape_fields(shape), schedule, sm_margin))

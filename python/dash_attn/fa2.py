@@ -13,7 +13,8 @@ Invariants:
 - return_attn_probs=True returns FA2's triple (out, softmax_lse, S_dmask). S_dmask is an empty tensor, which is
   what FA2 returns when dropout is off. return_lse=True (DASH's and FA4's name) returns (out, lse). Passing both
   is refused, because they ask for different tuples.
-- schedule and return_lse are keyword-only extras after FA2's arguments.
+- schedule, sm_margin and return_lse are keyword-only extras after FA2's arguments. sm_margin is FA3's: SMs the
+  forward and backward leave to other work (communication kernels); see dash_attn.flash_attn_func.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def flash_attn_func(
     return_attn_probs: bool = False,
     *,
     schedule: str = "auto",
+    sm_margin: int = 0,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """Attention on (batch, seqlen, heads, head_dim) tensors, differentiable in q, k and v.
@@ -71,6 +73,12 @@ def flash_attn_func(
     softmax_scale defaults to head_dim ** -0.5. The forward is always deterministic. The backward is bitwise
     reproducible for every schedule except "nondeterministic", which deterministic=False selects. The default
     "auto" picks the deterministic schedule measured fastest for the shape whose preconditions the shape meets.
+
+    sm_margin (as in FlashAttention-3) leaves that many SMs to other work, such as communication kernels that run
+    at the same time: the kernels' persistent grids use at most the device's SM count - sm_margin SMs, and the
+    backward is planned for that many. 0 <= sm_margin < SM count. The bits of the ascending, descending and
+    shortest-first schedules do not depend on it; those of "shift" and "symmetric-shift" (which "auto" may pick)
+    are those of a device with that many SMs, so a run must use the same margin to reproduce another's bits.
 
     Returns out (batch, seqlen_q, heads_q, head_dim); with return_attn_probs=True, (out, softmax_lse, S_dmask)
     as in FA2, where S_dmask is empty; with return_lse=True, (out, lse). The LSE is fp32, natural-log,
@@ -86,6 +94,7 @@ def flash_attn_func(
         causal=causal,
         deterministic=deterministic,
         schedule=schedule,
+        sm_margin=sm_margin,
         entry="dash_attn.flash_attn_func",
     )
     return _fa2_result(out, lse, return_attn_probs, return_lse)
@@ -104,6 +113,7 @@ def flash_attn_kvpacked_func(
     return_attn_probs: bool = False,
     *,
     schedule: str = "auto",
+    sm_margin: int = 0,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """flash_attn_func with k and v stacked as kv (batch, seqlen_k, 2, heads_kv, head_dim). They are read as
@@ -120,6 +130,7 @@ def flash_attn_kvpacked_func(
         causal=causal,
         deterministic=deterministic,
         schedule=schedule,
+        sm_margin=sm_margin,
         entry="dash_attn.flash_attn_kvpacked_func",
     )
     return _fa2_result(out, lse, return_attn_probs, return_lse)
@@ -137,6 +148,7 @@ def flash_attn_qkvpacked_func(
     return_attn_probs: bool = False,
     *,
     schedule: str = "auto",
+    sm_margin: int = 0,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """flash_attn_func with q, k and v stacked as qkv (batch, seqlen, 3, heads, head_dim). They are read as
@@ -154,6 +166,7 @@ def flash_attn_qkvpacked_func(
         causal=causal,
         deterministic=deterministic,
         schedule=schedule,
+        sm_margin=sm_margin,
         entry="dash_attn.flash_attn_qkvpacked_func",
     )
     return _fa2_result(out, lse, return_attn_probs, return_lse)

@@ -10,8 +10,10 @@ Invariants:
   passes deterministic=False.
 - FA3's options are accepted at the values that leave attention unchanged: qv, q_descale, k_descale, v_descale
   None, window_size (-1, -1), attention_chunk 0, softcap 0.0, num_splits 1 (or 0, FA3's heuristic: DASH's
-  forward never splits the keys), pack_gqa None, True or False (a layout hint), sm_margin 0. Other values raise
+  forward never splits the keys), pack_gqa None, True or False (a layout hint). Other values raise
   NotImplementedError naming the argument and the value.
+- sm_margin is implemented as in FA3: SMs the forward and backward leave to other work (see
+  dash_attn.flash_attn_func); an int with 0 <= sm_margin < the device's SM count.
 - return_attn_probs=True and return_lse=True both return (out, softmax_lse), as FA3 does.
 - schedule and return_lse are keyword-only extras after FA3's arguments.
 """
@@ -41,14 +43,12 @@ def _refuse_fa3_options(
     window_size: object,
     attention_chunk: object,
     softcap: object,
-    sm_margin: object,
 ) -> None:
     for name, descale in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         refuse_unsupported(name, descale, (None,), "DASH has no FP8 inputs to descale")
     refuse_window(window_size)
     refuse_unsupported("attention_chunk", attention_chunk, (0,), "DASH has no chunked attention")
     refuse_unsupported("softcap", softcap, (0.0,), "DASH has no logit softcapping")
-    refuse_unsupported("sm_margin", sm_margin, (0,), "DASH plans its kernels for every SM of the device")
 
 
 def flash_attn_func(
@@ -80,7 +80,7 @@ def flash_attn_func(
     """
     check_flags(causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs, return_lse=return_lse)
     refuse_unsupported("qv", qv, (None,), "DASH has no extra query-value product")
-    _refuse_fa3_options(q_descale, k_descale, v_descale, window_size, attention_chunk, softcap, sm_margin)
+    _refuse_fa3_options(q_descale, k_descale, v_descale, window_size, attention_chunk, softcap)
     refuse_unsupported("num_splits", num_splits, (1, 0), "DASH's forward never splits the keys")
     refuse_unsupported("pack_gqa", pack_gqa, (None, True, False), "it is a layout hint that takes None or a bool")
     check_tensors((q, k, v), BSHD)
@@ -91,6 +91,7 @@ def flash_attn_func(
         causal=causal,
         deterministic=deterministic,
         schedule=schedule,
+        sm_margin=sm_margin,
         entry="dash_attn.fa3.flash_attn_func",
     )
     return (out, lse) if return_attn_probs or return_lse else out
@@ -156,7 +157,7 @@ def flash_attn_qkvpacked_func(
     for GQA, (batch, seqlen, heads_q + 2 * heads_kv, head_dim) with num_heads_q. They are read as views, with no
     copy, and the gradient reaches qkv."""
     check_flags(causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs, return_lse=return_lse)
-    _refuse_fa3_options(q_descale, k_descale, v_descale, window_size, attention_chunk, softcap, sm_margin)
+    _refuse_fa3_options(q_descale, k_descale, v_descale, window_size, attention_chunk, softcap)
     tensors, layout = _split_qkv(qkv, num_heads_q)
     check_tensors(tensors, layout)
     out, lse = attend(
@@ -166,6 +167,7 @@ def flash_attn_qkvpacked_func(
         causal=causal,
         deterministic=deterministic,
         schedule=schedule,
+        sm_margin=sm_margin,
         entry="dash_attn.fa3.flash_attn_qkvpacked_func",
     )
     return (out, lse) if return_attn_probs or return_lse else out

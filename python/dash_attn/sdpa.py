@@ -3,8 +3,8 @@
 
 Invariants:
 - Positional and keyword arguments mean what they mean in torch's SDPA: (query, key, value, attn_mask=None,
-  dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False). deterministic and schedule are keyword-only
-  extras. deterministic defaults to True.
+  dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False). deterministic, schedule and sm_margin are
+  keyword-only extras. deterministic defaults to True; sm_margin (SMs left to other work) to 0.
 - attn_mask and dropout_p are accepted at their no-op values (None, 0.0). Other values raise
   NotImplementedError naming the argument.
 - SDPA aligns is_causal to the top-left corner and DASH to the bottom-right. The two agree only when
@@ -32,10 +32,11 @@ def scaled_dot_product_attention(
     enable_gqa: bool = False,
     deterministic: bool = True,
     schedule: str = "auto",
+    sm_margin: int = 0,
 ) -> Tensor:
     """Attention on (batch, heads, seqlen, head_dim) tensors, differentiable in query, key and value, with the
-    backward summed in the order `schedule` fixes (see dash_attn.flash_attn_func). As in SDPA, fewer key/value
-    heads need enable_gqa=True."""
+    backward summed in the order `schedule` fixes and `sm_margin` SMs left to other work (see
+    dash_attn.flash_attn_func). As in SDPA, fewer key/value heads need enable_gqa=True."""
     refuse_unsupported(
         "attn_mask", attn_mask, (None,), "DASH has no attention mask but the causal one (is_causal=True)"
     )
@@ -62,6 +63,7 @@ def scaled_dot_product_attention(
         causal=is_causal,
         deterministic=deterministic,
         schedule=schedule,
+        sm_margin=sm_margin,
         entry="dash_attn.scaled_dot_product_attention",
         scale_name="scale",
     )

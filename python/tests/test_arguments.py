@@ -300,6 +300,19 @@ def test_library_message_reaches_the_caller(library) -> None:
     assert "not-supported" in str(caught.value)
 
 
+def test_library_refuses_a_negative_sm_margin_before_the_device(library) -> None:
+    # Valid, distinct tensors (on the CPU: the margin is checked with the arguments, before the device).
+    shape, _, _ = _c_args(library, head_dim=HEAD_DIM)
+    tensors = [bshd() for _ in range(4)]
+    lse = torch.zeros(BATCH, HEADS, SEQLEN)
+    c_tensors = [library.Tensor(t.data_ptr(), (ctypes.c_int64 * 4)(*t.stride())) for t in tensors]
+    with pytest.raises(dash_attn.LibraryError) as caught:
+        library.forward(shape, *c_tensors, lse.data_ptr(), 0, 0, None, sm_margin=-2)
+    assert caught.value.status == "invalid-argument"
+    assert caught.value.message.startswith("sm_margin must satisfy 0 <= sm_margin < the device's SM count")
+    assert caught.value.message.endswith("got -2")
+
+
 def test_library_lists_schedules_when_the_name_is_unknown(library) -> None:
     shape, _, _ = _c_args(library, head_dim=HEAD_DIM)
     with pytest.raises(dash_attn.LibraryError, match="unknown schedule 'fastest' \\(valid: auto, ascending"):
@@ -311,7 +324,7 @@ def test_library_truncates_messages_to_the_buffer(library) -> None:
     size = 8
     buffer = ctypes.create_string_buffer(b"\xff" * size, size)
     code = library.load().dash_forward(
-        ctypes.byref(shape), *[ctypes.byref(c_tensor)] * 4, tensor.data_ptr(), None, 0, None, buffer, size
+        ctypes.byref(shape), *[ctypes.byref(c_tensor)] * 4, tensor.data_ptr(), 0, None, 0, None, buffer, size
     )
     assert library.load().dash_status_name(code) == b"not-supported"
     assert buffer.raw == b"shape.h\0"

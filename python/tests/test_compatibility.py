@@ -3,7 +3,8 @@ flash_attn_kvpacked_func and flash_attn_qkvpacked_func (FA2's order), dash_attn.
 scaled_dot_product_attention (torch's order) take their arguments as those libraries do.
 
 Without a GPU the entry points run up to the op, under FakeTensorMode with fake CUDA tensors. The op is
-replaced by a recorder, so each test sees exactly which q, k, v, scale, mask flag and schedule a call passes.
+replaced by a recorder, so each test sees exactly which q, k, v, scale, mask flag, schedule and SM margin a call
+passes.
 The tests check: positional calls; the no-op values of options DASH does not implement; NotImplementedError
 naming any other value; the returned tuples; packed inputs read as views; a non-contiguous last dimension
 copied; and that Dynamo traces every spelling into one graph. The GPU tests at the end check that every
@@ -43,6 +44,7 @@ class ForwardCall:
     softmax_scale: float
     causal: bool
     schedule: str
+    sm_margin: int
 
 
 @pytest.fixture
@@ -65,8 +67,8 @@ def forward_calls(fake_cuda, monkeypatch) -> list[ForwardCall]:
 
     calls: list[ForwardCall] = []
 
-    def record(q, k, v, softmax_scale, causal, schedule):
-        calls.append(ForwardCall(q, k, v, softmax_scale, causal, schedule))
+    def record(q, k, v, softmax_scale, causal, schedule, sm_margin=0):
+        calls.append(ForwardCall(q, k, v, softmax_scale, causal, schedule, sm_margin))
         return _ops._forward_outputs(q)
 
     monkeypatch.setattr(torch.ops.dash_attn, "forward", record)
@@ -138,6 +140,8 @@ FA3_QKVPACKED_ARGUMENTS = [
     "return_attn_probs",
 ]
 DASH_EXTRAS = ["schedule", "return_lse"]
+# FA2's entry points have no sm_margin of their own: DASH adds FA3's as a keyword-only extra.
+FA2_DASH_EXTRAS = ["schedule", "sm_margin", "return_lse"]
 
 ALL_ENTRY_POINTS = [
     flash_attn_func,
@@ -163,16 +167,16 @@ def positional_and_keyword_only(function) -> tuple[list[str], list[str]]:
 @pytest.mark.parametrize(
     ("function", "tensors", "arguments", "extras"),
     [
-        (flash_attn_func, ["q", "k", "v"], FA2_ARGUMENTS, DASH_EXTRAS),
-        (flash_attn_kvpacked_func, ["q", "kv"], FA2_ARGUMENTS, DASH_EXTRAS),
-        (flash_attn_qkvpacked_func, ["qkv"], FA2_ARGUMENTS, DASH_EXTRAS),
+        (flash_attn_func, ["q", "k", "v"], FA2_ARGUMENTS, FA2_DASH_EXTRAS),
+        (flash_attn_kvpacked_func, ["q", "kv"], FA2_ARGUMENTS, FA2_DASH_EXTRAS),
+        (flash_attn_qkvpacked_func, ["qkv"], FA2_ARGUMENTS, FA2_DASH_EXTRAS),
         (fa3.flash_attn_func, ["q", "k", "v"], FA3_ARGUMENTS, DASH_EXTRAS),
         (fa3.flash_attn_qkvpacked_func, ["qkv"], FA3_QKVPACKED_ARGUMENTS, DASH_EXTRAS),
         (
             scaled_dot_product_attention,
             ["query", "key", "value"],
             ["attn_mask", "dropout_p", "is_causal"],
-            ["scale", "enable_gqa", "deterministic", "schedule"],
+            ["scale", "enable_gqa", "deterministic", "schedule", "sm_margin"],
         ),
     ],
     ids=entry_point_id,
@@ -226,10 +230,10 @@ def test_fa3_positional_scale_then_causal(forward_calls) -> None:
 def test_fa3_every_argument_positional(forward_calls) -> None:
     q, kv = bshd(), bshd(KV_HEADS)
     out, lse = fa3.flash_attn_func(
-        q, kv, kv, 0.125, True, None, None, None, None, (-1, -1), 0, 0.0, 1, None, False, 0, True
+        q, kv, kv, 0.125, True, None, None, None, None, (-1, -1), 0, 0.0, 1, None, False, 4, True
     )
     call = only_call(forward_calls)
-    assert (call.softmax_scale, call.causal, call.schedule) == (0.125, True, "nondeterministic")
+    assert (call.softmax_scale, call.causal, call.schedule, call.sm_margin) == (0.125, True, "nondeterministic", 4)
     assert out.shape == q.shape and lse.shape == (BATCH, HEADS, SEQLEN)
 
 
@@ -274,7 +278,6 @@ FA3_NO_OPS = [
     {"pack_gqa": None},
     {"pack_gqa": True},
     {"pack_gqa": False},
-    {"sm_margin": 0},
 ]
 
 
@@ -318,7 +321,6 @@ FA3_UNSUPPORTED = [
     ({"softcap": 1.5}, "softcap=1.5", "softcapping"),
     ({"num_splits": 4}, "num_splits=4", "never splits"),
     ({"pack_gqa": "yes"}, "pack_gqa='yes'", "None or a bool"),
-    ({"sm_margin": 8}, "sm_margin=8", "every SM"),
 ]
 
 
@@ -349,6 +351,60 @@ def test_fa3_unsupported_values_are_refused_by_name(options: dict, named: str, r
     if "qv" not in options and "num_splits" not in options and "pack_gqa" not in options:
         with raises(NotImplementedError, named, "is not supported", reason):
             fa3.flash_attn_qkvpacked_func(torch.stack([q, q, q], dim=2), **options)
+
+
+# --- sm_margin: FA3's option, taken by every entry point and handed to the op -------------------------------
+
+
+def every_spelling(**options) -> None:
+    """Calls every entry point once with `options` on small fake CUDA tensors."""
+    q = bshd()
+    flash_attn_func(q, q, q, **options)
+    flash_attn_kvpacked_func(q, packed(2), **options)
+    flash_attn_qkvpacked_func(packed(3), **options)
+    fa3.flash_attn_func(q, q, q, **options)
+    fa3.flash_attn_qkvpacked_func(packed(3), **options)
+    scaled_dot_product_attention(bhsd(), bhsd(), bhsd(), **options)
+
+
+@pytest.mark.parametrize("margin", [0, 1, 16, 131])
+def test_sm_margin_reaches_the_op_from_every_entry_point(forward_calls, margin: int) -> None:
+    every_spelling(sm_margin=margin)
+    assert [call.sm_margin for call in forward_calls] == [margin] * 6
+    assert all(type(call.sm_margin) is int for call in forward_calls)
+
+
+def test_sm_margin_defaults_to_zero(forward_calls) -> None:
+    every_spelling()
+    assert [call.sm_margin for call in forward_calls] == [0] * 6
+
+
+def test_fa3_takes_sm_margin_positionally_where_fa3_has_it(forward_calls) -> None:
+    fa3.flash_attn_qkvpacked_func(packed(3), None, False, None, None, None, (-1, -1), 0, 0.0, True, None, 8)
+    assert only_call(forward_calls).sm_margin == 8
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (True, TypeError, "sm_margin must be an int, got bool True"),
+        (8.0, TypeError, "sm_margin must be an int, got float 8.0"),
+        ("8", TypeError, "sm_margin must be an int, got str '8'"),
+        (None, TypeError, "sm_margin must be an int, got NoneType None"),
+        (-1, ValueError, "sm_margin must satisfy 0 <= sm_margin < the device's SM count, got -1"),
+    ],
+    ids=repr,
+)
+def test_sm_margin_must_be_a_non_negative_int(value: object, error: type[Exception], message: str) -> None:
+    q = torch.zeros(BATCH, SEQLEN, HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    for call in (
+        lambda: flash_attn_func(q, q, q, sm_margin=value),
+        lambda: fa3.flash_attn_func(q, q, q, sm_margin=value),
+        lambda: fa3.flash_attn_qkvpacked_func(torch.stack([q, q, q], dim=2), sm_margin=value),
+        lambda: scaled_dot_product_attention(q, q, q, sm_margin=value),
+    ):
+        with raises(error, message):
+            call()
 
 
 def test_sdpa_attn_mask_is_refused_by_name() -> None:

@@ -1,8 +1,9 @@
 """Tests of the backward plans: the plan cache of dash_attn._plans (hits, least-recently-used eviction, a
-failed planning caching nothing, threads, the key holding every field that decides a plan) with a fake maker;
-BackwardPlan handles of the real library made for a device described by hand, which needs no GPU (workspace
-size, refusals, a call whose shape is not the plan's, freeing on close, on eviction and at exit); and on a
-Hopper GPU, the backward op running one cached plan with the bits of the entry point that plans every call.
+failed planning caching nothing, threads, the key holding every field that decides a plan, the SM margin
+included) with a fake maker; BackwardPlan handles of the real library made for a device described by hand, which
+needs no GPU (workspace size, the SM count planned for with a margin, refusals, a call whose shape is not the
+plan's, freeing on close, on eviction and at exit); and on a Hopper GPU, the backward op running one cached plan
+with the bits of the entry point that plans every call.
 Without the library or a GPU, the tests that need them skip and say why.
 """
 
@@ -135,7 +136,7 @@ def test_the_process_cache_holds_a_few_hundred_plans() -> None:
     assert _plans.backward_plans._capacity == _plans.PLAN_CACHE_CAPACITY == 256
 
 
-def test_the_key_holds_the_device_every_shape_field_and_the_schedule(monkeypatch) -> None:
+def test_the_key_holds_the_device_every_shape_field_the_schedule_and_the_sm_margin(monkeypatch) -> None:
     from dash_attn import _library
 
     maker = Maker()
@@ -144,7 +145,7 @@ def test_the_key_holds_the_device_every_shape_field_and_the_schedule(monkeypatch
     plan = _plans.backward_plan(0, base, "auto")
     assert _plans.backward_plan(0, _library.Shape(*SHAPE_FIELDS), "auto") is plan
     assert len(maker.made) == 1
-    variants = [(1, base, "auto"), (0, base, "ascending")]
+    variants = [(1, base, "auto", 0), (0, base, "ascending", 0), (0, base, "auto", 8)]
     replacements = {
         "batch": 3,
         "seqlen_q": 512,
@@ -160,9 +161,9 @@ def test_the_key_holds_the_device_every_shape_field_and_the_schedule(monkeypatch
     for name, value in replacements.items():
         shape = _library.Shape(*SHAPE_FIELDS)
         setattr(shape, name, value)
-        variants.append((0, shape, "auto"))
-    for device, shape, schedule in variants:
-        assert _plans.backward_plan(device, shape, schedule) is not plan
+        variants.append((0, shape, "auto", 0))
+    for device, shape, schedule, sm_margin in variants:
+        assert _plans.backward_plan(device, shape, schedule, sm_margin) is not plan
     assert len(maker.made) == 1 + len(variants)
     # The scale as the library reads it: two Python floats that round to one float32 are one plan.
     nearby = _library.Shape(*SHAPE_FIELDS)
@@ -202,6 +203,34 @@ def test_a_plan_for_a_described_device_knows_its_workspace(library, h200) -> Non
     large = library.BackwardPlan(longer, "auto", h200)
     assert 0 < small.workspace_bytes < large.workspace_bytes
     assert not small.closed
+
+
+def test_a_plan_records_the_sm_count_it_was_planned_for(library, h200) -> None:
+    shape = library.Shape(*SHAPE_FIELDS)
+    for margin in (0, 1, 32, 131):
+        plan = library.BackwardPlan(shape, "auto", h200, sm_margin=margin)
+        assert (plan.sm_margin, plan.sm_count) == (margin, 132 - margin)
+    # The workspace is the shape's, whatever the margin.
+    assert (
+        library.BackwardPlan(shape, "ascending", h200, sm_margin=100).workspace_bytes
+        == library.BackwardPlan(shape, "ascending", h200).workspace_bytes
+    )
+
+
+def test_a_margin_outside_zero_to_the_sm_count_is_refused_naming_the_rule(library, h200) -> None:
+    shape = library.Shape(*SHAPE_FIELDS)
+    for margin in (132, 500):
+        with pytest.raises(library.LibraryError) as caught:
+            library.BackwardPlan(shape, "auto", h200, sm_margin=margin)
+        assert caught.value.status == "invalid-argument"
+        assert caught.value.message == (
+            "sm_margin must satisfy 0 <= sm_margin < the device's SM count (132 on device 0; at least one SM must run "
+            f"the kernel), got {margin}"
+        )
+    # Negative: refused before the device, so also for the current device on a machine without a GPU.
+    for device in (h200, None):
+        with pytest.raises(library.LibraryError, match="sm_margin must satisfy 0 <= sm_margin .* got -1$"):
+            library.BackwardPlan(shape, "auto", device, sm_margin=-1)
 
 
 def test_planning_refusals_carry_the_librarys_message(library, h200) -> None:
@@ -345,3 +374,37 @@ def test_the_backward_op_runs_one_cached_plan_with_the_bits_of_the_planning_entr
     for name, a, b, c in zip(("dq", "dk", "dv"), first, second, planned_every_call):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name
         assert torch.equal(a.view(torch.int16), c.view(torch.int16)), name
+
+
+def test_gpu_an_sm_margin_has_plans_of_its_own_and_keeps_the_dynamic_schedules_bits(
+    device, require_kernel, library
+) -> None:
+    import torch
+
+    from dash_attn import _ops
+
+    dtype, head_dim, causal = torch.bfloat16, 128, True
+    require_kernel(head_dim, dtype)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    margin = 16
+    generator = torch.Generator(device).manual_seed(12)
+
+    def draw(heads: int) -> torch.Tensor:
+        return torch.randn(2, 1000, heads, head_dim, generator=generator, device=device).to(dtype)
+
+    q, k, v, dout = draw(8), draw(2), draw(2), draw(8)
+    scale = head_dim**-0.5
+    shape = _ops._c_shape(q, k, scale, causal)
+    out, lse = torch.ops.dash_attn.forward(q, k, v, scale, causal, "auto")
+    out_margin, lse_margin = torch.ops.dash_attn.forward(q, k, v, scale, causal, "auto", margin)
+    assert torch.equal(out.view(torch.int16), out_margin.view(torch.int16))
+    assert torch.equal(lse, lse_margin)
+    for schedule in ("ascending", "descending", "shortest-first"):
+        every_sm = torch.ops.dash_attn.backward(dout, q, k, v, out, lse, scale, causal, schedule)
+        fewer = torch.ops.dash_attn.backward(dout, q, k, v, out, lse, scale, causal, schedule, margin)
+        for name, a, b in zip(("dq", "dk", "dv"), every_sm, fewer):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{schedule} {name}"
+        assert _plans.backward_plan(device.index, shape, schedule, margin).sm_count == sms - margin
+        assert _plans.backward_plan(device.index, shape, schedule).sm_count == sms
+    with pytest.raises(library.LibraryError, match=f"sm_margin must satisfy .*\\({sms} on device .* got {sms}$"):
+        torch.ops.dash_attn.forward(q, k, v, scale, causal, "auto", sms)

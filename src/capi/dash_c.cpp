@@ -237,8 +237,8 @@ int dash_backward_workspace_size(const dash_shape* shape, const char* schedule, 
 }
 
 int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
-                 const dash_tensor* out, float* lse, void* workspace, size_t workspace_bytes, void* stream,
-                 char* message, size_t message_size) {
+                 const dash_tensor* out, float* lse, int sm_margin, void* workspace, size_t workspace_bytes,
+                 void* stream, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
     if (dash::Status s = check_present({{shape, "shape"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) {
       return s;
@@ -254,33 +254,35 @@ int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tenso
     args.out = out->data;
     args.out_strides = to_strides(*out);
     args.lse = lse;
+    args.sm_margin = sm_margin;
     return dash::forward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
 
 int dash_backward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
                   const dash_tensor* out, const dash_tensor* dout, const float* lse, const dash_tensor* dq,
-                  const dash_tensor* dk, const dash_tensor* dv, const char* schedule, void* workspace,
+                  const dash_tensor* dk, const dash_tensor* dv, const char* schedule, int sm_margin, void* workspace,
                   size_t workspace_bytes, void* stream, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
     const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
     if (dash::Status s = check_backward_present(shape, tensors); !s.ok()) return s;
     dash::BackwardArgs args = to_backward_args(*shape, tensors);
     if (dash::Status s = parse(schedule, &args.schedule); !s.ok()) return s;
+    args.sm_margin = sm_margin;
     return dash::backward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
 
-int dash_backward_plan_create(const dash_shape* shape, const char* schedule, const dash_device* device,
+int dash_backward_plan_create(const dash_shape* shape, const char* schedule, int sm_margin, const dash_device* device,
                               dash_backward_plan** plan, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
     if (dash::Status s = check_present({{shape, "shape"}, {plan, "plan"}}); !s.ok()) return s;
     dash::Schedule parsed = dash::Schedule::kAuto;
     if (dash::Status s = parse(schedule, &parsed); !s.ok()) return s;
     dash::BackwardPlan made;
-    const dash::Status planned = device == nullptr
-                                     ? dash::plan_backward(to_shape(*shape), parsed, &made)
-                                     : dash::plan_backward(to_shape(*shape), parsed, to_device_info(*device), &made);
+    const dash::Status planned =
+        device == nullptr ? dash::plan_backward(to_shape(*shape), parsed, sm_margin, &made)
+                          : dash::plan_backward(to_shape(*shape), parsed, sm_margin, to_device_info(*device), &made);
     if (!planned.ok()) return planned;
     *plan = new dash_backward_plan{std::move(made)};
     return dash::Status::success();
@@ -298,6 +300,14 @@ int dash_backward_plan_workspace_size(const dash_backward_plan* plan, size_t* by
   });
 }
 
+int dash_backward_plan_sm_count(const dash_backward_plan* plan, int* sm_count, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (dash::Status s = check_present({{plan, "plan"}, {sm_count, "sm_count"}}); !s.ok()) return s;
+    *sm_count = plan->plan.planned_sm_count();
+    return dash::Status::success();
+  });
+}
+
 int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* shape, const dash_tensor* q,
                            const dash_tensor* k, const dash_tensor* v, const dash_tensor* out,
                            const dash_tensor* dout, const float* lse, const dash_tensor* dq, const dash_tensor* dk,
@@ -308,7 +318,9 @@ int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* sha
     const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
     if (dash::Status s = check_backward_present(shape, tensors); !s.ok()) return s;
     dash::BackwardArgs args = to_backward_args(*shape, tensors);
-    args.schedule = plan->plan.requested_schedule();  // the handle carries the schedule; the C call does not
+    // The handle carries the schedule and the SM margin; the C call does not.
+    args.schedule = plan->plan.requested_schedule();
+    args.sm_margin = plan->plan.sm_margin();
     return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
   });
 }

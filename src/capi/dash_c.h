@@ -23,8 +23,11 @@ extern "C" {
 /* Bumped whenever a struct, a signature or the set of functions below changes, so a binding can refuse a library
  * it does not match.
  *   2: dash_device, the version queries and dash_describe_current_device.
- *   3: the backward plan handle: dash_backward_plan_create, _destroy, _workspace_size and _run. */
-#define DASH_C_ABI_VERSION 3
+ *   3: the backward plan handle: dash_backward_plan_create, _destroy, _workspace_size and _run.
+ *   4: sm_margin: dash_forward, dash_backward and dash_backward_plan_create take an int sm_margin after their
+ *      last input (lse, schedule), and dash_backward_plan_sm_count reads what a plan was planned for. No struct
+ *      changed; the signatures did, so a binding of version 3 would pass its arguments in the wrong places. */
+#define DASH_C_ABI_VERSION 4
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -99,7 +102,10 @@ typedef struct dash_device {
 
 /* In every function below, `message` (when not null and message_size > 0) receives the Status message,
  * truncated to message_size - 1 bytes and NUL-terminated; it is the empty string on success. `stream` is a
- * cudaStream_t value (null: the legacy default stream). `schedule` is a canonical name, e.g. "auto". */
+ * cudaStream_t value (null: the legacy default stream). `schedule` is a canonical name, e.g. "auto".
+ * `sm_margin` is FlashAttention-3's: SMs the launch leaves to other work (communication kernels), 0 for none.
+ * The persistent grids then use at most the device's SM count - sm_margin SMs, and the backward is planned for
+ * that many; it must satisfy 0 <= sm_margin < the device's SM count. */
 
 /* DASH_STATUS_OK if the current CUDA device can run the kernels; DASH_STATUS_NO_DEVICE with a message that
  * tells a missing driver, a driver too old for the runtime and no visible device apart. */
@@ -120,27 +126,30 @@ DASH_C_API int dash_backward_workspace_size(const dash_shape* shape, const char*
 
 /* out, lse = attention(q, k, v); lse is (B, Hq, Sq) packed fp32. */
 DASH_C_API int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
-                            const dash_tensor* out, float* lse, void* workspace, size_t workspace_bytes, void* stream,
-                            char* message, size_t message_size);
+                            const dash_tensor* out, float* lse, int sm_margin, void* workspace, size_t workspace_bytes,
+                            void* stream, char* message, size_t message_size);
 
 /* dq, dk, dv for upstream gradient dout, summed in the order `schedule` fixes. Plans the schedule at every call;
  * a caller that repeats shapes keeps a dash_backward_plan instead. */
 DASH_C_API int dash_backward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
                              const dash_tensor* out, const dash_tensor* dout, const float* lse, const dash_tensor* dq,
-                             const dash_tensor* dk, const dash_tensor* dv, const char* schedule, void* workspace,
-                             size_t workspace_bytes, void* stream, char* message, size_t message_size);
+                             const dash_tensor* dk, const dash_tensor* dv, const char* schedule, int sm_margin,
+                             void* workspace, size_t workspace_bytes, void* stream, char* message,
+                             size_t message_size);
 
-/* dash::BackwardPlan: the backward planned once for one shape, schedule and device (the schedule resolved, planned for
- * the device's SM count and proven) with the workspace size it needs. Immutable: one handle may be run from any
- * number of threads at once, until it is destroyed. */
+/* dash::BackwardPlan: the backward planned once for one shape, schedule, SM margin and device (the schedule resolved,
+ * planned for the device's SM count less the margin and proven) with the workspace size it needs. Immutable: one
+ * handle may be run from any number of threads at once, until it is destroyed. */
 typedef struct dash_backward_plan dash_backward_plan;
 
-/* Validates *shape and the schedule name first (as the workspace queries do), then plans for `device`: NULL for the
- * current device, which must be able to run the kernels; otherwise only device->index and
- * device->multiprocessor_count are read, and no GPU is needed. On success *plan receives a new handle, which the
- * caller frees with dash_backward_plan_destroy; on failure *plan is untouched. */
-DASH_C_API int dash_backward_plan_create(const dash_shape* shape, const char* schedule, const dash_device* device,
-                                         dash_backward_plan** plan, char* message, size_t message_size);
+/* Validates *shape, the schedule name and sm_margin >= 0 first (the shape and schedule as the workspace queries do),
+ * then plans for `device`, leaving sm_margin of its SMs free: NULL for the current device, which must be able to run
+ * the kernels; otherwise only device->index and device->multiprocessor_count are read, and no GPU is needed.
+ * sm_margin must be less than the device's SM count. On success *plan receives a new handle, which the caller frees
+ * with dash_backward_plan_destroy; on failure *plan is untouched. */
+DASH_C_API int dash_backward_plan_create(const dash_shape* shape, const char* schedule, int sm_margin,
+                                         const dash_device* device, dash_backward_plan** plan, char* message,
+                                         size_t message_size);
 
 /* Frees a handle of dash_backward_plan_create; NULL is allowed and does nothing. */
 DASH_C_API void dash_backward_plan_destroy(dash_backward_plan* plan);
@@ -149,9 +158,14 @@ DASH_C_API void dash_backward_plan_destroy(dash_backward_plan* plan);
 DASH_C_API int dash_backward_plan_workspace_size(const dash_backward_plan* plan, size_t* bytes, char* message,
                                                  size_t message_size);
 
-/* dash_backward with the plan's schedule, without planning again. *shape must equal the plan's shape in every field
- * (a mismatch is refused, naming the field, before anything else is checked), the current device must be the
- * plan's, and the workspace must hold dash_backward_plan_workspace_size bytes. */
+/* The SM count the plan was planned for, the device's less its sm_margin (the backward's persistent grid never
+ * exceeds it); *sm_count is written only on success. */
+DASH_C_API int dash_backward_plan_sm_count(const dash_backward_plan* plan, int* sm_count, char* message,
+                                           size_t message_size);
+
+/* dash_backward with the plan's schedule and sm_margin, without planning again. *shape must equal the plan's shape in
+ * every field (a mismatch is refused, naming the field, before anything else is checked), the current device must
+ * be the plan's, and the workspace must hold dash_backward_plan_workspace_size bytes. */
 DASH_C_API int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* shape, const dash_tensor* q,
                                       const dash_tensor* k, const dash_tensor* v, const dash_tensor* out,
                                       const dash_tensor* dout, const float* lse, const dash_tensor* dq,

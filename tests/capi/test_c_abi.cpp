@@ -4,8 +4,9 @@
 // diagnostic queries (versions, device description) agree with what this process's own CUDA runtime reports.
 // The backward plan handle: made for a device described by hand (no GPU needed), sized, destroyed (NULL
 // included); each refused creation with its own message and the handle untouched; a run whose shape is not
-// the plan's is refused naming the field, before anything else. Runs without a GPU; the test links the
-// shared library exactly as a C caller would.
+// the plan's is refused naming the field, before anything else. The SM margin: a plan records the SM count it
+// was planned for, and a margin outside [0, SM count) is refused naming the rule. Runs without a GPU; the test
+// links the shared library exactly as a C caller would.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -191,12 +192,13 @@ dash_backward_plan* const kUntouchedPlan = reinterpret_cast<dash_backward_plan*>
 
 // Creates a plan for h200() (or `device`); fails the test and returns null if that is refused.
 dash_backward_plan* create_plan(const AttentionShape& shape, const char* schedule,
-                                const dash_device* device = nullptr) {
+                                const dash_device* device = nullptr, int sm_margin = 0) {
   const dash_shape c_shape = to_c(shape);
   const dash_device given = device != nullptr ? *device : h200();
   dash_backward_plan* plan = nullptr;
-  const Result r = call(
-      [&](char* m, size_t n) { return dash_backward_plan_create(&c_shape, schedule, &given, &plan, m, n); });
+  const Result r = call([&](char* m, size_t n) {
+    return dash_backward_plan_create(&c_shape, schedule, sm_margin, &given, &plan, m, n);
+  });
   EXPECT_EQ(r.code, DASH_STATUS_OK) << schedule << ": " << r.message;
   EXPECT_EQ(r.message, "");
   return plan;
@@ -216,10 +218,10 @@ struct CreateResult {
 };
 
 CreateResult try_create(const dash_shape* shape, const char* schedule, const dash_device* device,
-                        bool with_plan_output = true) {
+                        bool with_plan_output = true, int sm_margin = 0) {
   dash_backward_plan* plan = kUntouchedPlan;
   const Result r = call([&](char* m, size_t n) {
-    return dash_backward_plan_create(shape, schedule, device, with_plan_output ? &plan : nullptr, m, n);
+    return dash_backward_plan_create(shape, schedule, sm_margin, device, with_plan_output ? &plan : nullptr, m, n);
   });
   return {r, plan};
 }
@@ -371,6 +373,73 @@ TEST(CBackwardPlanCreate, ForTheCurrentDeviceNeedsOneTheKernelsRunOn) {
   ASSERT_EQ(created.result.code, DASH_STATUS_OK) << created.result.message;
   EXPECT_GT(plan_workspace_size(created.plan), 0u);
   dash_backward_plan_destroy(created.plan);
+}
+
+// --- the SM margin -----------------------------------------------------------------------------------------
+
+int plan_sm_count(const dash_backward_plan* plan) {
+  int sms = -1;
+  const Result r = call([&](char* m, size_t n) { return dash_backward_plan_sm_count(plan, &sms, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_OK) << r.message;
+  return sms;
+}
+
+TEST(CBackwardPlanSmMargin, APlanRecordsTheSmCountItWasPlannedFor) {
+  for (const int margin : {0, 1, 8, 131}) {
+    SCOPED_TRACE(margin);
+    dash_backward_plan* plan = create_plan(testing::valid_workspace_shape(), "auto", nullptr, margin);
+    ASSERT_NE(plan, nullptr);
+    EXPECT_EQ(plan_sm_count(plan), 132 - margin);
+    dash_backward_plan_destroy(plan);
+  }
+}
+
+// The workspace is the shape's: the margin changes how many CTAs run, not what they write.
+TEST(CBackwardPlanSmMargin, LeavesTheWorkspaceAlone) {
+  dash_backward_plan* all = create_plan(testing::valid_workspace_shape(), "ascending");
+  dash_backward_plan* fewer = create_plan(testing::valid_workspace_shape(), "ascending", nullptr, 100);
+  ASSERT_NE(all, nullptr);
+  ASSERT_NE(fewer, nullptr);
+  EXPECT_EQ(plan_workspace_size(all), plan_workspace_size(fewer));
+  dash_backward_plan_destroy(all);
+  dash_backward_plan_destroy(fewer);
+}
+
+TEST(CBackwardPlanSmMargin, RefusesAMarginOutsideZeroToTheSmCount) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  const dash_device device = h200();
+  for (const int margin : {132, 133, 1000}) {
+    const CreateResult created = try_create(&c_shape, "auto", &device, true, margin);
+    EXPECT_EQ(created.result.code, DASH_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(created.result.message,
+              "sm_margin must satisfy 0 <= sm_margin < the device's SM count (132 on device 0; at least one SM must "
+              "run the kernel), got " +
+                  std::to_string(margin));
+    EXPECT_EQ(created.plan, kUntouchedPlan);
+  }
+  // A negative margin is refused before the device is looked at, so also without a GPU for the current device.
+  for (const dash_device* given : {&device, static_cast<const dash_device*>(nullptr)}) {
+    const CreateResult created = try_create(&c_shape, "auto", given, true, -1);
+    EXPECT_EQ(created.result.code, DASH_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(created.result.message,
+              "sm_margin must satisfy 0 <= sm_margin < the device's SM count (at least one SM must run the kernel), "
+              "got -1");
+    EXPECT_EQ(created.plan, kUntouchedPlan);
+  }
+}
+
+TEST(CBackwardPlanSmMargin, TheQueryNamesAMissingArgument) {
+  int sms = -1;
+  Result r = call([&](char* m, size_t n) { return dash_backward_plan_sm_count(nullptr, &sms, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "plan must not be null");
+  EXPECT_EQ(sms, -1);
+  dash_backward_plan* plan = create_plan(testing::valid_workspace_shape(), "auto");
+  ASSERT_NE(plan, nullptr);
+  r = call([&](char* m, size_t n) { return dash_backward_plan_sm_count(plan, nullptr, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "sm_count must not be null");
+  dash_backward_plan_destroy(plan);
 }
 
 TEST(CBackwardPlanWorkspaceSize, RefusesANullPlan) {
