@@ -257,6 +257,36 @@ TEST(Cli, CheckAndBenchRefuseAShapeTheLibraryRefusesBeforeTheDeviceCheck) {
   }
 }
 
+// --sm-margin plans for --sms less the margin, as the library plans for the device's SMs less sm_margin.
+TEST(Cli, PlanWithAnSmMarginPlansForTheSmsLeft) {
+  const Output out = run("plan --preset paper-example --sm-margin 1 --json");
+  ASSERT_EQ(out.status, 0) << out.text;
+  const Json report = parse_json(out.text);
+  EXPECT_EQ(report["problem"]["sms"].number, 3);
+  EXPECT_EQ(report["problem"]["sm_margin"].number, 1);
+  const Output none = run("plan --preset paper-example --json");
+  ASSERT_EQ(none.status, 0);
+  EXPECT_EQ(parse_json(none.text)["problem"]["sm_margin"].number, 0);
+  // The same as --sms 3: the model has no other notion of a margin.
+  const Output fewer = run("plan --preset paper-example --sms 3 --json");
+  ASSERT_EQ(fewer.status, 0);
+  EXPECT_EQ(parse_json(fewer.text)["schedules"].array.size(), report["schedules"].array.size());
+  EXPECT_DOUBLE_EQ(find_schedule(parse_json(fewer.text), "symmetric-shift")["makespan"].number,
+                   find_schedule(report, "symmetric-shift")["makespan"].number);
+  const Output table = run("plan --preset paper-example --sm-margin 1");
+  EXPECT_NE(table.text.find("; 3 SMs (4 less --sm-margin 1)\n"), std::string::npos) << table.text;
+}
+
+TEST(Cli, ASmMarginMustLeaveAnSm) {
+  EXPECT_TRUE(refused_with("plan --preset paper-example --sm-margin 4",
+                           "--sm-margin 4 must be less than the SM count (4): at least one SM must run the kernels"));
+  EXPECT_TRUE(refused_with("plan --sms 8 --sm-margin 9", "--sm-margin 9 must be less than the SM count (8)"));
+  for (const char* command : {"plan", "check", "bench"}) {
+    SCOPED_TRACE(command);
+    EXPECT_TRUE(refused_with(std::string(command) + " --sm-margin -1", "--sm-margin: -1 is outside [0, 4096]"));
+  }
+}
+
 TEST(Cli, PlanRefusesCostsThatOverflowTheModel) {
   for (const char* format : {"", " --json"}) {
     SCOPED_TRACE(format);

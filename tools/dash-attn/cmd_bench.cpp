@@ -1,8 +1,11 @@
 // dash-attn bench (GPU): backward (or, with --fwd, forward) TFLOPS of every schedule on the paper's grid
 // (16384 tokens, hidden 2048, head dims 64 and 128, seqlen 512..16384, full and causal) or on one
-// shape. Times loops of --iters back-to-back calls between CUDA events (median of kRepeats loops, after
-// --warmup), so the host's validation and planning overlap earlier calls' kernels, and reports the host
-// time of one call next to it; backward times include the preprocess and postprocess kernels. --anchors merges PyTorch SDPA numbers measured in the same run
+// shape. Each schedule is planned once per shape (plan_backward, untimed) and launched through the plan, as a
+// training loop does. Times loops of --iters back-to-back calls between CUDA events (median of kRepeats loops,
+// after --warmup), so the host's checks overlap earlier calls' kernels, and reports the host time of one call
+// (validation and launches, no planning) next to it; backward times include the preprocess and postprocess
+// kernels. --sm-margin leaves SMs free as FA3's sm_margin does (both passes run on the SMs left, and the
+// backward is planned for them). --anchors merges PyTorch SDPA numbers measured in the same run
 // (python/benchmarks/sdpa_anchors.py) into the Markdown table. Exit code 1 without a usable GPU.
 #include <algorithm>
 #include <cmath>
@@ -70,36 +73,48 @@ double tflops(const AttentionShape& s, bool backward, double ms) {
   return flops / (ms / kMillisecondsPerSecond) / kTera;
 }
 
-void run_forward(harness::Problem& p) {
+ForwardArgs forward_args(harness::Problem& p, int sm_margin) {
+  ForwardArgs args = harness::forward_args(p);
+  args.sm_margin = sm_margin;
+  return args;
+}
+
+void run_forward(harness::Problem& p, int sm_margin) {
   size_t bytes = 0;
   if (Status s = forward_workspace_size(p.shape, &bytes); !s.ok()) throw std::runtime_error(s.to_string());
   if (p.workspace.bytes() < bytes) p.workspace = harness::DeviceBuffer(bytes);
-  if (Status s = forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr); !s.ok()) {
+  if (Status s = forward(forward_args(p, sm_margin), p.workspace.get(), p.workspace.bytes(), nullptr); !s.ok()) {
     throw std::runtime_error(s.to_string());
   }
   if (!harness::synchronize_with_watchdog(nullptr, 60.0)) throw std::runtime_error("forward hang");
 }
 
 Point measure(const AttentionShape& shape, bool backward, const std::vector<Schedule>& schedules, int warmup,
-              int iters) {
+              int iters, int sm_margin) {
   Point point{shape, {}};
   harness::Problem p = harness::make_problem(shape, kSeed, /*with_reference=*/false);
-  run_forward(p);
+  run_forward(p, sm_margin);
   if (!backward) {
+    const ForwardArgs args = forward_args(p, sm_margin);
     const harness::CallTiming t = harness::time_calls(
-        [&] { return forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup,
-        iters, kRepeats);
+        [&] { return forward(args, p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup, iters, kRepeats);
     point.results.push_back({"dash", t.gpu_ms, tflops(shape, false, t.gpu_ms), t.host_us});
     return point;
   }
   harness::use_forward_outputs_for_backward(p);
   for (Schedule schedule : schedules) {
-    size_t bytes = 0;
-    if (Status s = backward_workspace_size(shape, schedule, &bytes); !s.ok()) continue;  // not applicable
-    if (p.workspace.bytes() < bytes) p.workspace = harness::DeviceBuffer(bytes);
-    const BackwardArgs args = harness::backward_args(p, schedule);
+    // Planned and proven once, outside the timing: the timed calls only check the call against the plan.
+    BackwardPlan plan;
+    if (Status s = plan_backward(shape, schedule, sm_margin, &plan); !s.ok()) {
+      if (s.code() == StatusCode::kScheduleRejected) continue;  // not applicable to this shape
+      throw std::runtime_error(s.to_string());
+    }
+    if (p.workspace.bytes() < plan.workspace_bytes()) p.workspace = harness::DeviceBuffer(plan.workspace_bytes());
+    BackwardArgs args = harness::backward_args(p, schedule);
+    args.sm_margin = sm_margin;
     const harness::CallTiming t = harness::time_calls(
-        [&] { return dash::backward(args, p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup, iters, kRepeats);
+        [&] { return dash::backward(args, plan, p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup, iters,
+        kRepeats);
     point.results.push_back(
         {"dash:" + std::string(schedule_name(schedule)), t.gpu_ms, tflops(shape, true, t.gpu_ms), t.host_us});
   }
@@ -181,7 +196,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   ShapeFlags shape_flags;
   std::string dtype = "bf16";
   std::string schedule_flag, csv_path, markdown_path, anchors_path;
-  int64_t warmup = kDefaultWarmup, iters = kDefaultIters;
+  int64_t warmup = kDefaultWarmup, iters = kDefaultIters, sm_margin = 0;
   bool fwd = false;
   FlagParser parser("bench",
                     "Times the backward pass (every schedule) or, with --fwd, the forward pass on this GPU: the paper's\n"
@@ -192,6 +207,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   parser.add_string("schedule", "NAME", "time only this backward schedule", &schedule_flag, "every schedule");
   parser.add_int("warmup", "untimed calls before timing", &warmup, 0, kMaxIters);
   parser.add_int("iters", "back-to-back calls per timed loop (the median of 7 loops is reported)", &iters, 1, kMaxIters);
+  add_sm_margin_flag(parser, &sm_margin);
   parser.add_string("csv", "FILE", "also write every measurement as CSV", &csv_path);
   parser.add_string("markdown", "FILE", "also write the table as Markdown", &markdown_path);
   parser.add_string("anchors", "FILE", "merge SDPA measurements (python/benchmarks/sdpa_anchors.py CSV)", &anchors_path);
@@ -217,12 +233,14 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::cerr << "dash-attn bench needs a Hopper GPU: " << s.message() << "\n";
     return kExitFailure;
   }
+  check_sm_margin_fits_device(sm_margin, parser);
   const bool backward = !fwd;
   std::map<AnchorKey, std::vector<Measurement>> anchors;
   if (!anchors_path.empty()) anchors = read_anchors(anchors_path, backward);
   std::vector<Point> points;
   for (const AttentionShape& shape : shapes) {
-    Point point = measure(shape, backward, schedules, static_cast<int>(warmup), static_cast<int>(iters));
+    Point point = measure(shape, backward, schedules, static_cast<int>(warmup), static_cast<int>(iters),
+                          static_cast<int>(sm_margin));
     const auto it = anchors.find({shape.head_dim, mask_name(shape), shape.seqlen_q});
     if (it != anchors.end()) point.results.insert(point.results.end(), it->second.begin(), it->second.end());
     std::cerr << describe_shape(shape) << ": done\n";

@@ -1,7 +1,9 @@
 // dash-attn check (GPU): runs the backward pass of one shape N times per schedule on the current GPU,
 // compares dQ, dK and dV bit for bit across the runs, and measures their error against the float64
-// CPU reference on the same rounded inputs. Exit code 1 when a deterministic schedule changed bits
-// or missed the tolerance; 1 with a message when there is no usable GPU.
+// CPU reference on the same rounded inputs. Each schedule is planned once (plan_backward) and every run
+// launches that plan; --sm-margin plans for the SMs left when that many are left to other work. Exit code 1
+// when a deterministic schedule changed bits or missed the tolerance; 1 with a message when there is no
+// usable GPU.
 #include <cstring>
 #include <iomanip>
 #include <iostream>
@@ -39,21 +41,24 @@ std::vector<uint16_t> gradient_bits(const harness::Problem& p) {
   return bits;
 }
 
-CheckOutcome check_schedule(harness::Problem& p, Schedule schedule, int runs) {
+CheckOutcome check_schedule(harness::Problem& p, Schedule schedule, int runs, int sm_margin) {
   CheckOutcome o{schedule, {}, 0, {}, {}, {}, false};
-  size_t bytes = 0;
-  if (Status s = backward_workspace_size(p.shape, schedule, &bytes); !s.ok()) {
+  BackwardPlan plan;
+  if (Status s = plan_backward(p.shape, schedule, sm_margin, &plan); !s.ok()) {
     if (s.code() != StatusCode::kScheduleRejected) throw std::runtime_error(s.to_string());
     o.rejected = s.message();
     return o;
   }
+  const size_t bytes = plan.workspace_bytes();
   if (p.workspace.bytes() < bytes) p.workspace = harness::DeviceBuffer(bytes);
+  BackwardArgs args = harness::backward_args(p, schedule);
+  args.sm_margin = sm_margin;
   std::vector<uint16_t> first;
   for (int run = 0; run < runs; ++run) {
     p.d_dq.poison();
     p.d_dk.poison();
     p.d_dv.poison();
-    if (Status s = backward(harness::backward_args(p, schedule), p.workspace.get(), bytes, nullptr); !s.ok()) {
+    if (Status s = backward(args, plan, p.workspace.get(), bytes, nullptr); !s.ok()) {
       throw std::runtime_error(s.to_string());
     }
     if (!harness::synchronize_with_watchdog(nullptr, 60.0)) throw std::runtime_error("backward hang");
@@ -96,7 +101,7 @@ int cmd_check(const std::vector<std::string>& args) {
   ShapeFlags shape_flags{.batch = 4, .heads = 4, .seqlen = 1024, .head_dim = 128};
   std::string dtype = "bf16";
   std::string schedule_flag;
-  int64_t runs = kDefaultRuns;
+  int64_t runs = kDefaultRuns, sm_margin = 0;
   bool json = false;
   FlagParser parser("check",
                     "Runs the backward pass of one shape --runs times per schedule on this GPU, compares dQ, dK and\n"
@@ -105,6 +110,7 @@ int cmd_check(const std::vector<std::string>& args) {
   parser.add_string("dtype", "NAME", "bf16 or fp16", &dtype);
   parser.add_string("schedule", "NAME", "check only this schedule", &schedule_flag, "every schedule");
   parser.add_int("runs", "backward runs per schedule, compared bit for bit", &runs, 1, kMaxRuns);
+  add_sm_margin_flag(parser, &sm_margin);
   parser.add_switch("json", "print exactly one JSON object instead of a table", &json);
   if (!parser.parse(args)) return kExitOk;
   AttentionShape shape = make_shape(shape_flags, parser);
@@ -121,12 +127,14 @@ int cmd_check(const std::vector<std::string>& args) {
     std::cerr << "dash-attn check needs a Hopper GPU: " << s.message() << "\n";
     return kExitFailure;
   }
+  check_sm_margin_fits_device(sm_margin, parser);
 
   harness::Problem problem = harness::make_problem(shape, kSeed);
   std::vector<CheckOutcome> outcomes;
   bool ok = true;
   for (Schedule s : schedules) {
-    const CheckOutcome& o = outcomes.emplace_back(check_schedule(problem, s, static_cast<int>(runs)));
+    const CheckOutcome& o =
+        outcomes.emplace_back(check_schedule(problem, s, static_cast<int>(runs), static_cast<int>(sm_margin)));
     const bool deterministic = s != Schedule::kNondeterministic;
     const bool skipped = !o.rejected.empty() && !parser.given("schedule");
     ok = ok && (skipped || (o.rejected.empty() && o.within_tolerance && (o.differing_runs == 0 || !deterministic)));
@@ -137,11 +145,16 @@ int cmd_check(const std::vector<std::string>& args) {
     for (const CheckOutcome& o : outcomes) entries.push_back(outcome_json(o, static_cast<int>(runs)));
     JsonObject j;
     if (outcomes.size() == 1) j.add("bitwise_identical", json_bool(outcomes.front().differing_runs == 0));
-    j.add("shape", json_string(describe_shape(shape))).add("dtype", json_string(dtype)).add("schedules", json_array(entries));
+    j.add("shape", json_string(describe_shape(shape)))
+        .add("dtype", json_string(dtype))
+        .add("sm_margin", json_number(sm_margin))
+        .add("schedules", json_array(entries));
     std::cout << j.str() << "\n";
     return ok ? kExitOk : kExitFailure;
   }
-  std::cout << "check: " << describe_shape(shape) << ", " << dtype << ", " << runs << " runs per schedule\n\n";
+  std::cout << "check: " << describe_shape(shape) << ", " << dtype << ", " << runs << " runs per schedule";
+  if (sm_margin > 0) std::cout << ", " << sm_margin << " SMs left to other work";
+  std::cout << "\n\n";
   std::cout << std::left << std::setw(kNameWidth) << "schedule" << std::setw(kIdenticalWidth) << "identical"
             << std::setw(kColumnWidth) << "dQ rel_l2" << std::setw(kColumnWidth) << "dK rel_l2" << std::setw(kColumnWidth)
             << "dV rel_l2" << "tolerance\n";

@@ -1,7 +1,8 @@
 // dash-attn plan: compares the backward schedules of one shape (or of the paper's grid) in the DAG
 // model: validity, deadlock freedom, critical path, simulated makespan, bubbles and lemma
 // violations; says which schedule it recommends and which one `auto` runs; draws a Gantt chart.
-// It plans only shapes the library accepts, and refuses costs whose model results are not finite.
+// It plans only shapes the library accepts, and refuses costs whose model results are not finite. --sm-margin
+// plans for --sms less that many SMs, as the library does with FA3's sm_margin.
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -46,6 +47,7 @@ constexpr double kMaxJitter = 0.5;
 
 struct PlanFlags {
   ShapeFlags shape;
+  int64_t sm_margin = 0;
   CostModel costs;
   std::string schedule;
   std::string svg;
@@ -55,7 +57,7 @@ struct PlanFlags {
 
 struct Point {
   AttentionShape shape;
-  int sms;
+  int sms;  // the SMs planned for: --sms less --sm-margin
   TiledProblem problem;
   Comparison comparison;
 };
@@ -155,7 +157,7 @@ std::string header() {
 }
 
 std::string point_json(const Point& point, const CostModel& costs, std::optional<Schedule> only,
-                       const std::string& svg) {
+                       const std::string& svg, int64_t sm_margin) {
   const Comparison& c = point.comparison;
   std::vector<std::string> schedules;
   for (const ScheduleReport& r : c.schedules) {
@@ -182,14 +184,17 @@ std::string point_json(const Point& point, const CostModel& costs, std::optional
   o.add("recommended", json_string(schedule_name(c.recommended)))
       .add("auto", json_string(schedule_name(c.auto_choice)))
       .add("auto_reason", json_string(c.auto_reason))
-      .add("problem", problem_json(point.shape, point.problem, point.sms, {{"costs", cost_json}}))
+      .add("problem", problem_json(point.shape, point.problem, point.sms,
+                                   {{"sm_margin", json_number(sm_margin)}, {"costs", cost_json}}))
       .add("schedules", json_array(schedules));
   if (!svg.empty()) o.add("svg", json_string(svg));
   return o.str();
 }
 
-void print_point(const Point& point, const CostModel& costs, std::optional<Schedule> only) {
-  std::cout << "problem: " << describe_shape(point.shape) << "; " << point.sms << " SMs\n"
+void print_point(const Point& point, const CostModel& costs, std::optional<Schedule> only, int64_t sm_margin) {
+  std::cout << "problem: " << describe_shape(point.shape) << "; " << point.sms << " SMs";
+  if (sm_margin > 0) std::cout << " (" << point.sms + sm_margin << " less --sm-margin " << sm_margin << ")";
+  std::cout << "\n"
             << "tiles:   " << describe_tiles(point.problem) << "\n"
             << "costs:   compute " << format_number(costs.compute) << ", reduce " << format_number(costs.reduce)
             << ", signal latency " << format_number(costs.signal_latency) << ", job overhead "
@@ -275,6 +280,7 @@ int cmd_plan(const std::vector<std::string>& args) {
                     "512..16384, full and causal, 132 SMs), one line per point and schedule.\n"
                     "A preset sets every shape flag but --sms",
                     &f.preset, "none");
+  add_sm_margin_flag(parser, &f.sm_margin);
   parser.add_switch("json", "print exactly one JSON object instead of tables", &f.json);
   if (!parser.parse(args)) return kExitOk;
 
@@ -312,13 +318,18 @@ int cmd_plan(const std::vector<std::string>& args) {
     shapes.push_back(make_shape(f.shape, parser));
   }
 
+  if (f.sm_margin >= sms) {
+    parser.fail("--sm-margin " + std::to_string(f.sm_margin) + " must be less than the SM count (" +
+                std::to_string(sms) + "): at least one SM must run the kernels");
+  }
+  sms -= static_cast<int>(f.sm_margin);
   std::vector<Point> points;
   for (const AttentionShape& shape : shapes) points.push_back(evaluate(shape, sms, f.costs, parser));
 
   if (f.preset == "paper-grid") {
     if (f.json) {
       std::vector<std::string> grid;
-      for (const Point& p : points) grid.push_back(point_json(p, f.costs, only, ""));
+      for (const Point& p : points) grid.push_back(point_json(p, f.costs, only, "", f.sm_margin));
       std::cout << JsonObject().add("grid", json_array(grid)).str() << "\n";
     } else {
       print_grid(points, f.costs, only);
@@ -337,9 +348,9 @@ int cmd_plan(const std::vector<std::string>& args) {
     }
   }
   if (f.json) {
-    std::cout << point_json(point, f.costs, only, drawn ? f.svg : "") << "\n";
+    std::cout << point_json(point, f.costs, only, drawn ? f.svg : "", f.sm_margin) << "\n";
   } else {
-    print_point(point, f.costs, only);
+    print_point(point, f.costs, only, f.sm_margin);
     if (drawn) std::cout << "\nGantt chart of " << schedule_name(*drawn) << " written to " << f.svg << "\n";
   }
   return kExitOk;

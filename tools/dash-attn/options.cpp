@@ -149,6 +149,21 @@ void add_shape_flags(FlagParser& parser, ShapeFlags* f, bool with_sms) {
   if (with_sms) parser.add_int("sms", "SMs, i.e. persistent CTAs", &f->sms, 1, kMaxSms);
 }
 
+void add_sm_margin_flag(FlagParser& parser, int64_t* sm_margin) {
+  parser.add_int("sm-margin", "SMs left to other work (FA3's sm_margin), below the SM count: the kernels\n"
+                 "run on the SMs left, and the schedules are planned for them", sm_margin, 0, kMaxSms);
+}
+
+void check_sm_margin_fits_device(int64_t sm_margin, const FlagParser& parser) {
+  DeviceInfo device;
+  if (Status s = current_device_info(&device); !s.ok()) parser.fail(s.message());
+  if (sm_margin >= device.multiprocessor_count) {
+    parser.fail("--sm-margin " + std::to_string(sm_margin) + " must be less than the SM count of device " +
+                std::to_string(device.index) + " (" + std::to_string(device.multiprocessor_count) +
+                "): at least one SM must run the kernels");
+  }
+}
+
 std::vector<std::string> given_shape_flags(const FlagParser& parser) {
   std::vector<std::string> given;
   for (const char* name : {"batch", "heads", "heads-kv", "seqlen", "seqlen-q", "seqlen-k", "head-dim", "causal"}) {

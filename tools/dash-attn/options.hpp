@@ -83,6 +83,13 @@ struct ShapeFlags {
 
 // `with_sms` false for the GPU commands, where the device decides the number of persistent CTAs.
 void add_shape_flags(FlagParser& parser, ShapeFlags* flags, bool with_sms = true);
+// --sm-margin N: SMs the kernels leave to other work (FA3's sm_margin), 0 to kMaxSms; the schedules are planned
+// for the SM count less it.
+void add_sm_margin_flag(FlagParser& parser, int64_t* sm_margin);
+// Refuses, as a bad command line, an --sm-margin that is not below the current GPU's SM count (call it after
+// check_current_device() succeeded).
+void check_sm_margin_fits_device(int64_t sm_margin, const FlagParser& parser);
+
 // The shape flags given on the command line other than --sms, e.g. {"--batch", "--causal"}: a preset
 // replaces the shape and refuses them.
 std::vector<std::string> given_shape_flags(const FlagParser& parser);
