@@ -29,10 +29,11 @@ constexpr size_t kMaxTraceBytes = size_t{256} << 20;
 // Every field of a Job but its head. The structured binding stops compiling when Job gains a field, which
 // must then be added here (and so join the comparison and the hash of heads).
 auto fields_but_head(const Job& job) {
-  const auto& [head, kv_tile, q_begin, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, is_short,
+  const auto& [head, kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, is_short,
                valid] = job;
   static_cast<void>(head);
-  return std::tuple(kv_tile, q_begin, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, is_short, valid);
+  return std::tuple(kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, is_short,
+                    valid);
 }
 
 // Invalid jobs are all alike: the validator skips them.
@@ -110,7 +111,6 @@ std::optional<std::vector<long long>> unit_visits_if_jobs_cover(const SchedulePl
                                                                 int units_per_head) {
   const TiledProblem& p = plan.problem;
   const int n = p.num_kv_tiles();
-  const int m = p.num_q_tiles();
   std::vector<bool> held(static_cast<size_t>(n), false);
   std::vector<long long> visits(static_cast<size_t>(units_per_head), 0);
   for (int a = 0; a < units_per_head; ++a) {
@@ -119,7 +119,10 @@ std::optional<std::vector<long long>> unit_visits_if_jobs_cover(const SchedulePl
       if (!job.valid) continue;
       if (job.kv_tile < 0 || job.kv_tile >= n || held[job.kv_tile]) return std::nullopt;
       held[job.kv_tile] = true;
-      if (job.q_begin != p.q_begin(job.kv_tile) || job.num_steps != m - job.q_begin) return std::nullopt;
+      if (job.q_begin != p.q_begin(job.kv_tile) || job.q_end != p.q_end(job.kv_tile) ||
+          job.num_steps != job.q_end - job.q_begin) {
+        return std::nullopt;
+      }
       visits[a] += job.num_steps;
     }
   }
@@ -218,7 +221,7 @@ class ChunkChecker {
         ++job_stamp;
         for (int step = 0; step < job.num_steps; ++step) {
           const int v = q_tile_at(plan, job, step);
-          if (v < job.q_begin || v >= m_) return false;
+          if (v < job.q_begin || v >= job.q_end) return false;
           if constexpr (kOrdered) {
             if (!record(traces[v], rank_of(plan, job, v), static_cast<uint32_t>(a))) return false;
           } else {
@@ -265,7 +268,7 @@ class ChunkChecker {
           Lane& lane = lanes_[i];
           const Job job = wave_jobs_[lane.job];
           const int v = q_tile_at(plan, job, lane.step);
-          if (v < job.q_begin || v >= m_) return false;
+          if (v < job.q_begin || v >= job.q_end) return false;
           if constexpr (kOrdered) {
             if (!record(traces[v], rank_of(plan, job, v), tick)) return false;
           } else {

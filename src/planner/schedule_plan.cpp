@@ -1,6 +1,7 @@
 #include "planner/schedule_plan.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "schedule/schedule.hpp"
 
@@ -12,6 +13,26 @@ int choose_group_splits(int batch, int heads_kv, int group_size, int num_kv_tile
     if (group_size % splits == 0 && jobs_per_split * splits >= kTargetJobs) return splits;
   }
   return group_size;
+}
+
+std::string window_error(SlidingWindow window) {
+  for (const auto& [side, bound] : {std::pair{"left", window.left}, std::pair{"right", window.right}}) {
+    if (bound < kNoWindowBound) {
+      return std::string("the window's ") + side + " bound is " + std::to_string(bound) +
+             "; it must be -1 (unbounded) or at least 0";
+    }
+  }
+  return {};
+}
+
+TiledProblem make_tiled_problem(const AttentionShape& shape, SlidingWindow window, int group_splits) {
+  TiledProblem p = make_tiled_problem(shape, group_splits);
+  const bool left_reaches = window.left >= 0 && window.left < p.seqlen_k - 1;
+  const bool right_reaches = !p.causal && window.right >= 0 && window.right < p.seqlen_q - 1;
+  p.causal = p.causal || (right_reaches && window.right == 0);
+  p.window.left = left_reaches ? window.left : kNoWindowBound;
+  p.window.right = right_reaches && !p.causal ? window.right : kNoWindowBound;
+  return p;
 }
 
 TiledProblem make_tiled_problem(const AttentionShape& shape, int group_splits) {
@@ -47,6 +68,7 @@ int max_wave_size(int num_heads, int units_per_head, int num_ctas) {
 }
 
 std::string check_shift(const TiledProblem& p, int num_ctas) {
+  if (p.windowed()) return "shift needs the full mask (use shortest-first for a sliding window)";
   if (p.causal) return "shift needs the full mask (use symmetric-shift for causal)";
   const int wave = max_wave_size(p.num_heads(), p.num_kv_tiles(), num_ctas);
   if (p.num_q_tiles() < wave) {
@@ -58,6 +80,7 @@ std::string check_shift(const TiledProblem& p, int num_ctas) {
 
 std::string check_symmetric_shift(const SchedulePlan& plan) {
   const TiledProblem& p = plan.problem;
+  if (p.windowed()) return "symmetric-shift does not take a sliding window yet";
   if (!p.causal) return "symmetric-shift needs the causal mask (use shift for the full mask)";
   if (p.block_kv % p.block_q != 0) return "symmetric-shift needs block_kv to be a multiple of block_q";
   if (p.seqlen_q < p.seqlen_k) {
@@ -113,6 +136,11 @@ PlanResult make_schedule_plan(const TiledProblem& problem, Schedule schedule, in
 inline constexpr int kShiftMaxKvTiles = 64;
 
 AutoChoice choose_auto(const TiledProblem& problem, int num_sms) {
+  if (problem.windowed()) {
+    return {Schedule::kShortestFirst,
+            "sliding window: shortest-first, which the DAG model finds free of stalls wherever each key/value "
+            "tile's band starts after the previous one's; the kernels do not run windows yet"};
+  }
   if (problem.causal) {
     if (problem.heads_per_job() > 1) {
       return {Schedule::kDescending, "causal with query-head groups folded into each job: descending measured fastest"};

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "dash/attention.hpp"
+#include "schedule/mask.hpp"
 #include "schedule/plan.hpp"
 
 namespace dash {
@@ -12,6 +13,15 @@ namespace dash {
 // The tiled problem the backward kernel runs for `shape` (tile sizes from tile_config.hpp).
 // group_splits = 0 picks choose_group_splits().
 TiledProblem make_tiled_problem(const AttentionShape& shape, int group_splits = 0);
+// The same under FlashAttention's sliding window (mask.hpp), which the API and the kernels do not take yet:
+// only the planner, the simulator and the emulator run it. The window is put in a canonical form, so that a
+// window that reduces to the full or causal mask plans exactly as that mask does: causal keeps no right
+// bound of its own (it is 0), a right bound of 0 makes the mask causal, and a bound that no row reaches past
+// (left >= seqlen_k - 1, right >= seqlen_q - 1) is dropped. Bounds below -1 are the callers' to refuse
+// (window_error).
+TiledProblem make_tiled_problem(const AttentionShape& shape, SlidingWindow window, int group_splits = 0);
+// Why `window` is not a window FlashAttention accepts (a bound below -1), or "" when it is.
+std::string window_error(SlidingWindow window);
 
 // How many parts to split each GQA query-head group into: the fewest that still give at least
 // kTargetJobs jobs (each part costs one fp32 dK/dV reduction in the postprocess kernel). The target is

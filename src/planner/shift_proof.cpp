@@ -20,7 +20,7 @@ int first_wave_start(int head, int units_per_head, int num_ctas) {
 namespace {
 
 // Hypothesis M: b(k) = b(0) + g k with 0 <= b(k) < m, g = b(0) = 0 for the full mask (shift) and g >= 1
-// otherwise (symmetric shift), and tile v seen by exactly the key/value tiles [0, C(v)).
+// otherwise (symmetric shift), every band ending at m, and tile v seen by exactly the key/value tiles [0, C(v)).
 bool mask_holds(const TiledProblem& p, bool full_mask) {
   const int n = p.num_kv_tiles();
   const int m = p.num_q_tiles();
@@ -30,13 +30,13 @@ bool mask_holds(const TiledProblem& p, bool full_mask) {
   const long long slope = n > 1 ? p.q_begin(1) - first : (full_mask ? 0 : 1);
   if (full_mask ? (first != 0 || slope != 0) : (first < 0 || slope < 1)) return false;
   for (int kv = 0; kv < n; ++kv) {
-    if (p.q_begin(kv) != first + slope * kv) return false;
+    if (p.q_begin(kv) != first + slope * kv || p.q_end(kv) != m) return false;
   }
   if (p.q_begin(n - 1) >= m) return false;
   int seeing = 0;  // #{k : b(k) <= v}, b rising
   for (int v = 0; v < m; ++v) {
     while (seeing < n && p.q_begin(seeing) <= v) ++seeing;
-    if (p.num_contributors(v) != seeing) return false;
+    if (p.kv_begin(v) != 0 || p.kv_end(v) != seeing) return false;
   }
   return true;
 }
@@ -59,7 +59,8 @@ bool head_has_the_structure(const SchedulePlan& plan, int head, int units_per_he
     // What every job of the wave carries, whichever its tile. Shift reads neither rect_begin nor wave_shorts.
     const auto in_this_wave = [&](const Job& job, int lane, int kv) {
       return job.valid && job.head == head && job.kv_tile == kv && job.lane == lane && job.wave_size == size &&
-             job.earlier == earlier && job.q_begin == p.q_begin(kv) && job.num_steps == m - job.q_begin &&
+             job.earlier == earlier && job.q_begin == p.q_begin(kv) && job.q_end == m &&
+             job.num_steps == m - job.q_begin &&
              (!symmetric || (job.rect_begin == rect_begin && job.wave_shorts == wave_shorts));
     };
     for (int lane = 0; lane < size; ++lane) {

@@ -9,14 +9,15 @@
 // the verdict stays the validator's for every plan.
 //
 // Hypotheses (S CTAs, U units per head, n key/value tiles and m query tiles per head, H query heads per job;
-// b(k) = problem.q_begin(k), C(v) = problem.num_contributors(v)):
-//  M (the mask) b(k) = b(0) + g k with 0 <= b(k) < m, and C(v) = #{k : b(k) <= v} for every tile v: tile v
-//    is seen by exactly the key/value tiles [0, C(v)). Shift needs g = b(0) = 0 (C(v) = n: the full mask);
+// b(k) = problem.q_begin(k), C(v) = problem.kv_end(v), the contributor count where M holds):
+//  M (the mask) b(k) = b(0) + g k with 0 <= b(k) < m, every band [b(k), m) (no sliding window ends one
+//    early), and C(v) = #{k : b(k) <= v} for every tile v: tile v is seen by exactly the key/value tiles
+//    [0, C(v)). Shift needs g = b(0) = 0 (C(v) = n: the full mask);
 //    symmetric shift g >= 1 (causal, seqlen_q >= seqlen_k, block_kv a multiple of block_q, g = H stride).
 //  J (the jobs) static dispatch, U = n (shift) or ceil(n / 2) (symmetric shift), num_units = heads U; head h
 //    runs units [h U, (h + 1) U), split into waves by unit / S: the wave of units E .. E + R - 1 of the head
 //    ("earlier" E, size R). Its lane j (unit E + j) holds, as make_job returns them, valid jobs of head h
-//    with lane j, wave_size R, earlier E, q_begin = b(kv), num_steps = m - b(kv):
+//    with lane j, wave_size R, earlier E, q_begin = b(kv), q_end = m, num_steps = m - b(kv):
 //      shift: jobs_per_unit 1, one job, not is_short, kv = E + j;
 //      symmetric shift: jobs_per_unit 2, a long job (not is_short) kv = E + j and a short job (is_short)
 //      kv' = n - 1 - E - j, which is invalid instead when kv' = kv (the middle tile of an odd n, the head's

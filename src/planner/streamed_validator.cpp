@@ -70,13 +70,14 @@ std::string check_coverage(const SchedulePlan& plan, const Functions& f) {
       return false;
     }
     job_seen[seen] = true;
-    if (job.q_begin != p.q_begin(job.kv_tile) || job.num_steps != m - job.q_begin) {
+    if (job.q_begin != p.q_begin(job.kv_tile) || job.q_end != p.q_end(job.kv_tile) ||
+        job.num_steps != job.q_end - job.q_begin) {
       finding = job_name(job) + " does not cover the query tiles its mask sees";
       return false;
     }
     for (int step = 0; step < job.num_steps; ++step) {
       const int v = f.q_tile(plan, job, step);
-      if (v < job.q_begin || v >= m) {
+      if (v < job.q_begin || v >= job.q_end) {
         finding = job_name(job) + " visits query tile " + std::to_string(v) + " outside its range";
         return false;
       }

@@ -20,12 +20,15 @@ std::string check_coverage(const ExpandedSchedule& s) {
     char& seen = job_seen[static_cast<size_t>(job.head) * n + job.kv_tile];
     if (seen) return name + " is scheduled twice";
     seen = 1;
-    if (job.q_begin != p.q_begin(job.kv_tile) || job.num_steps != m - job.q_begin) {
+    if (job.q_begin != p.q_begin(job.kv_tile) || job.q_end != p.q_end(job.kv_tile) ||
+        job.num_steps != job.q_end - job.q_begin) {
       return name + " does not cover the query tiles its mask sees";
     }
     for (int k = s.jobs[j].first_step; k < s.job_end_step(j); ++k) {
       const int v = s.steps[k].q_tile;
-      if (v < job.q_begin || v >= m) return name + " visits query tile " + std::to_string(v) + " outside its range";
+      if (v < job.q_begin || v >= job.q_end) {
+        return name + " visits query tile " + std::to_string(v) + " outside its range";
+      }
       if (visit_stamp[v] == j) return name + " visits query tile " + std::to_string(v) + " twice";
       visit_stamp[v] = j;
     }

@@ -44,8 +44,9 @@ struct SchedulePlan {
 struct Job {
   int head;       // schedule head (see tiled_problem.hpp)
   int kv_tile;
-  int q_begin;    // first query tile the mask lets this job see
-  int num_steps;  // query tiles it visits: [q_begin, num_q_tiles) in the schedule's order
+  int q_begin;    // the band of query tiles the mask lets this job see: [q_begin, q_end)
+  int q_end;
+  int num_steps;  // q_end - q_begin: it visits each tile of its band once, in the schedule's order
   // Wave state of the shift schedules: this head's units running in the same wave as this one.
   int lane;        // index of this unit among them
   int wave_size;   // how many there are
@@ -82,7 +83,8 @@ DASH_HOST_DEVICE Job make_plain_job(const TiledProblem& p, int head, int kv_tile
   job.head = head;
   job.kv_tile = kv_tile;
   job.q_begin = p.q_begin(kv_tile);
-  job.num_steps = p.num_q_tiles() - job.q_begin;
+  job.q_end = p.q_end(kv_tile);
+  job.num_steps = job.q_end - job.q_begin;
   job.valid = true;
   return job;
 }

@@ -32,7 +32,7 @@ DASH_HOST_DEVICE Job make_job(const SchedulePlan& plan, int unit, int sub) {
 DASH_HOST_DEVICE int q_tile_at(const SchedulePlan& plan, const Job& job, int step) {
   switch (plan.kind) {
     case Schedule::kAscending: return AscendingSchedule::q_tile_at(job, step);
-    case Schedule::kDescending: return DescendingSchedule::q_tile_at(plan, step);
+    case Schedule::kDescending: return DescendingSchedule::q_tile_at(job, step);
     case Schedule::kShortestFirst: return ShortestFirstSchedule::q_tile_at(job, step);
     case Schedule::kShift: return ShiftSchedule::q_tile_at(plan, job, step);
     case Schedule::kSymmetricShift: return SymmetricShiftSchedule::q_tile_at(plan, job, step);
@@ -45,8 +45,8 @@ DASH_HOST_DEVICE int q_tile_at(const SchedulePlan& plan, const Job& job, int ste
 // Position of `job`'s partial dQ for query tile v in that tile's summation order, or kUnordered.
 DASH_HOST_DEVICE int rank_of(const SchedulePlan& plan, const Job& job, int v) {
   switch (plan.kind) {
-    case Schedule::kAscending: return AscendingSchedule::rank_of(job, v);
-    case Schedule::kDescending: return DescendingSchedule::rank_of(job, v);
+    case Schedule::kAscending: return AscendingSchedule::rank_of(plan, job, v);
+    case Schedule::kDescending: return DescendingSchedule::rank_of(plan, job, v);
     case Schedule::kShortestFirst: return ShortestFirstSchedule::rank_of(plan, job, v);
     case Schedule::kShift: return ShiftSchedule::rank_of(job, v);
     case Schedule::kSymmetricShift: return SymmetricShiftSchedule::rank_of(plan, job, v);

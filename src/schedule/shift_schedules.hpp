@@ -93,7 +93,7 @@ struct SymmetricShiftSchedule {
 
   DASH_HOST_DEVICE static int rank_of(const SchedulePlan& plan, const Job& job, int v) {
     const TiledProblem& p = plan.problem;
-    const int contributors = p.num_contributors(v);
+    const int contributors = p.kv_end(v);
     if (!job.is_short && v < job.rect_begin) {
       // Triangle: only long tiles of this and earlier waves see v; the wave's tiles reach it in
       // descending key/value order.

@@ -445,10 +445,11 @@ TEST(PlanProof, ProofWorkDoesNotGrowWithBatchAndHeads) {
 TEST(PlanProof, HeadsWithTheSameFirstWaveStartHaveTheSameJobs) {
   // Every field of a Job but its head; stops compiling when Job gains a field, which must then join it.
   const auto fields_but_head = [](const Job& job) {
-    const auto& [head, kv_tile, q_begin, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, is_short,
-                 valid] = job;
+    const auto& [head, kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin,
+                 is_short, valid] = job;
     static_cast<void>(head);
-    return std::tuple(kv_tile, q_begin, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, is_short, valid);
+    return std::tuple(kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin,
+                      is_short, valid);
   };
   std::mt19937 rng(17);
   int compared_heads = 0;
