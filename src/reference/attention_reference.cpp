@@ -16,8 +16,8 @@ struct Layout {
   int64_t at(int64_t b, int64_t s, int64_t h) const { return ((b * seqlen + s) * heads + h) * dim; }
 };
 
-MaskShape mask_of(const AttentionShape& shape) {
-  return MaskShape{static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k), shape.causal};
+MaskShape mask_of(const AttentionShape& shape, SlidingWindow window) {
+  return MaskShape{static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k), shape.causal, window};
 }
 
 template <class T>
@@ -30,34 +30,36 @@ T dot(const T* a, const T* b, int64_t n) {
 }  // namespace
 
 template <class T>
-void attention_forward(const AttentionShape& shape, const T* q, const T* k, const T* v, T* out, T* lse) {
+void attention_forward(const AttentionShape& shape, const T* q, const T* k, const T* v, T* out, T* lse,
+                       SlidingWindow window) {
   const Layout lq{shape.seqlen_q, shape.heads_q, shape.head_dim};
   const Layout lk{shape.seqlen_k, shape.heads_kv, shape.head_dim};
   const int64_t group = shape.heads_q / shape.heads_kv;
   const T scale = static_cast<T>(shape.softmax_scale);
-  const MaskShape mask = mask_of(shape);
+  const MaskShape mask = mask_of(shape, window);
   std::vector<T> scores(static_cast<size_t>(shape.seqlen_k));
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t h = 0; h < shape.heads_q; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < shape.seqlen_q; ++i) {
+        const int64_t first = mask.first_visible_key(static_cast<int>(i));
         const int64_t keys = mask.visible_keys(static_cast<int>(i));
         T* o = out + lq.at(b, i, h);
         std::fill(o, o + shape.head_dim, T(0));
         T& row_lse = lse[(b * shape.heads_q + h) * shape.seqlen_q + i];
-        if (keys == 0) {
+        if (first >= keys) {
           row_lse = -std::numeric_limits<T>::infinity();
           continue;
         }
         T row_max = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t j = first; j < keys; ++j) {
           scores[j] = scale * dot(q + lq.at(b, i, h), k + lk.at(b, j, hk), shape.head_dim);
           row_max = std::max(row_max, scores[j]);
         }
         T sum = 0;
-        for (int64_t j = 0; j < keys; ++j) sum += std::exp(scores[j] - row_max);
+        for (int64_t j = first; j < keys; ++j) sum += std::exp(scores[j] - row_max);
         row_lse = row_max + std::log(sum);
-        for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t j = first; j < keys; ++j) {
           const T p = std::exp(scores[j] - row_lse);
           const T* vj = v + lk.at(b, j, hk);
           for (int64_t d = 0; d < shape.head_dim; ++d) o[d] += p * vj[d];
@@ -69,13 +71,13 @@ void attention_forward(const AttentionShape& shape, const T* q, const T* k, cons
 
 template <class T>
 void attention_backward(const AttentionShape& shape, const T* q, const T* k, const T* v, const T* out,
-                        const T* dout, const T* lse, T* dq, T* dk, T* dv) {
+                        const T* dout, const T* lse, T* dq, T* dk, T* dv, SlidingWindow window) {
   const Layout lq{shape.seqlen_q, shape.heads_q, shape.head_dim};
   const Layout lk{shape.seqlen_k, shape.heads_kv, shape.head_dim};
   const int64_t group = shape.heads_q / shape.heads_kv;
   const int64_t dim = shape.head_dim;
   const T scale = static_cast<T>(shape.softmax_scale);
-  const MaskShape mask = mask_of(shape);
+  const MaskShape mask = mask_of(shape, window);
   std::fill(dq, dq + shape.batch * shape.seqlen_q * shape.heads_q * dim, T(0));
   std::fill(dk, dk + shape.batch * shape.seqlen_k * shape.heads_kv * dim, T(0));
   std::fill(dv, dv + shape.batch * shape.seqlen_k * shape.heads_kv * dim, T(0));
@@ -83,13 +85,14 @@ void attention_backward(const AttentionShape& shape, const T* q, const T* k, con
     for (int64_t h = 0; h < shape.heads_q; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < shape.seqlen_q; ++i) {
+        const int64_t first = mask.first_visible_key(static_cast<int>(i));
         const int64_t keys = mask.visible_keys(static_cast<int>(i));
         const T* qi = q + lq.at(b, i, h);
         const T* doi = dout + lq.at(b, i, h);
         const T row_lse = lse[(b * shape.heads_q + h) * shape.seqlen_q + i];
         const T delta = dot(doi, out + lq.at(b, i, h), dim);  // D_i = rowsum(dO o O)
         T* dqi = dq + lq.at(b, i, h);
-        for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t j = first; j < keys; ++j) {
           const T* kj = k + lk.at(b, j, hk);
           const T* vj = v + lk.at(b, j, hk);
           const T p = std::exp(scale * dot(qi, kj, dim) - row_lse);  // P_ij
@@ -107,12 +110,14 @@ void attention_backward(const AttentionShape& shape, const T* q, const T* k, con
   }
 }
 
-template void attention_forward<float>(const AttentionShape&, const float*, const float*, const float*, float*, float*);
+template void attention_forward<float>(const AttentionShape&, const float*, const float*, const float*, float*, float*,
+                                       SlidingWindow);
 template void attention_forward<double>(const AttentionShape&, const double*, const double*, const double*, double*,
-                                        double*);
+                                        double*, SlidingWindow);
 template void attention_backward<float>(const AttentionShape&, const float*, const float*, const float*, const float*,
-                                        const float*, const float*, float*, float*, float*);
+                                        const float*, const float*, float*, float*, float*, SlidingWindow);
 template void attention_backward<double>(const AttentionShape&, const double*, const double*, const double*,
-                                         const double*, const double*, const double*, double*, double*, double*);
+                                         const double*, const double*, const double*, double*, double*, double*,
+                                         SlidingWindow);
 
 }  // namespace dash::reference

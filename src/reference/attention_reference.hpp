@@ -3,19 +3,23 @@
 //
 // Tensors are packed (B, S, H, D) arrays; lse is packed (B, Hq, Sq) and holds natural-log
 // logsumexp of each row of scaled scores (-inf for a row that sees no key, whose output is 0).
-// The mask and the GQA head mapping follow include/dash/attention.hpp.
+// The mask (schedule/mask.hpp: full, causal, FlashAttention's sliding window alone or with causal) and the
+// GQA head mapping follow include/dash/attention.hpp; the window is an argument of its own because the API's
+// shape has none yet.
 #pragma once
 
 #include "dash/attention.hpp"
+#include "schedule/mask.hpp"
 
 namespace dash::reference {
 
 template <class T>
-void attention_forward(const AttentionShape& shape, const T* q, const T* k, const T* v, T* out, T* lse);
+void attention_forward(const AttentionShape& shape, const T* q, const T* k, const T* v, T* out, T* lse,
+                       SlidingWindow window = {});
 
-// Gradients of L = sum(out * dout) given the forward's out and lse.
+// Gradients of L = sum(out * dout) given the forward's out and lse (computed under the same window).
 template <class T>
 void attention_backward(const AttentionShape& shape, const T* q, const T* k, const T* v, const T* out,
-                        const T* dout, const T* lse, T* dq, T* dk, T* dv);
+                        const T* dout, const T* lse, T* dq, T* dk, T* dv, SlidingWindow window = {});
 
 }  // namespace dash::reference

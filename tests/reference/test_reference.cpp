@@ -1,7 +1,8 @@
 // Tests of the CPU reference attention (src/reference): backward against central finite differences,
 // forward and backward against an independent naive float64 formulation written here, float32 against
-// float64, rows the causal mask hides entirely, and that every output element is written. All inputs are
-// fresh random tensors over ragged, GQA/MQA, causal and full shapes.
+// float64, rows the mask hides entirely, and that every output element is written. All inputs are fresh
+// random tensors over ragged, GQA/MQA, causal and full shapes, with and without FlashAttention's sliding
+// window (alone, one-sided, two-sided, and with causal).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +29,7 @@ struct ShapeCase {
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   bool causal;
   float scale = 0.0f;  // 0 means 1/sqrt(head_dim)
+  SlidingWindow window{};
 
   AttentionShape shape() const {
     AttentionShape s;
@@ -50,6 +52,21 @@ struct ShapeCase {
 void PrintTo(const ShapeCase& c, std::ostream* os) {
   *os << "B" << c.batch << "_Sq" << c.seqlen_q << "_Sk" << c.seqlen_k << "_Hq" << c.heads_q << "_Hkv" << c.heads_kv
       << "_D" << c.head_dim << (c.causal ? "_causal" : "_full");
+  if (c.window.left >= 0 || c.window.right >= 0) {
+    const auto side = [](int bound) { return bound < 0 ? std::string("inf") : std::to_string(bound); };
+    *os << "_window" << side(c.window.left) << "x" << side(c.window.right);
+  }
+}
+
+// FlashAttention's rule, written out here rather than taken from schedule/mask.hpp: row i sees key j iff
+// i + d - left <= j <= i + d + right (d = seqlen_k - seqlen_q), a negative bound leaving its side open, and
+// causal setting right to 0.
+bool visible(const ShapeCase& c, int64_t i, int64_t j) {
+  const int64_t diagonal = i + c.seqlen_k - c.seqlen_q;
+  const int64_t right = c.causal ? 0 : c.window.right;
+  const bool after_left = c.window.left < 0 || j >= diagonal - c.window.left;
+  const bool before_right = right < 0 || j <= diagonal + right;
+  return after_left && before_right;
 }
 
 std::string case_name(const testing::TestParamInfo<ShapeCase>& info) { return testing::PrintToString(info.param); }
@@ -108,16 +125,16 @@ Results<T> run_reference(const ShapeCase& c, const Inputs<double>& in64, T poiso
   r.dk.assign(c.kv_size(), poison);
   r.dv.assign(c.kv_size(), poison);
   const AttentionShape shape = c.shape();
-  attention_forward(shape, in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data());
+  attention_forward(shape, in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data(), c.window);
   attention_backward(shape, in.q.data(), in.k.data(), in.v.data(), r.out.data(), in.dout.data(), r.lse.data(),
-                     r.dq.data(), r.dk.data(), r.dv.data());
+                     r.dq.data(), r.dk.data(), r.dv.data(), c.window);
   return r;
 }
 
 // The textbook formulation, independent of the reference's loop structure: per (batch, head) materialize
 // S = scale Q K^T with hidden entries at -inf, P = softmax(S) row by row, O = P V, then
 // dV = P^T dO, dP = dO V^T, dS = P o (dP - rowsum(dO o O)), dQ = scale dS K, dK = scale dS^T Q.
-// The causal mask is written out here (bottom-right aligned) rather than taken from schedule/mask.hpp.
+// The mask is visible() above.
 Results<double> naive_attention(const ShapeCase& c, const Inputs<double>& in) {
   const int64_t sq = c.seqlen_q, sk = c.seqlen_k, dim = c.head_dim;
   const Packed pq{sq, c.heads_q, dim}, pk{sk, c.heads_kv, dim};
@@ -137,8 +154,7 @@ Results<double> naive_attention(const ShapeCase& c, const Inputs<double>& in) {
         for (int64_t j = 0; j < sk; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < dim; ++d) dot += in.q[pq(b, i, h, d)] * in.k[pk(b, j, hk, d)];
-          const bool visible = !c.causal || j <= i + sk - sq;
-          s[i][j] = visible ? scale * dot : -kInf;
+          s[i][j] = visible(c, i, j) ? scale * dot : -kInf;
         }
         const double row_max = *std::max_element(s[i].begin(), s[i].end());
         double& lse = r.lse[static_cast<size_t>((b * c.heads_q + h) * sq + i)];
@@ -229,7 +245,7 @@ class FiniteDifference : public testing::TestWithParam<ShapeCase> {};
 // L = sum(out * dout) through the float64 reference forward: the scalar whose gradient backward returns.
 double loss(const ShapeCase& c, const Inputs<double>& in) {
   std::vector<double> out(c.q_size()), lse(c.lse_size());
-  attention_forward(c.shape(), in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data());
+  attention_forward(c.shape(), in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), c.window);
   return std::inner_product(out.begin(), out.end(), in.dout.begin(), 0.0);
 }
 
@@ -289,7 +305,13 @@ INSTANTIATE_TEST_SUITE_P(RaggedShapes, FiniteDifference,
                                          ShapeCase{2, 37, 7, 4, 1, 16, true},          // MQA, Sq > Sk, batch 2
                                          ShapeCase{1, 65, 130, 4, 2, 16, false},       // GQA, full
                                          ShapeCase{1, 130, 65, 2, 2, 16, true, 0.7f},  // non-default scale
-                                         ShapeCase{1, 65, 65, 4, 1, 8, true}),         // MQA, square causal
+                                         ShapeCase{1, 65, 65, 4, 1, 8, true},          // MQA, square causal
+                                         // sliding windows: causal with a left bound (Mistral's), two-sided,
+                                         // right only, and rows that see no key below a right bound
+                                         ShapeCase{1, 37, 37, 4, 2, 8, true, 0.0f, {5, -1}},
+                                         ShapeCase{1, 29, 41, 2, 1, 8, false, 0.0f, {3, 4}},
+                                         ShapeCase{2, 23, 23, 2, 2, 8, false, 0.0f, {-1, 2}},
+                                         ShapeCase{1, 41, 17, 2, 1, 8, false, 0.0f, {6, 1}}),
                          case_name);
 
 // --- 2. Forward and backward vs the naive float64 formulation -----------------------------------------
@@ -319,7 +341,11 @@ INSTANTIATE_TEST_SUITE_P(RaggedShapes, NaiveFormulation,
                                          ShapeCase{2, 65, 130, 4, 4, 16, false, 1.3f},
                                          ShapeCase{1, 130, 130, 2, 1, 64, true},
                                          ShapeCase{1, 37, 65, 2, 2, 128, false},
-                                         ShapeCase{1, 65, 37, 4, 2, 128, true}),
+                                         ShapeCase{1, 65, 37, 4, 2, 128, true},
+                                         ShapeCase{2, 130, 130, 4, 2, 16, true, 0.0f, {17, -1}},
+                                         ShapeCase{1, 65, 130, 2, 1, 16, false, 0.0f, {20, 9}},
+                                         ShapeCase{1, 130, 65, 4, 4, 16, false, 0.0f, {0, 0}},
+                                         ShapeCase{1, 130, 37, 2, 1, 64, true, 1.3f, {12, 40}}),
                          case_name);
 
 // --- 3. float32 vs float64 ----------------------------------------------------------------------------
@@ -345,47 +371,57 @@ INSTANTIATE_TEST_SUITE_P(RaggedShapes, Precision,
                          testing::Values(ShapeCase{1, 37, 130, 4, 2, 16, true},
                                          ShapeCase{2, 130, 37, 4, 1, 16, true},
                                          ShapeCase{1, 130, 130, 2, 1, 64, false},
-                                         ShapeCase{1, 65, 130, 2, 2, 128, true}),
+                                         ShapeCase{1, 65, 130, 2, 2, 128, true},
+                                         ShapeCase{1, 130, 130, 4, 2, 64, true, 0.0f, {31, -1}},
+                                         ShapeCase{1, 130, 65, 2, 1, 16, false, 0.0f, {9, 9}}),
                          case_name);
 
-// --- 4. Rows the causal mask hides entirely -------------------------------------------------------------
+// --- 4. Rows the mask hides entirely ---------------------------------------------------------------------
 
-// With causal and seqlen_q > seqlen_k the first seqlen_q - seqlen_k rows see no key: their O and dQ must be
-// exactly 0 and their LSE -inf, in both precisions, with no NaN anywhere (a naive softmax would compute
+// A row below the window's right bound sees no key (with causal and seqlen_q > seqlen_k, the first
+// seqlen_q - seqlen_k rows; with a right bound r, the first seqlen_q - seqlen_k - r): its O and dQ must be exactly
+// 0 and its LSE -inf, in both precisions, with no NaN anywhere (a naive softmax would compute
 // exp(-inf - (-inf)) there). The remaining rows are checked by the other tests.
 template <class T>
 void check_hidden_rows(const ShapeCase& c) {
   SCOPED_TRACE(sizeof(T) == 4 ? "float32" : "float64");
   const Results<T> r = run_reference<T>(c, random_inputs(c, 31));
-  const int64_t hidden = c.seqlen_q - c.seqlen_k;
   const Packed pq{c.seqlen_q, c.heads_q, c.head_dim};
   const auto is_zero = [](T e) { return e == T(0); };
+  int64_t hidden_rows = 0;
   int64_t bad_rows = 0;
   std::ostringstream first_bad;
-  for (int64_t b = 0; b < c.batch; ++b) {
-    for (int64_t h = 0; h < c.heads_q; ++h) {
-      for (int64_t i = 0; i < c.seqlen_q; ++i) {
+  for (int64_t i = 0; i < c.seqlen_q; ++i) {
+    bool sees_a_key = false;
+    for (int64_t j = 0; j < c.seqlen_k; ++j) sees_a_key = sees_a_key || visible(c, i, j);
+    hidden_rows += sees_a_key ? 0 : 1;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      for (int64_t h = 0; h < c.heads_q; ++h) {
         const T lse = r.lse[static_cast<size_t>((b * c.heads_q + h) * c.seqlen_q + i)];
         const auto out = r.out.begin() + static_cast<ptrdiff_t>(pq(b, i, h, 0));
         const auto dq = r.dq.begin() + static_cast<ptrdiff_t>(pq(b, i, h, 0));
-        const bool ok = i >= hidden ? std::isfinite(lse)
-                                    : lse == -std::numeric_limits<T>::infinity() &&
-                                          std::all_of(out, out + c.head_dim, is_zero) &&
-                                          std::all_of(dq, dq + c.head_dim, is_zero);
+        const bool ok = sees_a_key ? std::isfinite(lse)
+                                   : lse == -std::numeric_limits<T>::infinity() &&
+                                         std::all_of(out, out + c.head_dim, is_zero) &&
+                                         std::all_of(dq, dq + c.head_dim, is_zero);
         if (!ok && bad_rows++ == 0) {
-          first_bad << "b " << b << " h " << h << " row " << i << (i < hidden ? " (sees no key)" : " (sees a key)")
+          first_bad << "b " << b << " h " << h << " row " << i << (sees_a_key ? " (sees a key)" : " (sees no key)")
                     << ": LSE " << lse << ", out[0] " << *out << ", dq[0] " << *dq;
         }
       }
     }
   }
+  EXPECT_GT(hidden_rows, 0) << "the case hides no row";
   EXPECT_EQ(bad_rows, 0) << "first bad row: " << first_bad.str();
   expect_no_nan(r);
 }
 
 TEST(HiddenRows, ZeroOutputMinusInfLseZeroGradient) {
   for (const ShapeCase& c : {ShapeCase{1, 7, 1, 2, 1, 8, true}, ShapeCase{2, 37, 7, 4, 2, 16, true},
-                             ShapeCase{1, 130, 65, 4, 1, 64, true}}) {
+                             ShapeCase{1, 130, 65, 4, 1, 64, true},
+                             ShapeCase{1, 37, 7, 2, 1, 16, true, 0.0f, {3, -1}},
+                             ShapeCase{2, 40, 9, 2, 2, 16, false, 0.0f, {4, 11}},
+                             ShapeCase{1, 40, 9, 2, 1, 16, false, 0.0f, {-1, 5}}}) {
     SCOPED_TRACE(testing::PrintToString(c));
     check_hidden_rows<float>(c);
     check_hidden_rows<double>(c);
@@ -404,7 +440,9 @@ void check_all_written(const ShapeCase& c) {
 
 TEST(Outputs, EveryElementIsWritten) {
   for (const ShapeCase& c : {ShapeCase{2, 37, 7, 4, 2, 16, true}, ShapeCase{2, 7, 37, 4, 1, 16, true},
-                             ShapeCase{1, 65, 130, 2, 2, 64, false}}) {
+                             ShapeCase{1, 65, 130, 2, 2, 64, false},
+                             ShapeCase{2, 40, 9, 2, 2, 16, false, 0.0f, {4, 11}},
+                             ShapeCase{1, 9, 40, 2, 1, 16, true, 0.0f, {2, -1}}}) {
     SCOPED_TRACE(testing::PrintToString(c));
     check_all_written<float>(c);
     check_all_written<double>(c);
