@@ -29,11 +29,11 @@ constexpr size_t kMaxTraceBytes = size_t{256} << 20;
 // Every field of a Job but its head. The structured binding stops compiling when Job gains a field, which
 // must then be added here (and so join the comparison and the hash of heads).
 auto fields_but_head(const Job& job) {
-  const auto& [head, kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, is_short,
-               valid] = job;
+  const auto& [head, kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, fold_begin,
+               is_short, valid] = job;
   static_cast<void>(head);
-  return std::tuple(kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, is_short,
-                    valid);
+  return std::tuple(kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, fold_begin,
+                    is_short, valid);
 }
 
 // Invalid jobs are all alike: the validator skips them.

@@ -68,7 +68,7 @@ int max_wave_size(int num_heads, int units_per_head, int num_ctas) {
 }
 
 std::string check_shift(const TiledProblem& p, int num_ctas) {
-  if (p.windowed()) return "shift needs the full mask (use shortest-first for a sliding window)";
+  if (p.windowed()) return "shift needs the full mask (use symmetric-shift or shortest-first for a sliding window)";
   if (p.causal) return "shift needs the full mask (use symmetric-shift for causal)";
   const int wave = max_wave_size(p.num_heads(), p.num_kv_tiles(), num_ctas);
   if (p.num_q_tiles() < wave) {
@@ -78,16 +78,32 @@ std::string check_shift(const TiledProblem& p, int num_ctas) {
   return {};
 }
 
+// Under a causal window the bands start g query tiles apart; the folded short tiles never meet the
+// ascending ones only when g is even (shift_schedules.hpp, BandSymmetricShift).
+std::string check_band_symmetric_shift(const TiledProblem& p) {
+  const int g = BandSymmetricShift::slope(p);
+  if (g % 2 != 0) {
+    return "symmetric-shift under a sliding window needs an even number of query tiles between consecutive "
+           "key/value tiles' bands (here " + std::to_string(g) + ": block_kv / block_q times the query heads "
+           "per job), or its folded short tiles meet the others; shortest-first does not stall on this band";
+  }
+  return {};
+}
+
 std::string check_symmetric_shift(const SchedulePlan& plan) {
   const TiledProblem& p = plan.problem;
-  if (p.windowed()) return "symmetric-shift does not take a sliding window yet";
-  if (!p.causal) return "symmetric-shift needs the causal mask (use shift for the full mask)";
+  if (!p.causal) {
+    return p.windowed() ? "symmetric-shift needs the window's right bound at 0 (causal): a window reaching past "
+                          "the diagonal gives the first key/value tiles the same first query tile"
+                        : "symmetric-shift needs the causal mask (use shift for the full mask)";
+  }
   if (p.block_kv % p.block_q != 0) return "symmetric-shift needs block_kv to be a multiple of block_q";
   if (p.seqlen_q < p.seqlen_k) {
     return "symmetric-shift needs seqlen_q >= seqlen_k (here " + std::to_string(p.seqlen_q) + " < " +
            std::to_string(p.seqlen_k) + "), so that each key/value tile's causal range starts a fixed "
            "number of query tiles after the previous one's";
   }
+  if (p.windowed()) return check_band_symmetric_shift(p);
   // Every long job's rectangle must be at least as tall as its wave, or two lanes would meet on one
   // query tile at the same step. Units of a wave share the check, so test each head's first unit per wave.
   const int pairs = SymmetricShiftSchedule::units_per_head(p);

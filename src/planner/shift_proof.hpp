@@ -27,7 +27,8 @@
 //    lanes rotate through. (For symmetric shift M implies it: m - rb > b(n - 1) - b(U - 1) >= n - U >= U - 1,
 //    and R <= U.)
 // M and W are the planner's preconditions and J is how make_job builds jobs, so every plan the planner makes of
-// these schedules is proven here.
+// these schedules without a sliding window is proven here. Under a window symmetric shift folds the band instead
+// (BandSymmetricShift in shift_schedules.hpp), which these theorems do not describe: such plans are enumerated.
 //
 // Theorem (shift). Under M and J with W, in every wave and for every tile v, the wave's R lanes each visit v
 // once, at positions (v - j) mod m, no two alike (R <= m), and with ranks E + ((min(v, R - 1) - j) mod R), which

@@ -53,6 +53,7 @@ struct Job {
   int earlier;     // units of this head that ran in earlier waves
   int wave_shorts; // symmetric shift: units of the wave that carry a short job
   int rect_begin;  // symmetric shift: first query tile that every long job of the wave sees
+  int fold_begin;  // symmetric shift under a sliding window: first key/value tile of the folded triangle
   bool is_short;   // symmetric shift: the second (short) job of a unit
   bool valid;      // false for the missing short job of the middle unit when num_kv_tiles is odd
 };
@@ -77,6 +78,9 @@ DASH_HOST_DEVICE int positive_mod(int a, int m) {
   const int r = a % m;
   return r < 0 ? r + m : r;
 }
+
+// floor(a / b) for b > 0, also for negative a (C++ division truncates toward zero).
+DASH_HOST_DEVICE int floor_div(int a, int b) { return (a - positive_mod(a, b)) / b; }
 
 DASH_HOST_DEVICE Job make_plain_job(const TiledProblem& p, int head, int kv_tile) {
   Job job{};

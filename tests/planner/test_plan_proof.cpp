@@ -1,8 +1,9 @@
 // prove_plan (and the streamed validator it falls back on) against the expanding validator: the same report
 // ("valid" or the same first finding, word for word) on random plans of every schedule, including heads that
-// straddle waves, GQA splits, ragged lengths, odd tile counts and seqlen_q != seqlen_k, on small SM counts
-// and several thread counts, both by the shift schedules' structure and by enumeration; on plans corrupted
-// field by field and on plans the planner rejects, which must still be caught. Also checks the facts the
+// straddle waves, GQA splits, ragged lengths, odd tile counts, seqlen_q != seqlen_k and sliding windows, on
+// small SM counts and several thread counts, both by the shift schedules' structure and by enumeration; on
+// plans corrupted field by field (or planned for another window) and on plans the planner rejects, which must
+// still be caught. Also checks the facts the
 // proof's reductions rest on (validator.hpp, shift_proof.hpp): the schedule functions ignore a job's head, each
 // head owns its block of dQ tiles, heads with the same first wave start have the same jobs, heads fall into few
 // classes, and every plan the planner makes meets the structural hypotheses (shift schedules) or the fast
@@ -134,6 +135,53 @@ TEST(PlanProof, AgreesWithTheExpandingValidatorOnEveryPlannedSchedule) {
   }
   EXPECT_GT(proven, 500);
   EXPECT_GT(straddling, 50) << "too few static plans with heads across wave boundaries";
+}
+
+// Under sliding windows (random bounds, alone and with causal, GQA, ragged): the same verdict as the expanding
+// validator for every plan the planner makes, by enumeration and without the streamed fallback; symmetric shift's
+// band construction is never taken for the causal triangle the structural proof describes.
+TEST(PlanProof, AgreesWithTheExpandingValidatorOnWindowedPlans) {
+  std::mt19937 rng(20261203);
+  const auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int proven = 0;
+  int band_symmetric = 0;
+  for (TiledProblem problem : random_problems(47, 120)) {
+    const int reach = std::max(problem.seqlen_q, problem.seqlen_k);
+    problem.window = {uniform(0, 3) == 0 ? -1 : uniform(0, reach), uniform(0, 2) == 0 ? -1 : uniform(0, reach)};
+    if (!problem.windowed()) continue;
+    const int sms = random_sms(rng);
+    for (Schedule schedule : kSchedules) {
+      const PlanResult planned = make_schedule_plan(problem, schedule, sms);
+      if (!planned.ok()) continue;
+      const std::string expected = full_report(planned.plan);
+      ASSERT_EQ(expected, "valid") << describe(planned.plan);
+      for (int threads : {1, 3}) {
+        const PlanProof proof = prove_plan(planned.plan, in_chunks(threads));
+        EXPECT_EQ(proof.summary, expected) << describe(planned.plan);
+        EXPECT_FALSE(proof.stats.streamed_fallback) << describe(planned.plan);
+      }
+      const PlanProof proof = prove_plan(planned.plan);
+      EXPECT_EQ(proof.summary, expected) << describe(planned.plan);
+      EXPECT_FALSE(proof.stats.by_structure) << describe(planned.plan);
+      EXPECT_EQ(streamed_validation_summary(planned.plan), expected) << describe(planned.plan);
+      ++proven;
+      band_symmetric += schedule == Schedule::kSymmetricShift ? 1 : 0;
+    }
+  }
+  EXPECT_GT(proven, 250);
+  EXPECT_GT(band_symmetric, 10);
+}
+
+// A symmetric-shift plan made for one window and relabelled with another (a stale cache entry): its unit count
+// is that of the other window's fold, and the proof reports what the validator does.
+TEST(PlanProof, SymmetricShiftPlanOfAnotherWindowIsRefused) {
+  TiledProblem problem = abstract_problem(2, 10, 20, true, 2);
+  problem.window = {6, kNoWindowBound};
+  SchedulePlan plan = must_plan(problem, Schedule::kSymmetricShift, 5);
+  plan.problem.window.left = 8;  // the fold begins a tile earlier: one unit fewer per head
+  const std::string expected = full_report(plan);
+  EXPECT_EQ(expected.rfind("coverage:", 0), 0u) << expected;
+  EXPECT_EQ(prove_plan(plan).summary, expected);
 }
 
 // Chunks of a class are cut at wave starts and joined again: a head split into up to 7 chunks gives the same
@@ -446,10 +494,10 @@ TEST(PlanProof, HeadsWithTheSameFirstWaveStartHaveTheSameJobs) {
   // Every field of a Job but its head; stops compiling when Job gains a field, which must then join it.
   const auto fields_but_head = [](const Job& job) {
     const auto& [head, kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin,
-                 is_short, valid] = job;
+                 fold_begin, is_short, valid] = job;
     static_cast<void>(head);
     return std::tuple(kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin,
-                      is_short, valid);
+                      fold_begin, is_short, valid);
   };
   std::mt19937 rng(17);
   int compared_heads = 0;

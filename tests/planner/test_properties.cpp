@@ -1,6 +1,6 @@
-// Property tests over hundreds of random attention shapes (fixed seeds): every schedule either plans
-// and validates, or is rejected with a reason; auto always plans a valid schedule; the key/value-order
-// schedules sum dQ in an order independent of the SM count; and the shapes that break the authors'
+// Property tests over hundreds of random attention shapes (fixed seeds), with and without sliding windows:
+// every schedule either plans and validates, or is rejected with a reason; auto always plans a valid schedule;
+// the key/value-order schedules sum dQ in an order independent of the SM count; and the shapes that break the authors'
 // code (odd tile counts, ragged lengths, seqlen_q != seqlen_k, other SM counts, > 32767 tiles) work.
 #include <gtest/gtest.h>
 
@@ -98,12 +98,41 @@ TEST(Properties, EveryScheduleValidatesOrIsRejected) {
   EXPECT_GT(planned[4], 40);
 }
 
+// The same under FlashAttention's sliding windows, alone and with causal (one-sided, two-sided, narrower and
+// wider than a tile, some reaching past the whole sequence): the key/value-order schedules cover every band,
+// symmetric shift the causal bands of an even slope, shift none; auto keeps to a dynamic schedule.
+TEST(Properties, WindowedShapesValidateOrAreRejected) {
+  std::mt19937 rng(2027);
+  const auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int planned[6] = {};
+  int windowed = 0;
+  const std::vector<RandomCase> cases = random_cases(4242, 160);
+  for (const RandomCase& c : cases) {
+    const int reach = static_cast<int>(std::max(c.shape.seqlen_q, c.shape.seqlen_k));
+    const SlidingWindow window{uniform(0, 3) == 0 ? -1 : uniform(0, reach),
+                               uniform(0, 2) == 0 ? 0 : uniform(-1, reach)};
+    const TiledProblem problem = make_tiled_problem(c.shape, window);
+    windowed += problem.windowed() ? 1 : 0;
+    const std::string what = describe(c.shape, c.num_sms) + " window " + std::to_string(window.left) + "," +
+                             std::to_string(window.right);
+    for (int i = 0; i < 6; ++i) planned[i] += plan_and_validate(problem, kSchedules[i], c.num_sms, what) ? 1 : 0;
+    const PlanResult automatic = plan_schedule(problem, Schedule::kAuto, c.num_sms);
+    ASSERT_TRUE(automatic.ok()) << what << ": " << automatic.rejected;
+    if (problem.windowed()) EXPECT_EQ(automatic.plan.dispatch, Dispatch::kDynamic) << what;
+  }
+  EXPECT_GT(windowed, 100);
+  for (int i : {0, 1, 2, 5}) EXPECT_EQ(planned[i], static_cast<int>(cases.size())) << schedule_name(kSchedules[i]);
+  EXPECT_GT(planned[4], 20) << "symmetric shift on causal bands";
+}
+
 // Bitwise reproducibility across GPUs: the tiled problem (and with it the GQA split, which fixes the
 // dK/dV summation order) does not depend on the SM count, and the dQ summation order of ascending,
 // descending and shortest-first depends on the tile indices only.
 TEST(Properties, KvOrderRanksDoNotDependOnTheSmCount) {
   for (const RandomCase& c : random_cases(77, 80)) {
-    const TiledProblem problem = make_tiled_problem(c.shape);
+    // Every other shape under a sliding window of a quarter of the keys (causal or not).
+    const SlidingWindow window{c.num_sms % 2 == 0 ? static_cast<int>(c.shape.seqlen_k / 4) : -1, -1};
+    const TiledProblem problem = make_tiled_problem(c.shape, window);
     for (Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst}) {
       const ExpandedSchedule a = expand_schedule(make_schedule_plan(problem, schedule, 132).plan);
       const ExpandedSchedule b = expand_schedule(make_schedule_plan(problem, schedule, 77).plan);

@@ -1,7 +1,7 @@
 // Unit tests of the schedule layer's pure functions (src/schedule): the mask (sliding windows included) and
 // tiling arithmetic against brute force, the full and causal masks' jobs, visits and ranks as they were before
 // sliding windows, the wave bookkeeping, each schedule's job/visit/rank formulas against the notes' closed
-// formulas, and the planner's preconditions with the reasons it gives.
+// formulas and the band's, and the planner's preconditions with the reasons it gives.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -530,9 +530,17 @@ TEST(Preconditions, WindowRejectionsSayWhy) {
   TiledProblem causal_band = abstract_problem(2, 8, 16, true, 2);
   causal_band.window = {4, kNoWindowBound};
   EXPECT_NE(reason(causal_band, Schedule::kShift).find("full mask"), std::string::npos);
-  EXPECT_NE(reason(causal_band, Schedule::kSymmetricShift).find("sliding window"), std::string::npos);
+  EXPECT_EQ(reason(causal_band, Schedule::kSymmetricShift), "") << "head dim 128's slope of 2";
   TiledProblem two_sided = abstract_problem(2, 8, 16, false, 2);
   two_sided.window = {4, 3};
+  EXPECT_NE(reason(two_sided, Schedule::kSymmetricShift).find("right bound"), std::string::npos);
+  TiledProblem unit_slope = abstract_problem(2, 8, 8, true);
+  unit_slope.window = {4, kNoWindowBound};
+  const std::string odd = reason(unit_slope, Schedule::kSymmetricShift);
+  EXPECT_NE(odd.find("even number"), std::string::npos) << odd;
+  EXPECT_NE(odd.find("(here 1"), std::string::npos) << odd;
+  unit_slope.group_size = 2;  // two query heads folded per job: a slope of 2
+  EXPECT_EQ(reason(unit_slope, Schedule::kSymmetricShift), "");
   for (Schedule s : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
                      Schedule::kNondeterministic}) {
     EXPECT_EQ(reason(two_sided, s), "") << schedule_name(s);
@@ -549,6 +557,73 @@ TEST(Preconditions, WindowRejectionsSayWhy) {
     EXPECT_EQ(job.kv_tile, make_job(spt, unit, 0).kv_tile);
     for (int step = 0; step < job.num_steps; ++step) EXPECT_EQ(q_tile_at(nondet, job, step), job.q_begin + step);
   }
+}
+
+// The example of shift_schedules.hpp (BandSymmetricShift): stride 2, 8 key/value x 16 query tiles, a left window
+// of 4 rows, 7 CTAs.
+TEST(BandSymmetricShift, WorkedExample) {
+  TiledProblem p = abstract_problem(1, 8, 16, true, 2);
+  p.window = {4, kNoWindowBound};
+  const SchedulePlan plan = must_plan(p, Schedule::kSymmetricShift, 7);
+  ASSERT_EQ(plan.num_units, 7);
+  const ExpandedSchedule s = expand_schedule(plan);
+  const auto visits = testing::cta_visits(s, static_cta_jobs(s));
+  for (int cta = 0; cta < 6; ++cta) {
+    ASSERT_EQ(visits[cta].size(), 6u);
+    for (int step = 0; step < 6; ++step) {
+      EXPECT_EQ(visits[cta][step].kv, cta);
+      EXPECT_EQ(visits[cta][step].q, 2 * cta + step);
+    }
+  }
+  std::vector<std::pair<int, int>> last;  // (kv, q) of CTA 6
+  for (const testing::Visit& v : visits[6]) last.push_back({v.kv, v.q});
+  EXPECT_EQ(last, (std::vector<std::pair<int, int>>{{6, 12}, {6, 13}, {6, 14}, {6, 15}, {7, 15}, {7, 14}}));
+  EXPECT_EQ(accumulation_order(s, 0, 14), (std::vector<int>{6, 5, 7}));
+  EXPECT_EQ(accumulation_order(s, 0, 15), (std::vector<int>{6, 7, 5}));
+  EXPECT_EQ(accumulation_order(s, 0, 3), (std::vector<int>{1, 0}));
+}
+
+// The fold: full-length bands first, then the tiles whose bands the last query tile shortens, paired from both
+// ends; pairs have one length, and every tile of the head is held by exactly one job.
+TEST(BandSymmetricShift, FoldPairsTheShortenedBands) {
+  std::mt19937 rng(31);
+  int folded = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    const int stride = 2 * std::uniform_int_distribution<int>(1, 2)(rng);
+    const int n = std::uniform_int_distribution<int>(1, 20)(rng);
+    TiledProblem p = abstract_problem(std::uniform_int_distribution<int>(1, 3)(rng), n,
+                                      n * stride + std::uniform_int_distribution<int>(0, 5)(rng), true, stride);
+    p.window = {std::uniform_int_distribution<int>(0, 3 * stride * n / 2)(rng), kNoWindowBound};
+    const PlanResult planned = make_schedule_plan(p, Schedule::kSymmetricShift, 5);
+    ASSERT_TRUE(planned.ok()) << planned.rejected;
+    int fold = n;
+    for (int kv = n - 1; kv >= 1; --kv) {
+      if (p.q_end(kv) - p.q_begin(kv) < p.q_end(0) - p.q_begin(0)) fold = kv;
+    }
+    const int units = fold + (n - fold + 1) / 2;
+    ASSERT_EQ(planned.plan.num_units, p.num_heads() * units);
+    std::vector<int> held(static_cast<size_t>(n), 0);
+    std::set<int> pair_lengths;
+    for (int u = 0; u < units; ++u) {
+      const Job first = make_job(planned.plan, u, 0);
+      const Job second = make_job(planned.plan, u, 1);
+      EXPECT_EQ(first.kv_tile, u);
+      EXPECT_FALSE(first.is_short);
+      EXPECT_EQ(first.fold_begin, fold);
+      ++held[first.kv_tile];
+      if (second.valid) {
+        EXPECT_GE(u, fold);
+        EXPECT_EQ(second.kv_tile, n - 1 - (u - fold));
+        EXPECT_TRUE(second.is_short);
+        ++held[second.kv_tile];
+        pair_lengths.insert(first.num_steps + second.num_steps);
+      }
+    }
+    EXPECT_EQ(held, std::vector<int>(static_cast<size_t>(n), 1));
+    EXPECT_LE(pair_lengths.size(), 1u);
+    folded += pair_lengths.empty() ? 0 : 1;
+  }
+  EXPECT_GT(folded, 100);
 }
 
 TEST(Preconditions, RejectionsSayWhy) {
