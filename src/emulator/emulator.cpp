@@ -48,9 +48,14 @@ float dot(const float* a, const float* b, int n) {
 void check_arguments(const EmulatorInputs& in, const SchedulePlan& plan, const EmulatorOptions& options) {
   const AttentionShape& s = in.shape;
   const TiledProblem& p = plan.problem;
+  const TiledProblem inputs_problem = make_tiled_problem(s, in.window, 1);  // the inputs' mask, canonical
+  const bool same_mask = p.causal == inputs_problem.causal && p.window.left == inputs_problem.window.left &&
+                         p.window.right == inputs_problem.window.right;
   const bool same_problem = p.batch == s.batch && p.heads_kv == s.heads_kv && p.heads_q() == s.heads_q &&
-                            p.seqlen_q == s.seqlen_q && p.seqlen_k == s.seqlen_k && p.causal == s.causal;
-  if (!same_problem) throw std::invalid_argument("emulate: the plan's tiled problem does not describe the input shape");
+                            p.seqlen_q == s.seqlen_q && p.seqlen_k == s.seqlen_k && same_mask;
+  if (!same_problem) {
+    throw std::invalid_argument("emulate: the plan's tiled problem does not describe the input shape and window");
+  }
   if (p.block_q <= 0 || p.block_kv <= 0 || p.group_splits <= 0 || p.group_size % p.group_splits != 0) {
     throw std::invalid_argument("emulate: the plan's tile sizes or group splits are invalid");
   }
@@ -359,9 +364,10 @@ double relative_error(const std::vector<float>& x, const std::vector<double>& re
 
 double GradientErrors::max() const { return std::max({dq, dk, dv}); }
 
-EmulatorInputs make_emulator_inputs(const AttentionShape& shape, uint64_t seed) {
+EmulatorInputs make_emulator_inputs(const AttentionShape& shape, uint64_t seed, SlidingWindow window) {
   EmulatorInputs in;
   in.shape = shape;
+  in.window = window;
   const size_t q_size = q_layout(shape).size(shape.batch);
   const size_t kv_size = kv_layout(shape).size(shape.batch);
   std::mt19937_64 rng(seed);
@@ -376,22 +382,24 @@ EmulatorInputs make_emulator_inputs(const AttentionShape& shape, uint64_t seed) 
   }
   in.out.resize(q_size);
   in.lse.resize(row_stat_size(shape));
-  reference::attention_forward<float>(shape, in.q.data(), in.k.data(), in.v.data(), in.out.data(), in.lse.data());
+  reference::attention_forward<float>(shape, in.q.data(), in.k.data(), in.v.data(), in.out.data(), in.lse.data(),
+                                      window);
 
   const auto widen = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
   const std::vector<double> q = widen(in.q), k = widen(in.k), v = widen(in.v), dout = widen(in.dout);
   std::vector<double> out(q_size), lse(row_stat_size(shape));
-  reference::attention_forward<double>(shape, q.data(), k.data(), v.data(), out.data(), lse.data());
+  reference::attention_forward<double>(shape, q.data(), k.data(), v.data(), out.data(), lse.data(), window);
   in.ref_dq.resize(q_size);
   in.ref_dk.resize(kv_size);
   in.ref_dv.resize(kv_size);
   reference::attention_backward<double>(shape, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(),
-                                        in.ref_dq.data(), in.ref_dk.data(), in.ref_dv.data());
+                                        in.ref_dq.data(), in.ref_dk.data(), in.ref_dv.data(), window);
   return in;
 }
 
-TiledProblem make_emulator_problem(const AttentionShape& shape, TileShape tiles, int group_splits) {
-  TiledProblem p = make_tiled_problem(shape, std::max(group_splits, 1));
+TiledProblem make_emulator_problem(const AttentionShape& shape, TileShape tiles, int group_splits,
+                                   SlidingWindow window) {
+  TiledProblem p = make_tiled_problem(shape, window, std::max(group_splits, 1));
   p.block_q = tiles.block_q;
   p.block_kv = tiles.block_kv;
   if (group_splits <= 0) {
@@ -433,7 +441,7 @@ EmulationResult emulate(const EmulatorInputs& inputs, const SchedulePlan& plan, 
 }
 
 EmulationResult emulate(const AttentionShape& shape, const SchedulePlan& plan, const EmulatorOptions& options) {
-  return emulate(make_emulator_inputs(shape, options.seed), plan, options);
+  return emulate(make_emulator_inputs(shape, options.seed, plan.problem.window), plan, options);
 }
 
 }  // namespace dash

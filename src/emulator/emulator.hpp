@@ -14,20 +14,23 @@
 
 namespace dash {
 
-// Random inputs of one shape (fixed seed) and what the references compute from them.
+// Random inputs of one shape (fixed seed) and what the references compute from them, under the shape's mask
+// and FlashAttention's sliding window (none by default; the API's shape has no window yet).
 struct EmulatorInputs {
   AttentionShape shape;
+  SlidingWindow window;
   std::vector<float> q, k, v, dout;            // packed (B, S, H, D), uniform in [-1, 1]
   std::vector<float> out, lse;                 // float32 reference forward: what the kernel reads
   std::vector<double> ref_dq, ref_dk, ref_dv;  // float64 reference backward of the same inputs
 };
 
-EmulatorInputs make_emulator_inputs(const AttentionShape& shape, uint64_t seed);
+EmulatorInputs make_emulator_inputs(const AttentionShape& shape, uint64_t seed, SlidingWindow window = {});
 
-// The tiled problem of `shape` with `tiles` instead of the kernel's tile shape: small tiles give many
-// tiles, and so non-trivial schedules, on shapes small enough for the CPU. group_splits = 0 picks
-// choose_group_splits() for these tiles.
-TiledProblem make_emulator_problem(const AttentionShape& shape, TileShape tiles, int group_splits = 0);
+// The tiled problem of `shape` (under `window`, in the planner's canonical form) with `tiles` instead of the
+// kernel's tile shape: small tiles give many tiles, and so non-trivial schedules, on shapes small enough for the
+// CPU. group_splits = 0 picks choose_group_splits() for these tiles.
+TiledProblem make_emulator_problem(const AttentionShape& shape, TileShape tiles, int group_splits = 0,
+                                   SlidingWindow window = {});
 
 struct EmulatorOptions {
   int runs = 5;
@@ -61,11 +64,11 @@ struct EmulationResult {
   double max_rel_error() const { return error_vs_reference.max(); }
 };
 
-// Runs `plan` (whose problem must describe inputs.shape, tile sizes aside) options.runs times.
-// Throws std::invalid_argument when plan and shape disagree or options are out of range (runs < 2).
+// Runs `plan` (whose problem must describe inputs.shape and inputs.window, tile sizes aside) options.runs
+// times. Throws std::invalid_argument when plan and inputs disagree or options are out of range (runs < 2).
 EmulationResult emulate(const EmulatorInputs& inputs, const SchedulePlan& plan, const EmulatorOptions& options);
 
-// The same on make_emulator_inputs(shape, options.seed).
+// The same on make_emulator_inputs(shape, options.seed, plan.problem.window).
 EmulationResult emulate(const AttentionShape& shape, const SchedulePlan& plan, const EmulatorOptions& options);
 
 }  // namespace dash

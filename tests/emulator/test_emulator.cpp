@@ -1,6 +1,7 @@
 // Tests of the CPU emulator: every deterministic schedule gives bitwise-identical gradients under
-// random timing and matches the float64 reference; the nondeterministic schedule is caught; the
-// key/value-ordered schedules do not depend on the SM count; a plan that cannot finish is reported.
+// random timing and matches the float64 reference, under sliding windows too; the nondeterministic
+// schedule is caught; the key/value-ordered schedules do not depend on the SM count; a plan that cannot
+// finish is reported, and a plan of another shape or window is refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -30,6 +31,7 @@ struct Case {
   bool causal;
   int sms;
   int group_splits;  // 0: choose_group_splits
+  SlidingWindow window{};
 };
 
 AttentionShape shape_of(const Case& c) {
@@ -63,6 +65,15 @@ const Case kCases[] = {
     {"gqa_full_splits2_odd", 1, 4, 1, 224, 224, false, 7, 2},
     {"full_132sms", 2, 9, 9, 256, 256, false, 132, 0},
     {"causal_132sms", 3, 12, 12, 256, 256, true, 132, 0},
+    // Sliding windows: a causal band that symmetric shift folds (16x32 tiles: a slope of 2), one whose
+    // triangle has a middle tile and ragged lengths, two-sided, GQA with seqlen_q > seqlen_k, a right bound
+    // of 0 (the causal band of seqlen_q < seqlen_k) and a right bound that hides the first rows.
+    {"causal_window_folded", 1, 2, 2, 256, 256, true, 5, 0, {63, -1}},
+    {"causal_window_ragged_middle", 2, 2, 2, 250, 230, true, 7, 0, {40, -1}},
+    {"two_sided_window", 1, 2, 2, 200, 224, false, 4, 0, {30, 20}},
+    {"gqa_causal_window_sq_gt_sk", 1, 4, 2, 192, 160, true, 5, 1, {50, -1}},
+    {"window_right_0_sq_lt_sk", 1, 2, 1, 96, 224, false, 3, 0, {25, 0}},
+    {"window_hides_first_rows", 2, 2, 2, 224, 96, false, 4, 0, {-1, 10}},
 };
 
 class DeterministicSchedules : public testing::TestWithParam<Case> {};
@@ -70,8 +81,8 @@ class DeterministicSchedules : public testing::TestWithParam<Case> {};
 TEST_P(DeterministicSchedules, BitwiseIdenticalAcrossRunsAndMatchReference) {
   const Case& c = GetParam();
   const AttentionShape shape = shape_of(c);
-  const EmulatorInputs inputs = make_emulator_inputs(shape, /*seed=*/7);
-  const TiledProblem problem = make_emulator_problem(shape, kSmallTiles, c.group_splits);
+  const EmulatorInputs inputs = make_emulator_inputs(shape, /*seed=*/7, c.window);
+  const TiledProblem problem = make_emulator_problem(shape, kSmallTiles, c.group_splits, c.window);
   int emulated = 0;
   for (Schedule schedule : kAllSchedules) {
     if (schedule == Schedule::kAuto || schedule == Schedule::kNondeterministic) continue;
@@ -99,6 +110,12 @@ TEST(Emulator, PaperScheduleAppliesWhereExpected) {
   const AttentionShape causal = shape_of(kCases[1]);
   EXPECT_TRUE(make_schedule_plan(make_emulator_problem(full, kSmallTiles), Schedule::kShift, 3).ok());
   EXPECT_TRUE(make_schedule_plan(make_emulator_problem(causal, kSmallTiles), Schedule::kSymmetricShift, 7).ok());
+  for (const Case& c : kCases) {
+    if (std::string(c.name).rfind("causal_window", 0) != 0) continue;
+    const TiledProblem band = make_emulator_problem(shape_of(c), kSmallTiles, c.group_splits, c.window);
+    EXPECT_TRUE(band.windowed()) << c.name;
+    EXPECT_TRUE(make_schedule_plan(band, Schedule::kSymmetricShift, c.sms).ok()) << c.name;
+  }
 }
 
 TEST(Emulator, NondeterministicScheduleIsCaught) {
@@ -167,6 +184,14 @@ TEST(Emulator, RejectsPlanOfAnotherShape) {
   one_run.runs = 1;
   const PlanResult right = make_schedule_plan(make_emulator_problem(shape, kSmallTiles), Schedule::kAscending, 3);
   EXPECT_THROW(emulate(shape, right.plan, one_run), std::invalid_argument);
+  // A plan of the shape under a window, run on inputs without it (or with another one).
+  const PlanResult windowed =
+      make_schedule_plan(make_emulator_problem(shape, kSmallTiles, 0, SlidingWindow{20, 5}), Schedule::kAscending, 3);
+  ASSERT_TRUE(windowed.ok());
+  EXPECT_THROW(emulate(make_emulator_inputs(shape, 1), windowed.plan, options()), std::invalid_argument);
+  EXPECT_THROW(emulate(make_emulator_inputs(shape, 1, SlidingWindow{20, 6}), windowed.plan, options()),
+               std::invalid_argument);
+  EXPECT_NO_THROW(emulate(make_emulator_inputs(shape, 1, SlidingWindow{20, 5}), windowed.plan, options()));
 }
 
 }  // namespace
