@@ -1,7 +1,8 @@
 // dash-attn emulate: runs backward schedules on CPU threads (one per persistent CTA) with random
 // delays before every dQ reduction, several times each, and reports whether dQ, dK and dV kept the
-// same bits and how far they are from the float64 reference. Exit code 1 when a deterministic
-// schedule changed bits, deadlocked or missed the tolerance.
+// same bits and how far they are from the float64 reference, also under a sliding window
+// (--window-left/--window-right, emulated without the library, which takes no window yet). Exit code 1 when
+// a deterministic schedule changed bits, deadlocked or missed the tolerance.
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
@@ -37,6 +38,7 @@ constexpr int kErrorWidth = 11;
 struct EmulateFlags {
   // Small enough to run every schedule in a few seconds, large enough for 4 partials per dQ tile.
   ShapeFlags shape{.batch = 1, .heads = 2, .seqlen = 512, .head_dim = 32, .sms = 4};
+  WindowFlags window;
   int64_t block_q = 0;
   int64_t block_kv = 0;
   int64_t group_splits = 0;
@@ -137,6 +139,7 @@ int cmd_emulate(const std::vector<std::string>& args) {
                     "dQ semaphores and a random delay before every dQ reduction; repeats each run and compares the\n"
                     "bits of dQ, dK and dV, and their error against a float64 reference. No GPU needed.");
   add_shape_flags(parser, &f.shape);
+  add_window_flags(parser, &f.window);
   parser.add_int("block-q", "query tile rows", &f.block_q, 1, kMaxBlock, "the GPU kernel's for --head-dim");
   parser.add_int("block-kv", "key/value tile rows", &f.block_kv, 1, kMaxBlock, "the GPU kernel's for --head-dim");
   parser.add_int("group-splits", "parts each GQA query-head group is split into", &f.group_splits, 1,
@@ -161,7 +164,8 @@ int cmd_emulate(const std::vector<std::string>& args) {
     parser.fail("--group-splits " + std::to_string(f.group_splits) + " does not divide the " +
                 std::to_string(group_size) + " query heads per key/value head");
   }
-  const TiledProblem problem = make_emulator_problem(shape, tiles, static_cast<int>(f.group_splits));
+  const TiledProblem problem =
+      make_emulator_problem(shape, tiles, static_cast<int>(f.group_splits), f.window.window());
   check_problem_size(problem, parser);
   std::vector<Schedule> schedules;
   if (parser.given("schedule")) {
@@ -179,7 +183,7 @@ int cmd_emulate(const std::vector<std::string>& args) {
   options.runs = static_cast<int>(f.runs);
   options.max_delay_us = static_cast<int>(f.max_delay_us);
   options.seed = static_cast<uint64_t>(f.seed);
-  const EmulatorInputs inputs = make_emulator_inputs(shape, options.seed);
+  const EmulatorInputs inputs = make_emulator_inputs(shape, options.seed, f.window.window());
   std::vector<Outcome> outcomes;
   bool all_ok = true;
   for (Schedule s : schedules) {

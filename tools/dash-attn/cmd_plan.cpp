@@ -2,7 +2,8 @@
 // model: validity, deadlock freedom, critical path, simulated makespan, bubbles and lemma
 // violations; says which schedule it recommends and which one `auto` runs; draws a Gantt chart.
 // It plans only shapes the library accepts, and refuses costs whose model results are not finite. --sm-margin
-// plans for --sms less that many SMs, as the library does with FA3's sm_margin.
+// plans for --sms less that many SMs, as the library does with FA3's sm_margin. A sliding window
+// (--window-left/--window-right), which the library does not take yet, goes to the planner directly.
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -47,6 +48,7 @@ constexpr double kMaxJitter = 0.5;
 
 struct PlanFlags {
   ShapeFlags shape;
+  WindowFlags window;
   int64_t sm_margin = 0;
   CostModel costs;
   std::string schedule;
@@ -80,9 +82,10 @@ void check_finite_results(const Point& point, const CostModel& costs, const Flag
 }
 
 // The shape must be one the library accepts: plan models the GPU kernels' tiles and the API's proof.
-Point evaluate(const AttentionShape& shape, int sms, const CostModel& costs, const FlagParser& parser) {
+Point evaluate(const AttentionShape& shape, SlidingWindow window, int sms, const CostModel& costs,
+               const FlagParser& parser) {
   check_library_accepts(shape, parser);
-  Point point{shape, sms, make_tiled_problem(shape), {}};
+  Point point{shape, sms, make_tiled_problem(shape, window), {}};
   check_problem_size(point.problem, parser);
   point.comparison = compare_schedules(point.problem, sms, costs);
   check_finite_results(point, costs, parser);
@@ -260,6 +263,7 @@ int cmd_plan(const std::vector<std::string>& args) {
                     "Compares the backward schedules of a shape in the paper's DAG model (compute c and reduce r per\n"
                     "tile visit, dQ reductions in each schedule's fixed order) and recommends one. No GPU needed.");
   add_shape_flags(parser, &f.shape);
+  add_window_flags(parser, &f.window);
   parser.add_double("compute-cost", "c, one tile visit's compute (> 0)", &f.costs.compute, 0.0);
   parser.add_double("reduce-cost", "r, one dQ tile's serialized reduction", &f.costs.reduce, 0.0);
   parser.add_double("signal-latency", "delay before another SM sees a released semaphore", &f.costs.signal_latency,
@@ -324,7 +328,9 @@ int cmd_plan(const std::vector<std::string>& args) {
   }
   sms -= static_cast<int>(f.sm_margin);
   std::vector<Point> points;
-  for (const AttentionShape& shape : shapes) points.push_back(evaluate(shape, sms, f.costs, parser));
+  for (const AttentionShape& shape : shapes) {
+    points.push_back(evaluate(shape, f.window.window(), sms, f.costs, parser));
+  }
 
   if (f.preset == "paper-grid") {
     if (f.json) {

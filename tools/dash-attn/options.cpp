@@ -164,9 +164,18 @@ void check_sm_margin_fits_device(int64_t sm_margin, const FlagParser& parser) {
   }
 }
 
+void add_window_flags(FlagParser& parser, WindowFlags* flags) {
+  parser.add_int("window-left", "sliding window: keys a query row sees before its diagonal (FlashAttention's\n"
+                 "window_size[0]; -1: all), planned directly: the library takes no window yet",
+                 &flags->left, kNoWindowBound, kMaxSeqlen);
+  parser.add_int("window-right", "sliding window: keys a query row sees after its diagonal (window_size[1];\n"
+                 "-1: all; --causal makes it 0)", &flags->right, kNoWindowBound, kMaxSeqlen);
+}
+
 std::vector<std::string> given_shape_flags(const FlagParser& parser) {
   std::vector<std::string> given;
-  for (const char* name : {"batch", "heads", "heads-kv", "seqlen", "seqlen-q", "seqlen-k", "head-dim", "causal"}) {
+  for (const char* name : {"batch", "heads", "heads-kv", "seqlen", "seqlen-q", "seqlen-k", "head-dim", "causal",
+                           "window-left", "window-right"}) {
     if (parser.given(name)) given.push_back(std::string("--") + name);
   }
   return given;
@@ -215,6 +224,11 @@ std::string describe_tiles(const TiledProblem& p) {
   out << "block_q " << p.block_q << ", block_kv " << p.block_kv << "; " << p.num_kv_tiles() << " key/value x "
       << p.num_q_tiles() << " query tiles in each of " << p.num_heads() << " schedule heads (GQA group splits "
       << p.group_splits << ")";
+  if (p.windowed()) {
+    const auto bound = [](int b) { return b < 0 ? std::string("unbounded") : std::to_string(b); };
+    out << "; sliding window left " << bound(p.window.left) << ", right "
+        << (p.causal ? std::string("0 (causal)") : bound(p.window.right));
+  }
   return out.str();
 }
 
@@ -227,7 +241,9 @@ std::string problem_json(const AttentionShape& s, const TiledProblem& p, int sms
       .add("seqlen_q", json_number(s.seqlen_q))
       .add("seqlen_k", json_number(s.seqlen_k))
       .add("head_dim", json_number(s.head_dim))
-      .add("causal", json_bool(s.causal))
+      .add("causal", json_bool(p.causal))
+      .add("window_left", json_number(p.window.left))
+      .add("window_right", json_number(p.causal ? 0 : p.window.right))
       .add("sms", json_number(sms))
       .add("block_q", json_number(p.block_q))
       .add("block_kv", json_number(p.block_kv))

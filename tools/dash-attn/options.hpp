@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dash/attention.hpp"
+#include "schedule/mask.hpp"
 #include "schedule/tiled_problem.hpp"
 
 namespace dash::cli {
@@ -90,8 +91,18 @@ void add_sm_margin_flag(FlagParser& parser, int64_t* sm_margin);
 // check_current_device() succeeded).
 void check_sm_margin_fits_device(int64_t sm_margin, const FlagParser& parser);
 
-// The shape flags given on the command line other than --sms, e.g. {"--batch", "--causal"}: a preset
-// replaces the shape and refuses them.
+// --window-left N, --window-right N: FlashAttention's sliding window (window_size), -1 leaving a side open.
+// The library and its kernels take no window yet, so only the commands that run the planner or the emulator
+// directly (plan, emulate) offer them.
+struct WindowFlags {
+  int64_t left = kNoWindowBound;
+  int64_t right = kNoWindowBound;
+  SlidingWindow window() const { return SlidingWindow{static_cast<int>(left), static_cast<int>(right)}; }
+};
+void add_window_flags(FlagParser& parser, WindowFlags* flags);
+
+// The shape flags given on the command line other than --sms, e.g. {"--batch", "--causal"}, the window flags
+// included: a preset replaces the shape and refuses them.
 std::vector<std::string> given_shape_flags(const FlagParser& parser);
 // Checks the flags together (heads divisible by heads-kv) and builds the shape, with softmax scale
 // 1/sqrt(head_dim) and bf16 as dtype (the planner and emulator do not depend on it).
@@ -107,9 +118,12 @@ void check_problem_size(const TiledProblem& problem, const FlagParser& parser);
 
 // "batch 1, heads 16 (kv 16), seqlen_q 4096, seqlen_k 4096, head_dim 128, full mask"
 std::string describe_shape(const AttentionShape& shape);
-// "block_q 64, block_kv 128; 32 key/value x 64 query tiles in each of 16 schedule heads (GQA group splits 1)"
+// "block_q 64, block_kv 128; 32 key/value x 64 query tiles in each of 16 schedule heads (GQA group splits 1)",
+// followed under a sliding window by "; sliding window left 255, right 0 (causal)"
 std::string describe_tiles(const TiledProblem& problem);
-// The shape, SM count and tiling as a JSON object; `extra` members (already encoded) are appended.
+// The shape, SM count, tiling and mask (causal, and window_left, window_right in FlashAttention's terms after the
+// planner's canonical form: -1 for an open side, 0 on the right for causal) as a JSON object; `extra` members
+// (already encoded) are appended.
 std::string problem_json(const AttentionShape& shape, const TiledProblem& problem, int sms,
                          const std::vector<std::pair<std::string, std::string>>& extra = {});
 // A number as the tables print it: up to `digits` significant digits, no trailing zeros.
