@@ -1,7 +1,6 @@
 #include "planner/schedule_plan.hpp"
 
 #include <algorithm>
-#include <utility>
 
 #include "schedule/schedule.hpp"
 
@@ -13,16 +12,6 @@ int choose_group_splits(int batch, int heads_kv, int group_size, int num_kv_tile
     if (group_size % splits == 0 && jobs_per_split * splits >= kTargetJobs) return splits;
   }
   return group_size;
-}
-
-std::string window_error(SlidingWindow window) {
-  for (const auto& [side, bound] : {std::pair{"left", window.left}, std::pair{"right", window.right}}) {
-    if (bound < kNoWindowBound) {
-      return std::string("the window's ") + side + " bound is " + std::to_string(bound) +
-             "; it must be -1 (unbounded) or at least 0";
-    }
-  }
-  return {};
 }
 
 TiledProblem make_tiled_problem(const AttentionShape& shape, SlidingWindow window, int group_splits) {

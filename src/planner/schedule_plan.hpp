@@ -17,11 +17,9 @@ TiledProblem make_tiled_problem(const AttentionShape& shape, int group_splits = 
 // only the planner, the simulator and the emulator run it. The window is put in a canonical form, so that a
 // window that reduces to the full or causal mask plans exactly as that mask does: causal keeps no right
 // bound of its own (it is 0), a right bound of 0 makes the mask causal, and a bound that no row reaches past
-// (left >= seqlen_k - 1, right >= seqlen_q - 1) is dropped. Bounds below -1 are the callers' to refuse
-// (window_error).
+// (left >= seqlen_k - 1, right >= seqlen_q - 1) is dropped, as is any negative one (an open side, as in
+// FlashAttention).
 TiledProblem make_tiled_problem(const AttentionShape& shape, SlidingWindow window, int group_splits = 0);
-// Why `window` is not a window FlashAttention accepts (a bound below -1), or "" when it is.
-std::string window_error(SlidingWindow window);
 
 // How many parts to split each GQA query-head group into: the fewest that still give at least
 // kTargetJobs jobs (each part costs one fp32 dK/dV reduction in the postprocess kernel). The target is
