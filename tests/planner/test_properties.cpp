@@ -118,7 +118,9 @@ TEST(Properties, WindowedShapesValidateOrAreRejected) {
     for (int i = 0; i < 6; ++i) planned[i] += plan_and_validate(problem, kSchedules[i], c.num_sms, what) ? 1 : 0;
     const PlanResult automatic = plan_schedule(problem, Schedule::kAuto, c.num_sms);
     ASSERT_TRUE(automatic.ok()) << what << ": " << automatic.rejected;
-    if (problem.windowed()) EXPECT_EQ(automatic.plan.dispatch, Dispatch::kDynamic) << what;
+    if (problem.windowed()) {
+      EXPECT_EQ(automatic.plan.dispatch, Dispatch::kDynamic) << what;
+    }
   }
   EXPECT_GT(windowed, 100);
   for (int i : {0, 1, 2, 5}) EXPECT_EQ(planned[i], static_cast<int>(cases.size())) << schedule_name(kSchedules[i]);

@@ -38,7 +38,9 @@ TEST(ForwardTileOrder, CoversEveryTileOnceLongestFirstWithTheMasksKeyCounts) {
       ASSERT_EQ(tile.kv_tiles, brute_force_kv_tiles(order, tile.q_tile)) << "tile " << t;
       const int head = tile.batch * order.heads_q + tile.head;
       ASSERT_GE(head, previous_head) << "heads in order";
-      if (head == previous_head) EXPECT_LE(tile.kv_tiles, previous_kv_tiles) << "longest tiles first within a head";
+      if (head == previous_head) {
+        EXPECT_LE(tile.kv_tiles, previous_kv_tiles) << "longest tiles first within a head";
+      }
       previous_head = head;
       previous_kv_tiles = tile.kv_tiles;
     }
