@@ -1,0 +1,115 @@
+/* A stand-in for libdash_attn_c.so that python_overhead.py compiles and loads through $DASH_ATTN_LIBRARY, so the
+ * package's real Python path (checks, custom ops, autograd, plan cache, ctypes marshalling) runs on a machine
+ * without a GPU while every C call returns at once.
+ *
+ * Invariants: it exports every symbol _library._declare() binds, with the signatures of src/capi/dash_c.h at
+ * DASH_C_ABI_VERSION 4, so the package's load() accepts it unchanged; every entry point succeeds without touching
+ * its tensors; the workspace sizes are those the real library reports for a tiny shape (the forward's fixed
+ * 256 bytes, a backward of the size of a (B, Hq, Sq, D) fp32 dQ accumulator) so the allocations match. It is a
+ * benchmark fixture only: it computes nothing and must never be installed. */
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct dash_shape {
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  int dtype;
+  float softmax_scale;
+  int causal;
+} dash_shape;
+
+typedef struct dash_device {
+  int index, compute_major, compute_minor, multiprocessor_count;
+  char name[256];
+} dash_device;
+
+/* A plan handle needs an address the package can hold and pass back; nothing reads through it. */
+static int stub_plan;
+
+static int ok(char* message, size_t message_size) {
+  if (message != NULL && message_size > 0) message[0] = '\0';
+  return 0;
+}
+
+int dash_abi_version(void) { return 4; }
+const char* dash_status_name(int code) { return code == 0 ? "ok" : "stub-error"; }
+const char* dash_schedule_names(void) {
+  return "auto,ascending,descending,shortest-first,shift,symmetric-shift,nondeterministic";
+}
+int dash_kernel_available(int64_t head_dim, int dtype) { return (head_dim == 64 || head_dim == 128) && dtype <= 1; }
+const char* dash_library_version(void) { return "stub"; }
+int dash_cuda_runtime_version(void) { return 0; }
+int dash_cuda_driver_version(void) { return 0; }
+int dash_check_device(char* m, size_t n) { return ok(m, n); }
+
+int dash_describe_current_device(dash_device* device, char* m, size_t n) {
+  memset(device, 0, sizeof *device);
+  device->compute_major = 9;
+  device->multiprocessor_count = 132;
+  strcpy(device->name, "stub");
+  return ok(m, n);
+}
+
+static size_t backward_bytes(const dash_shape* s) {
+  return (size_t)(s->batch * s->heads_q * s->seqlen_q * s->head_dim) * sizeof(float);
+}
+
+int dash_forward_workspace_size(const dash_shape* s, size_t* bytes, char* m, size_t n) {
+  (void)s;
+  *bytes = 256;
+  return ok(m, n);
+}
+
+int dash_backward_workspace_size(const dash_shape* s, const char* schedule, size_t* bytes, char* m, size_t n) {
+  (void)schedule;
+  *bytes = backward_bytes(s);
+  return ok(m, n);
+}
+
+int dash_forward(const void* s, const void* q, const void* k, const void* v, const void* out, float* lse, int margin,
+                 void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
+  (void)s, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)margin, (void)ws, (void)ws_bytes, (void)stream;
+  return ok(m, n);
+}
+
+int dash_backward(const void* s, const void* q, const void* k, const void* v, const void* out, const void* dout,
+                  const float* lse, const void* dq, const void* dk, const void* dv, const char* schedule, int margin,
+                  void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
+  (void)s, (void)q, (void)k, (void)v, (void)out, (void)dout, (void)lse, (void)dq, (void)dk, (void)dv;
+  (void)schedule, (void)margin, (void)ws, (void)ws_bytes, (void)stream;
+  return ok(m, n);
+}
+
+/* The plan keeps the shape's workspace size in a static: the benchmark runs one shape. */
+static size_t stub_plan_bytes;
+
+int dash_backward_plan_create(const dash_shape* s, const char* schedule, int margin, const dash_device* device,
+                              void** plan, char* m, size_t n) {
+  (void)schedule, (void)margin, (void)device;
+  stub_plan_bytes = backward_bytes(s);
+  *plan = &stub_plan;
+  return ok(m, n);
+}
+
+void dash_backward_plan_destroy(void* plan) { (void)plan; }
+
+int dash_backward_plan_workspace_size(const void* plan, size_t* bytes, char* m, size_t n) {
+  (void)plan;
+  *bytes = stub_plan_bytes;
+  return ok(m, n);
+}
+
+int dash_backward_plan_sm_count(const void* plan, int* sm_count, char* m, size_t n) {
+  (void)plan;
+  *sm_count = 132;
+  return ok(m, n);
+}
+
+int dash_backward_plan_run(const void* plan, const void* s, const void* q, const void* k, const void* v,
+                           const void* out, const void* dout, const float* lse, const void* dq, const void* dk,
+                           const void* dv, void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
+  (void)plan, (void)s, (void)q, (void)k, (void)v, (void)out, (void)dout, (void)lse, (void)dq, (void)dk, (void)dv;
+  (void)ws, (void)ws_bytes, (void)stream;
+  return ok(m, n);
+}

@@ -1,0 +1,320 @@
+"""Host time of dash_attn.flash_attn_func's Python path, forward and backward, measured on a CPU-only machine.
+
+This is NOT a GPU measurement. It runs the package's real Python path (argument checks, torch.library custom-op
+dispatch, autograd, the backward plan cache, ctypes marshalling, tensor allocation) on CPU tensors, with every C
+call answered at once by a stand-in library (_stub_library.c, compiled here with `cc` and loaded through
+$DASH_ATTN_LIBRARY, so the package's loader and ctypes signatures are the real ones). What it cannot see: the C++
+side of each call, the CUDA caching allocator (CPU allocations stand in for it), and torch.cuda's device guard
+and current-stream query, which a GPU run pays and this one replaces with no-ops. overhead.py measures the whole
+host path on the GPU.
+
+Seams, all in this process and none in the package: check_devices accepts CPU tensors where it demands CUDA
+ones (the comparisons are the same); the custom ops get their own implementations registered for the CPU key;
+torch.cuda.device and torch.cuda.current_stream become no-ops.
+
+Shape (1, 128, 1, 64), causal, bf16, as overhead.py. Each row is the median, over --repeats runs, of the mean
+microseconds per call of --iters calls after warm-up (time.perf_counter_ns). Rows marked "=" are differences of
+two measured rows. --profile prints a cProfile breakdown of the forward+backward step.
+
+usage: python3 python_overhead.py [--iters N] [--repeats R] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SHAPE = (1, 128, 1, 64)
+DTYPE = torch.bfloat16
+STUB_SOURCE = Path(__file__).resolve().parent / "_stub_library.c"
+
+
+def build_stub_library(directory: Path) -> Path:
+    """Compiles _stub_library.c into `directory` and returns the shared library's path."""
+    library = directory / "libdash_attn_c.so"
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(STUB_SOURCE)], check=True)
+    return library
+
+
+class _NoDeviceGuard:
+    """torch.cuda.device's stand-in: a context manager that switches nothing."""
+
+    def __init__(self, device: object) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _NullStream:
+    cuda_stream = 0
+
+
+_NULL_STREAM = _NullStream()
+
+
+def install_cpu_seams() -> None:
+    """Makes flash_attn_func runnable on CPU tensors for measurement (see the module docstring)."""
+    from dash_attn import _arguments, _ops
+
+    def check_devices_on_cpu(tensors, layout):
+        q, k, v = tensors
+        qn, kn, vn = layout.names
+        for t, name in ((k, kn), (v, vn)):
+            if t.device != q.device:
+                raise ValueError(f"{name} is on {t.device} but {qn} is on {q.device}")
+        if q.device.type != "cpu":
+            raise ValueError(f"{qn}, {kn} and {vn} must be CPU tensors in this benchmark, got device {q.device}")
+
+    _arguments.check_devices = check_devices_on_cpu
+    for op in (_ops.forward, _ops.backward):
+        op.register_kernel("cpu", op._init_fn)
+    torch.cuda.device = _NoDeviceGuard
+    torch.cuda.current_stream = lambda device=None: _NULL_STREAM
+
+
+def microseconds_per_call(call: Callable[[], object], iters: int, repeats: int) -> float:
+    """Median over `repeats` of the mean host microseconds per call of `iters` calls, after warm-up."""
+    for _ in range(max(iters // 10, 50)):
+        call()
+    means = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        for _ in range(iters):
+            call()
+        means.append((time.perf_counter_ns() - start) / iters / 1e3)
+    return statistics.median(means)
+
+
+def torch_floor_steps() -> dict[str, Callable[[], object]]:
+    """Forward+backward steps of do-nothing attention on the same tensors, for what torch itself costs: a
+    torch.library custom-op pair with dash_attn's schemas and autograd wiring, and a torch.autograd.Function.
+    Both only allocate their outputs, as dash_attn does."""
+
+    @torch.library.custom_op("dash_overhead_floor::forward", mutates_args=())
+    def floor_forward(
+        q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, schedule: str, sm_margin: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        return torch.empty_like(q), torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+    @torch.library.custom_op("dash_overhead_floor::backward", mutates_args=())
+    def floor_backward(
+        dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
+        causal: bool, schedule: str, sm_margin: int = 0,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, ctx.softmax_scale, ctx.causal, ctx.schedule, ctx.sm_margin = inputs
+        ctx.save_for_backward(q, k, v, *output)
+        ctx.mark_non_differentiable(output[1])
+
+    def formula(ctx, grad_out, grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        grads = torch.ops.dash_overhead_floor.backward(
+            grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.schedule, ctx.sm_margin
+        )
+        return (*grads, None, None, None, None)
+
+    floor_forward.register_autograd(formula, setup_context=setup_context)
+
+    class FloorFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out, lse = torch.empty_like(q), torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, grad_out, grad_lse):
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    q, k, v = (torch.randn(SHAPE, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    dout = torch.randn(SHAPE, dtype=DTYPE)
+    scale = SHAPE[-1] ** -0.5
+    return {
+        "torch floor: do-nothing custom-op pair, forward + backward step": lambda: torch.autograd.grad(
+            torch.ops.dash_overhead_floor.forward(q, k, v, scale, True, "auto", 0)[0], (q, k, v), dout
+        ),
+        "torch floor: do-nothing autograd.Function, forward + backward step": lambda: torch.autograd.grad(
+            FloorFunction.apply(q, k, v)[0], (q, k, v), dout
+        ),
+    }
+
+
+def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
+    """(row label, microseconds per call) for the whole path and for each of its parts."""
+    import dash_attn
+    from dash_attn import _library, _ops, _plans
+
+    q, k, v = (torch.randn(SHAPE, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    dout = torch.randn(SHAPE, dtype=DTYPE)
+    scale = SHAPE[-1] ** -0.5
+    schedule = "auto"
+
+    def flash_forward():
+        return dash_attn.flash_attn_func(q, k, v, causal=True)
+
+    def step():
+        torch.autograd.grad(flash_forward(), (q, k, v), dout)
+
+    def flash_forward_no_grad():
+        with torch.no_grad():
+            flash_forward()
+
+    def op_forward():
+        return torch.ops.dash_attn.forward(q, k, v, scale, True, schedule, 0)
+
+    def op_forward_no_grad():
+        with torch.no_grad():
+            op_forward()
+
+    def forward_body():
+        with torch.no_grad():
+            _ops.forward._init_fn(q, k, v, scale, True, schedule, 0)
+
+    with torch.no_grad():
+        out, lse = op_forward()
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+
+    def op_backward():
+        torch.ops.dash_attn.backward(dout, qd, kd, vd, out, lse, scale, True, schedule, 0)
+
+    def backward_body():
+        _ops.backward._init_fn(dout, qd, kd, vd, out, lse, scale, True, schedule, 0)
+
+    shape = _ops._c_shape(qd, kd, scale, True)
+    plan = _plans.backward_plan(0, shape, schedule, 0)
+    c_tensors = [_ops._c_tensor(t) for t in (qd, kd, vd, out, dout, qd, kd, vd)]
+    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8)
+
+    def plan_lookup():
+        _plans.backward_plan(0, shape, schedule, 0)
+
+    def ctypes_forward():
+        _library.forward(shape, *c_tensors[:4], lse.data_ptr(), workspace.data_ptr(), 256, 0, 0)
+
+    def ctypes_backward():
+        plan.backward(
+            shape, *c_tensors[:5], lse.data_ptr(), *c_tensors[5:], workspace.data_ptr(), plan.workspace_bytes, 0
+        )
+
+    def c_structs_forward():
+        _ops._c_shape(qd, kd, scale, True)
+        for t in (qd, kd, vd, out):
+            _ops._c_tensor(t)
+
+    def layout_checks_forward():
+        for t in (qd, kd, vd):
+            _ops._kernel_ready(t)
+
+    def allocation_forward():
+        torch.empty(SHAPE, dtype=DTYPE)
+        torch.empty((SHAPE[0], SHAPE[2], SHAPE[1]), dtype=torch.float32)
+        torch.empty(256, dtype=torch.uint8)
+
+    def allocation_backward():
+        for _ in range(3):
+            torch.empty(SHAPE, dtype=DTYPE)
+        torch.empty(plan.workspace_bytes, dtype=torch.uint8)
+
+    def time_of(call):
+        return microseconds_per_call(call, iters, repeats)
+
+    rows = {
+        "forward + backward step (flash_attn_func, autograd.grad)": time_of(step),
+        "forward, grad mode (flash_attn_func)": time_of(flash_forward),
+        "forward, no grad (flash_attn_func)": time_of(flash_forward_no_grad),
+        "forward op, grad mode (torch.ops.dash_attn.forward)": time_of(op_forward),
+        "forward op, no grad": time_of(op_forward_no_grad),
+        "forward op body, no grad (no dispatch)": time_of(forward_body),
+        "backward op (torch.ops.dash_attn.backward)": time_of(op_backward),
+        "backward op body (no dispatch)": time_of(backward_body),
+        "plan-cache lookup (_plans.backward_plan)": time_of(plan_lookup),
+        "ctypes forward call, structs built": time_of(ctypes_forward),
+        "ctypes backward call (BackwardPlan.backward), structs built": time_of(ctypes_backward),
+        "C structs of a forward (shape + 4 tensors)": time_of(c_structs_forward),
+        "layout checks of a forward (3 x _kernel_ready)": time_of(layout_checks_forward),
+        "allocation of a forward (out, lse, workspace)": time_of(allocation_forward),
+        "allocation of a backward (dq, dk, dv, workspace)": time_of(allocation_backward),
+    }
+    rows.update((label, time_of(step)) for label, step in torch_floor_steps().items())
+    derived = {
+        "= argument checks (front): forward no grad - forward op no grad": rows["forward, no grad (flash_attn_func)"]
+        - rows["forward op, no grad"],
+        "= custom-op dispatch of the forward: op - body, no grad": rows["forward op, no grad"]
+        - rows["forward op body, no grad (no dispatch)"],
+        "= autograd on the forward: op grad mode - op no grad": rows["forward op, grad mode (torch.ops.dash_attn.forward)"]
+        - rows["forward op, no grad"],
+        "= backward (autograd.grad): step - forward grad mode": rows[
+            "forward + backward step (flash_attn_func, autograd.grad)"
+        ]
+        - rows["forward, grad mode (flash_attn_func)"],
+        "= custom-op dispatch of the backward: op - body": rows["backward op (torch.ops.dash_attn.backward)"]
+        - rows["backward op body (no dispatch)"],
+    }
+    derived["= autograd engine and formula: backward - backward op"] = (
+        derived["= backward (autograd.grad): step - forward grad mode"] - rows["backward op (torch.ops.dash_attn.backward)"]
+    )
+    return list(rows.items()) + list(derived.items())
+
+
+def profile_step(iters: int, top: int) -> None:
+    import dash_attn
+
+    q, k, v = (torch.randn(SHAPE, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    dout = torch.randn(SHAPE, dtype=DTYPE)
+
+    def step():
+        torch.autograd.grad(dash_attn.flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
+
+    for _ in range(100):
+        step()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(iters):
+        step()
+    profiler.disable()
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    print(f"\ncProfile of {iters} forward+backward steps, top {top} by own time:")
+    stats.sort_stats("tottime").print_stats(top)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--profile", action="store_true", help="also print a cProfile breakdown of the step")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        os.environ["DASH_ATTN_LIBRARY"] = str(build_stub_library(Path(directory)))
+        torch.set_num_threads(1)
+        install_cpu_seams()
+        print(f"torch {torch.__version__}, Python {sys.version.split()[0]}, CPU only, C calls stubbed")
+        print("| part of the host path | us per call |")
+        print("|---|---|")
+        for label, micros in measurements(args.iters, args.repeats):
+            print(f"| {label} | {micros:.1f} |", flush=True)
+        if args.profile:
+            profile_step(args.iters, top=30)
+
+
+if __name__ == "__main__":
+    main()
