@@ -26,20 +26,36 @@ _STRIDE_LIMIT = (1 << 40) // _ELEMENT_BYTES
 _DTYPE_CODES = {torch.bfloat16: _library.DTYPE_BF16, torch.float16: _library.DTYPE_FP16}
 
 
-def _layout_ok(t: Tensor) -> bool:
-    """Whether the kernels can read or write `t` in place: the rules of validate() in src/api/validate.cpp."""
-    strides = t.stride()
-    if t.data_ptr() % _TMA_ALIGNMENT_BYTES or strides[-1] != 1:
-        return False
-    if any(s < 0 or s % _STRIDE_MULTIPLE or s >= _STRIDE_LIMIT for s in strides[:-1]):
-        return False
-    # One-to-one: ordered by stride, each dimension with more than one index must step over all that the
-    # smaller ones span (broadcast gradients with stride 0 fail here).
+def _one_to_one(strides: tuple[int, ...], shape: torch.Size) -> bool:
+    """Whether no two indices share an element: ordered by stride, each dimension with more than one index must
+    step over all that the smaller ones span (broadcast gradients with stride 0 fail here)."""
     reach = 1
-    for stride, size in sorted((s, n) for s, n in zip(strides, t.shape) if n > 1):
+    for stride, size in sorted((s, n) for s, n in zip(strides, shape) if n > 1):
         if stride < reach:
             return False
         reach = stride * size
+    return True
+
+
+def _layout_ok(t: Tensor) -> bool:
+    """Whether the kernels can read or write `t` in place: the rules of validate() in src/api/validate.cpp.
+
+    It runs on every tensor of every call, so the one-to-one test first walks the dimensions innermost first,
+    which is the stride order of any row-major layout (packed or not) and decides it without sorting; a
+    permuted layout falls back to the sorted test, which gives the same answer whenever both apply."""
+    strides = t.stride()
+    if t.data_ptr() % _TMA_ALIGNMENT_BYTES or strides[-1] != 1:
+        return False
+    for stride in strides[:-1]:
+        if stride < 0 or stride % _STRIDE_MULTIPLE or stride >= _STRIDE_LIMIT:
+            return False
+    shape = t.shape
+    reach = 1
+    for stride, size in zip(reversed(strides), reversed(shape)):
+        if size > 1:
+            if stride < reach:
+                return _one_to_one(strides, shape)
+            reach = stride * size
     return True
 
 

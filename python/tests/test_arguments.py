@@ -351,6 +351,39 @@ def test_layouts_the_kernels_take_are_used_in_place() -> None:
         assert _kernel_ready(t) is t
 
 
+def _layout_ok_by_sorting(t: torch.Tensor) -> bool:
+    """The kernels' layout rule as src/api/validate.cpp states it, strides sorted: the reference for _layout_ok."""
+    strides = t.stride()
+    if t.data_ptr() % 16 or strides[-1] != 1:
+        return False
+    if any(s < 0 or s % 8 or s >= (1 << 39) for s in strides[:-1]):
+        return False
+    reach = 1
+    for stride, size in sorted((s, n) for s, n in zip(strides, t.shape) if n > 1):
+        if stride < reach:
+            return False
+        reach = stride * size
+    return True
+
+
+def test_layout_check_agrees_with_the_sorted_rule_on_any_strides() -> None:
+    from dash_attn._ops import _layout_ok
+
+    # Row-major, permuted, overlapping, gapped and broadcast layouts, with sizes of 1 among them.
+    generator = torch.Generator().manual_seed(0)
+    storage = torch.zeros(1 << 16, dtype=torch.bfloat16)
+    stride_choices = torch.tensor([0, 8, 16, 24, 64, 128, 192, 512, 1024, 2048, 4096])
+    verdicts = set()
+    for _ in range(2000):
+        shape = tuple(int(n) for n in torch.randint(1, 4, (3,), generator=generator)) + (HEAD_DIM,)
+        picks = torch.randint(len(stride_choices), (3,), generator=generator)
+        strides = tuple(int(stride_choices[i]) for i in picks) + (1,)
+        t = storage.as_strided(shape, strides)
+        assert _layout_ok(t) == _layout_ok_by_sorting(t), (shape, strides)
+        verdicts.add(_layout_ok(t))
+    assert verdicts == {True, False}
+
+
 def test_layouts_the_kernels_cannot_take_are_copied() -> None:
     from dash_attn._ops import _kernel_ready
 
