@@ -200,13 +200,13 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
     def backward_body():
         _ops.backward._init_fn(dout, qd, kd, vd, out, lse, scale, True, schedule, 0)
 
-    shape = _ops._c_shape(qd, kd, scale, True)
-    plan = _plans.backward_plan(0, shape, schedule, 0)
+    shape, fields = _ops._shared_c_shape(qd, kd, scale, True)
+    plan = _plans.backward_plan_of_fields(0, fields, schedule, 0)
     c_tensors = [_ops._c_tensor(t) for t in (qd, kd, vd, out, dout, qd, kd, vd)]
     workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8)
 
     def plan_lookup():
-        _plans.backward_plan(0, shape, schedule, 0)
+        _plans.backward_plan_of_fields(0, fields, schedule, 0)
 
     def ctypes_forward():
         _library.forward(shape, *c_tensors[:4], lse.data_ptr(), workspace.data_ptr(), 256, 0, 0)
@@ -217,7 +217,7 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
         )
 
     def c_structs_forward():
-        _ops._c_shape(qd, kd, scale, True)
+        _ops._shared_c_shape(qd, kd, scale, True)
         for t in (qd, kd, vd, out):
             _ops._c_tensor(t)
 
@@ -247,10 +247,10 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
         "forward op body, no grad (no dispatch)": time_of(forward_body),
         "backward op (torch.ops.dash_attn.backward)": time_of(op_backward),
         "backward op body (no dispatch)": time_of(backward_body),
-        "plan-cache lookup (_plans.backward_plan)": time_of(plan_lookup),
+        "plan-cache lookup (_plans.backward_plan_of_fields)": time_of(plan_lookup),
         "ctypes forward call, structs built": time_of(ctypes_forward),
         "ctypes backward call (BackwardPlan.backward), structs built": time_of(ctypes_backward),
-        "C structs of a forward (shape + 4 tensors)": time_of(c_structs_forward),
+        "C structs of a forward (cached shape + 4 tensors)": time_of(c_structs_forward),
         "layout checks of a forward (3 x _kernel_ready)": time_of(layout_checks_forward),
         "allocation of a forward (out, lse, workspace)": time_of(allocation_forward),
         "allocation of a backward (dq, dk, dv, workspace)": time_of(allocation_backward),

@@ -5,11 +5,16 @@ node per call instead of tracing into ctypes, the fake kernels give it the outpu
 autograd formula wires the backward op in. Both ops take (B, S, H, D) tensors that passed the checks in
 _arguments.py; they fix only what the kernels cannot take but a caller may legitimately pass (odd strides,
 misaligned views, broadcast gradients) by copying. The backward runs the plan of its device, shape, schedule and
-SM margin from _plans, so a training loop plans and proves each shape once. sm_margin (SMs left to other work,
+SM margin from _plans, so a training loop plans and proves each shape once. In front of that cache, each distinct
+call shape builds its C struct once and asks the loaded library for the forward's workspace size once (bounded
+LRU caches of the plan cache's capacity; a refusal caches nothing), since every call of a loop repeats them. sm_margin (SMs left to other work,
 as in FlashAttention-3) is an input of the forward op, so that autograd hands the backward the same margin.
 """
 
 from __future__ import annotations
+
+import ctypes
+import functools
 
 import torch
 from torch import Tensor
@@ -72,9 +77,11 @@ def _c_tensor(t: Tensor) -> _library.Tensor:
     return c
 
 
-def _c_shape(q: Tensor, k: Tensor, softmax_scale: float, causal: bool) -> _library.Shape:
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    _, seqlen_k, heads_kv, _ = k.shape
+def _make_c_shape(
+    q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, softmax_scale: float, causal: bool
+) -> _library.Shape:
+    batch, seqlen_q, heads_q, head_dim = q_shape
+    _, seqlen_k, heads_kv, _ = k_shape
     return _library.Shape(
         batch=batch,
         seqlen_q=seqlen_q,
@@ -82,10 +89,42 @@ def _c_shape(q: Tensor, k: Tensor, softmax_scale: float, causal: bool) -> _libra
         heads_q=heads_q,
         heads_kv=heads_kv,
         head_dim=head_dim,
-        dtype=_DTYPE_CODES[q.dtype],
+        dtype=_DTYPE_CODES[dtype],
         softmax_scale=softmax_scale,
         causal=int(causal),
     )
+
+
+def _c_shape(q: Tensor, k: Tensor, softmax_scale: float, causal: bool) -> _library.Shape:
+    """A new C shape of a call, the caller's own."""
+    return _make_c_shape(q.shape, k.shape, q.dtype, softmax_scale, causal)
+
+
+# A training loop repeats a handful of shapes, so the ops build each once; as many are kept as backward plans.
+@functools.lru_cache(maxsize=_plans.PLAN_CACHE_CAPACITY)
+def _cached_c_shape(
+    q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, softmax_scale: float, causal: bool
+) -> tuple[_library.Shape, tuple]:
+    shape = _make_c_shape(q_shape, k_shape, dtype, softmax_scale, causal)
+    return shape, _plans.shape_fields(shape)
+
+
+def _shared_c_shape(q: Tensor, k: Tensor, softmax_scale: float, causal: bool) -> tuple[_library.Shape, tuple]:
+    """The C shape of a call, shared by all calls with the same arguments (the library only reads it: never
+    modify it), and its fields as the library reads them, which key the backward plan. Only a positive scale
+    keys the cache: positive floats are equal exactly when their bits are, where 0.0 == -0.0 and nan != nan;
+    the library refuses the others."""
+    if softmax_scale > 0:
+        return _cached_c_shape(q.shape, k.shape, q.dtype, softmax_scale, causal)
+    shape = _c_shape(q, k, softmax_scale, causal)
+    return shape, _plans.shape_fields(shape)
+
+
+@functools.lru_cache(maxsize=_plans.PLAN_CACHE_CAPACITY)
+def _forward_workspace_bytes(library: ctypes.CDLL, shape_fields: tuple) -> int:
+    """The forward's workspace size for a shape, queried once per loaded library (the key holds it, so a library
+    loaded anew is asked again). A refused shape raises and caches nothing."""
+    return _library.forward_workspace_size(_library.Shape(*shape_fields))
 
 
 def _workspace(nbytes: int, device: torch.device) -> Tensor:
@@ -118,9 +157,9 @@ def forward(
     an input so that autograd records the summation order the backward must use."""
     q, k, v = (_kernel_ready(t) for t in (q, k, v))
     out, lse = _forward_outputs(q)
-    shape = _c_shape(q, k, softmax_scale, causal)
+    shape, shape_fields = _shared_c_shape(q, k, softmax_scale, causal)
     with torch.cuda.device(q.device):
-        workspace_bytes = _library.forward_workspace_size(shape)
+        workspace_bytes = _forward_workspace_bytes(_library.load(), shape_fields)
         workspace = _workspace(workspace_bytes, q.device)
         _library.forward(
             shape,
@@ -162,10 +201,10 @@ def backward(
     dout, q, k, v, out = (_kernel_ready(t) for t in (dout, q, k, v, out))
     lse = lse.contiguous()
     dq, dk, dv = _backward_outputs(q, k, v)
-    shape = _c_shape(q, k, softmax_scale, causal)
+    shape, shape_fields = _shared_c_shape(q, k, softmax_scale, causal)
     with torch.cuda.device(q.device):
         # Planned and proven once per (device, shape, schedule, margin); the plan sizes the workspace and runs.
-        plan = _plans.backward_plan(q.device.index, shape, schedule, sm_margin)
+        plan = _plans.backward_plan_of_fields(q.device.index, shape_fields, schedule, sm_margin)
         workspace = _workspace(plan.workspace_bytes, q.device)
         plan.backward(
             shape,

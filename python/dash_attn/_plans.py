@@ -61,7 +61,7 @@ class PlanCache(Generic[Plan]):
             self._plans.clear()
 
 
-def _shape_fields(shape: _library.Shape) -> tuple:
+def shape_fields(shape: _library.Shape) -> tuple:
     """Every field of `shape`, in struct order, as the library reads them (the scale already rounded to float32)."""
     return tuple(getattr(shape, name) for name, _ in _library.Shape._fields_)
 
@@ -78,4 +78,9 @@ def backward_plan(device: int, shape: _library.Shape, schedule: str, sm_margin: 
     """The backward plan of `shape` and `schedule` on CUDA device `device`, which must be the current device
     (a plan is made for the current device; the library refuses to run it on another), for its SMs less
     `sm_margin`."""
-    return backward_plans.get((device, _shape_fields(shape), schedule, sm_margin))
+    return backward_plan_of_fields(device, shape_fields(shape), schedule, sm_margin)
+
+
+def backward_plan_of_fields(device: int, fields: tuple, schedule: str, sm_margin: int = 0) -> _library.BackwardPlan:
+    """backward_plan for a shape given by shape_fields(shape), which a caller that keeps shapes computes once."""
+    return backward_plans.get((device, fields, schedule, sm_margin))
