@@ -78,7 +78,8 @@ def check_sm_margin(sm_margin: object) -> int:
     """sm_margin as a Python int: SMs the kernels leave to other work (FlashAttention-3's option). Raises TypeError
     unless it is an integer (bools are refused: True is no SM count) and ValueError if it is negative. The library
     refuses a margin of the device's SM count or more when the forward runs, naming the count."""
-    if isinstance(sm_margin, bool) or not isinstance(sm_margin, numbers.Integral):
+    # A plain int, the common case, skips the slower isinstance test against the Integral ABC.
+    if type(sm_margin) is not int and (isinstance(sm_margin, bool) or not isinstance(sm_margin, numbers.Integral)):
         raise TypeError(f"sm_margin must be an int, got {type(sm_margin).__name__} {sm_margin!r}")
     if sm_margin < 0:
         raise ValueError(f"sm_margin must satisfy 0 <= sm_margin < the device's SM count, got {sm_margin}")
@@ -96,34 +97,37 @@ def check_tensors(tensors: tuple[object, object, object], layout: Layout) -> Non
         check_is_tensor(t, name)
     q, k, v = tensors
     qn, kn, vn = layout.names
-    for t, name in zip(tensors, layout.names):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D {layout.spelled}, got shape {tuple(t.shape)}")
-        if t.numel() == 0:
-            raise ValueError(f"{name} must not be empty, got shape {tuple(t.shape)}")
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{qn}.dtype must be torch.bfloat16 or torch.float16, got {q.dtype}")
+    # Each shape is read once: every call runs these checks, and each .shape builds a new torch.Size.
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    for shape, name in ((q_shape, qn), (k_shape, kn), (v_shape, vn)):
+        if len(shape) != 4:
+            raise ValueError(f"{name} must be 4-D {layout.spelled}, got shape {tuple(shape)}")
+        if 0 in shape:  # no elements
+            raise ValueError(f"{name} must not be empty, got shape {tuple(shape)}")
+    dtype = q.dtype
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{qn}.dtype must be torch.bfloat16 or torch.float16, got {dtype}")
     for t, name in ((k, kn), (v, vn)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name}.dtype ({t.dtype}) must equal {qn}.dtype ({q.dtype})")
+        if t.dtype != dtype:
+            raise TypeError(f"{name}.dtype ({t.dtype}) must equal {qn}.dtype ({dtype})")
 
-    head_dim = q.shape[-1]
+    batch, head_dim = q_shape[0], q_shape[3]
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim ({qn}.shape[3]) must be one of {HEAD_DIMS}, got {head_dim}")
-    for t, name in ((k, kn), (v, vn)):
-        if t.shape[0] != q.shape[0]:
-            raise ValueError(f"{name}.shape[0] (batch) = {t.shape[0]} must equal {qn}.shape[0] = {q.shape[0]}")
-        if t.shape[-1] != head_dim:
-            raise ValueError(f"{name}.shape[3] (head_dim) = {t.shape[-1]} must equal {qn}.shape[3] = {head_dim}")
+    for shape, name in ((k_shape, kn), (v_shape, vn)):
+        if shape[0] != batch:
+            raise ValueError(f"{name}.shape[0] (batch) = {shape[0]} must equal {qn}.shape[0] = {batch}")
+        if shape[3] != head_dim:
+            raise ValueError(f"{name}.shape[3] (head_dim) = {shape[3]} must equal {qn}.shape[3] = {head_dim}")
     s, h = layout.seq, layout.heads
-    if v.shape[s] != k.shape[s]:
-        raise ValueError(f"{vn}.shape[{s}] (seqlen) = {v.shape[s]} must equal {kn}.shape[{s}] = {k.shape[s]}")
-    if v.shape[h] != k.shape[h]:
-        raise ValueError(f"{vn}.shape[{h}] (heads) = {v.shape[h]} must equal {kn}.shape[{h}] = {k.shape[h]}")
-    if q.shape[h] % k.shape[h] != 0:
+    if v_shape[s] != k_shape[s]:
+        raise ValueError(f"{vn}.shape[{s}] (seqlen) = {v_shape[s]} must equal {kn}.shape[{s}] = {k_shape[s]}")
+    if v_shape[h] != k_shape[h]:
+        raise ValueError(f"{vn}.shape[{h}] (heads) = {v_shape[h]} must equal {kn}.shape[{h}] = {k_shape[h]}")
+    if q_shape[h] % k_shape[h] != 0:
         raise ValueError(
-            f"{qn}.shape[{h}] (query heads) = {q.shape[h]} must be a multiple of {kn}.shape[{h}] (key/value "
-            f"heads) = {k.shape[h]}: each key/value head serves a whole group of query heads"
+            f"{qn}.shape[{h}] (query heads) = {q_shape[h]} must be a multiple of {kn}.shape[{h}] (key/value "
+            f"heads) = {k_shape[h]}: each key/value head serves a whole group of query heads"
         )
 
 
