@@ -226,14 +226,12 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
             _ops._kernel_ready(t)
 
     def allocation_forward():
-        torch.empty(SHAPE, dtype=DTYPE)
-        torch.empty((SHAPE[0], SHAPE[2], SHAPE[1]), dtype=torch.float32)
-        torch.empty(256, dtype=torch.uint8)
+        _ops._forward_outputs(qd)
+        _ops._workspace(256, qd.device)
 
     def allocation_backward():
-        for _ in range(3):
-            torch.empty(SHAPE, dtype=DTYPE)
-        torch.empty(plan.workspace_bytes, dtype=torch.uint8)
+        _ops._backward_outputs(qd, kd, vd)
+        _ops._workspace(plan.workspace_bytes, qd.device)
 
     def time_of(call):
         return microseconds_per_call(call, iters, repeats)
