@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "harness/device_harness.hpp"
+#include "sm90_test_support.hpp"
 
 namespace dash {
 namespace {
@@ -18,29 +19,16 @@ namespace {
 using harness::DeviceBuffer;
 using harness::Problem;
 
-constexpr double kWatchdogSeconds = 60.0;
+using gpu_testing::kWatchdogSeconds;
 constexpr int kPlannedRuns = 3;
 
+constexpr gpu_testing::Instance kInstance{128, DType::kBF16};
+
 AttentionShape test_shape(bool causal) {
-  AttentionShape s;
-  s.batch = 2;
-  s.seqlen_q = 640;
-  s.seqlen_k = 640;
-  s.heads_q = 6;
-  s.heads_kv = 3;
-  s.head_dim = 128;
-  s.dtype = DType::kBF16;
-  s.softmax_scale = 1.0f / std::sqrt(128.0f);
-  s.causal = causal;
-  return s;
+  return gpu_testing::make_attention_shape(2, 640, 640, 6, 3, causal, kInstance);
 }
 
-std::string skip_reason() {
-  if (!kernels_available()) return "built without kernels (DASH_BUILD_KERNELS=OFF)";
-  if (Status s = check_current_device(); !s.ok()) return "no Hopper GPU: " + s.message();
-  if (!kernel_available(128, DType::kBF16)) return "head dim 128 / bf16 not compiled in this build";
-  return {};
-}
+std::string skip_reason() { return gpu_testing::skip_reason(kInstance); }
 
 // dQ, dK and dV of the last backward, as raw bytes.
 std::vector<uint8_t> gradient_bytes(const Problem& p) {

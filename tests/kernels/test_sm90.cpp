@@ -16,14 +16,18 @@
 #include <vector>
 
 #include "harness/device_harness.hpp"
+#include "sm90_test_support.hpp"
 
 namespace dash {
 namespace {
 
+using gpu_testing::Instance;
+using gpu_testing::kWatchdogSeconds;
+using gpu_testing::skip_reason;
+using gpu_testing::wait_or_die;
 using harness::DeviceBuffer;
 using harness::Problem;
 
-constexpr double kWatchdogSeconds = 60.0;
 constexpr int kDeterminismRuns = 100;
 
 struct ShapeCase {
@@ -46,40 +50,10 @@ const ShapeCase kShapes[] = {
     {2, 640, 640, 6, 3, true},
 };
 
-struct Instance {
-  int head_dim;
-  DType dtype;
-};
 const Instance kInstances[] = {{64, DType::kBF16}, {64, DType::kFP16}, {128, DType::kBF16}, {128, DType::kFP16}};
 
 AttentionShape make_shape(const ShapeCase& c, const Instance& inst) {
-  AttentionShape s;
-  s.batch = c.batch;
-  s.seqlen_q = c.seqlen_q;
-  s.seqlen_k = c.seqlen_k;
-  s.heads_q = c.heads_q;
-  s.heads_kv = c.heads_kv;
-  s.head_dim = inst.head_dim;
-  s.dtype = inst.dtype;
-  s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(inst.head_dim));
-  s.causal = c.causal;
-  return s;
-}
-
-// Skips unless this build has the instance and the current device is a Hopper GPU.
-std::string skip_reason(const Instance& inst) {
-  if (!kernels_available()) return "built without kernels (DASH_BUILD_KERNELS=OFF)";
-  if (Status s = check_current_device(); !s.ok()) return "no Hopper GPU: " + s.message();
-  if (kernel_available(inst.head_dim, inst.dtype)) return {};
-  return "head dim " + std::to_string(inst.head_dim) + " / " + dtype_name(inst.dtype) + " not compiled in this build";
-}
-
-void wait_or_die(const std::string& what) {
-  if (!harness::synchronize_with_watchdog(nullptr, kWatchdogSeconds)) {
-    std::fprintf(stderr, "HANG: %s did not finish within %.0f s; aborting the test binary\n", what.c_str(),
-                 kWatchdogSeconds);
-    std::_Exit(3);
-  }
+  return gpu_testing::make_attention_shape(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.causal, inst);
 }
 
 void run_forward(Problem& p) {
@@ -90,7 +64,7 @@ void run_forward(Problem& p) {
   p.d_lse.poison();
   const Status s = forward(forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr);
   ASSERT_TRUE(s.ok()) << s.to_string();
-  wait_or_die("forward");
+  wait_or_die(nullptr, "forward");
 }
 
 // Runs the backward; returns false (without failing) when the schedule rejects the shape.

@@ -21,15 +21,19 @@
 #include <vector>
 
 #include "harness/device_harness.hpp"
+#include "sm90_test_support.hpp"
 #include "sm_occupier.hpp"
 
 namespace dash {
 namespace {
 
+using gpu_testing::Instance;
+using gpu_testing::kWatchdogSeconds;
+using gpu_testing::skip_reason;
+using gpu_testing::wait_or_die;
 using harness::DeviceBuffer;
 using harness::Problem;
 
-constexpr double kWatchdogSeconds = 60.0;
 constexpr int kRuns = 20;
 // The occupier's CTAs leave on their own after this, whatever happens to the test.
 constexpr double kHoldSeconds = 120.0;
@@ -40,27 +44,13 @@ constexpr double kHeldRunSeconds = 30.0;
 // How long a backward planned without a margin is given before the SMs are released.
 constexpr double kStallSeconds = 5.0;
 
-struct Instance {
-  int head_dim;
-  DType dtype;
-};
-
 struct ShapeCase {
   int64_t batch, seqlen, heads_q, heads_kv;
   bool causal;
 };
 
 AttentionShape make_shape(const ShapeCase& c, const Instance& inst) {
-  AttentionShape s;
-  s.batch = c.batch;
-  s.seqlen_q = s.seqlen_k = c.seqlen;
-  s.heads_q = c.heads_q;
-  s.heads_kv = c.heads_kv;
-  s.head_dim = inst.head_dim;
-  s.dtype = inst.dtype;
-  s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(inst.head_dim));
-  s.causal = c.causal;
-  return s;
+  return gpu_testing::make_attention_shape(c.batch, c.seqlen, c.seqlen, c.heads_q, c.heads_kv, c.causal, inst);
 }
 
 std::string shape_name(const ShapeCase& c) {
@@ -74,13 +64,6 @@ std::string shape_name(const ShapeCase& c) {
 const ShapeCase kShapes[] = {{2, 768, 4, 4, false}, {2, 768, 4, 4, true}, {1, 1000, 8, 2, true}};
 const Instance kInstances[] = {{64, DType::kBF16}, {128, DType::kFP16}};
 
-std::string skip_reason(const Instance& inst) {
-  if (!kernels_available()) return "built without kernels (DASH_BUILD_KERNELS=OFF)";
-  if (Status s = check_current_device(); !s.ok()) return "no Hopper GPU: " + s.message();
-  if (kernel_available(inst.head_dim, inst.dtype)) return {};
-  return "head dim " + std::to_string(inst.head_dim) + " / " + dtype_name(inst.dtype) + " not compiled in this build";
-}
-
 int device_sms() {
   DeviceInfo device;
   const Status s = current_device_info(&device);
@@ -89,14 +72,6 @@ int device_sms() {
 }
 
 bool is_static(Schedule schedule) { return schedule == Schedule::kShift || schedule == Schedule::kSymmetricShift; }
-
-void wait_or_die(cudaStream_t stream, const std::string& what) {
-  if (!harness::synchronize_with_watchdog(stream, kWatchdogSeconds)) {
-    std::fprintf(stderr, "HANG: %s did not finish within %.0f s; aborting the test binary\n", what.c_str(),
-                 kWatchdogSeconds);
-    std::_Exit(3);
-  }
-}
 
 std::vector<uint16_t> gradient_bits(const Problem& p) {
   std::vector<uint16_t> bits(p.q_elements() + 2 * p.kv_elements());

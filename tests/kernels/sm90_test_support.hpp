@@ -1,0 +1,57 @@
+// What the GPU tests in the test_sm90 binary share: the kernel instance a test runs, the shape it builds from
+// a case, why it must skip (no kernels, no Hopper GPU, instance not compiled), and the watchdog that turns a
+// hang into an exit with a message instead of a stuck CI job. Header-only: each test file keeps its own cases.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "harness/device_harness.hpp"
+
+namespace dash::gpu_testing {
+
+inline constexpr double kWatchdogSeconds = 60.0;
+
+struct Instance {
+  int head_dim;
+  DType dtype;
+};
+
+inline AttentionShape make_attention_shape(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
+                                           int64_t heads_kv, bool causal, const Instance& inst) {
+  AttentionShape s;
+  s.batch = batch;
+  s.seqlen_q = seqlen_q;
+  s.seqlen_k = seqlen_k;
+  s.heads_q = heads_q;
+  s.heads_kv = heads_kv;
+  s.head_dim = inst.head_dim;
+  s.dtype = inst.dtype;
+  s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(inst.head_dim));
+  s.causal = causal;
+  return s;
+}
+
+// Empty when this build has the instance and the current device is a Hopper GPU; otherwise why not.
+inline std::string skip_reason(const Instance& inst) {
+  if (!kernels_available()) return "built without kernels (DASH_BUILD_KERNELS=OFF)";
+  if (Status s = check_current_device(); !s.ok()) return "no Hopper GPU: " + s.message();
+  if (kernel_available(inst.head_dim, inst.dtype)) return {};
+  return "head dim " + std::to_string(inst.head_dim) + " / " + dtype_name(inst.dtype) + " not compiled in this build";
+}
+
+// Waits for `stream`; a wait past the watchdog ends the binary (exit 3), since a hung kernel cannot be recovered.
+inline void wait_or_die(cudaStream_t stream, const std::string& what) {
+  if (!harness::synchronize_with_watchdog(stream, kWatchdogSeconds)) {
+    std::fprintf(stderr, "HANG: %s did not finish within %.0f s; aborting the test binary\n", what.c_str(),
+                 kWatchdogSeconds);
+    std::_Exit(3);
+  }
+}
+
+}  // namespace dash::gpu_testing
