@@ -480,13 +480,20 @@ def test_a_tiny_model_trains_through_the_stand_in(kernel):
     assert any(g.abs().sum() > 0 for g in grads)
 
 
+def cache_keyword(model, cache) -> dict:
+    """The cache as the keyword this transformers takes: `past_key_values` until 5.2x renamed it `cache`. A
+    wrong name would be swallowed by **kwargs and run without the cache, so ask the signature."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
+
+
 def test_decoding_with_a_dynamic_cache_sees_every_cached_key(kernel):
     model = tiny_model(tiny_config())
     ids = token_ids()
     full = model(ids).logits[:, -1]
     cache = DynamicCache(config=model.config)
-    model(ids[:, :-1], cache=cache, use_cache=True)
-    last = model(ids[:, -1:], cache=cache, use_cache=True).logits[:, -1]
+    model(ids[:, :-1], **cache_keyword(model, cache), use_cache=True)
+    last = model(ids[:, -1:], **cache_keyword(model, cache), use_cache=True).logits[:, -1]
     decode = kernel[-1]
     assert decode.q.shape[1] == 1 and decode.k.shape[1] == SEQLEN and decode.arguments["causal"] is True
     assert relative_error(last, full) < 1e-2
@@ -530,7 +537,8 @@ def test_a_packed_batch_is_refused(kernel, use_cache, message):
 def test_a_static_cache_is_refused(kernel):
     model = tiny_model(tiny_config())
     with pytest.raises(NotImplementedError, match=r"static cache"):
-        model(token_ids(), cache=StaticCache(config=model.config, max_cache_len=4 * SEQLEN), use_cache=True)
+        static = StaticCache(config=model.config, max_cache_len=4 * SEQLEN)
+        model(token_ids(), **cache_keyword(model, static), use_cache=True)
     assert not kernel
 
 
