@@ -1,7 +1,8 @@
 // Forward consumer warpgroups: each owns 64 query rows of the 128-row tile and, per key/value tile,
 // computes S = Q K^T (SS wgmma), the online softmax in registers and O += P V (RS wgmma, P converted
-// from the S accumulator), the O GEMM of tile j - 1 running under the softmax of tile j; then hands O,
-// the running max and sum to the epilogue:
+// from the S accumulator), the O GEMM of tile j - 1 running under the softmax of tile j, and the two
+// warpgroups taking turns to issue their GEMMs (MmaTurns), so that one's softmax runs under the other's
+// GEMMs; then hands O, the running max and sum to the epilogue:
 //   m' = max(m, rowmax(S));  P = exp2((S - m') * c);  l' = l * exp2((m - m') * c) + rowsum(P)
 //   O = O * exp2((m - m') * c) + P V,   with c = scale * log2(e) and m in raw score units.
 #pragma once
@@ -43,6 +44,8 @@ struct ForwardMainloop {
     constexpr int kRows = decltype(size<0>(tScS))::value;
 
     const MaskShape mask = p.tiles.mask;
+    const MmaTurns turns(warp_group);
+    turns.start();
     int kv_loads = 0;  // key/value tiles visited so far: positions in the K and V rings
     for (int tiles = 0;; ++tiles) {
       const ForwardTileRecord tile = smem.tiles.take(tiles);
@@ -69,7 +72,9 @@ struct ForwardMainloop {
       if (tile.kv_tiles > 0) {
         {
           const int k_stage = smem.k_stages.consumer_wait(kv_loads, "k_full");
+          turns.wait();
           warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_stage), tSrS);
+          turns.pass();
           warpgroup_wait<0>();
           smem.k_stages.consumer_release(kv_loads);
           softmax_tile(first_masked <= 0, scores, tScS, row_max, row_sum, correction, mask, q_row0, 0, p.scale_log2);
@@ -77,9 +82,11 @@ struct ForwardMainloop {
         }
         for (int j = 1; j < tile.kv_tiles; ++j) {
           const int k_stage = smem.k_stages.consumer_wait(kv_loads + j, "k_full");
+          turns.wait();
           warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_stage), tSrS);
           const int v_stage = smem.v_stages.consumer_wait(kv_loads + j - 1, "v_full");
           warpgroup_gemm<false>(mma_o, tOrP, tOrVt(_, _, _, v_stage), tOrO);
+          turns.pass();
           warpgroup_wait<1>();  // S_j is done; O += P_{j-1} V_{j-1} may still run
           smem.k_stages.consumer_release(kv_loads + j);
           softmax_tile(j >= first_masked, scores, tScS, row_max, row_sum, correction, mask, q_row0, j * kBlockN,

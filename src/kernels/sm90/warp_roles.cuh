@@ -30,11 +30,40 @@ enum NamedBarrierId : int {
   kDsReadyBarrier = 1,      // backward: dS of a step is complete in shared memory (both MMA warpgroups)
   kDsFreeBarrier = 2,       // backward: no MMA warpgroup reads the dS buffer, which stages dK and dV
   kStagingBarrierBase = 3,  // kStagingBarrierBase + w: MMA warpgroup w's rows of a staging tile (gemm.cuh)
-  kNamedBarrierIdEnd = kStagingBarrierBase + WarpRoles::kMmaWarpGroups,
+  kMmaTurnBarrierBase = kStagingBarrierBase + WarpRoles::kMmaWarpGroups,  // + w: warpgroup w's GEMM turn (MmaTurns)
+  kNamedBarrierIdEnd = kMmaTurnBarrierBase + WarpRoles::kMmaWarpGroups,
 };
 static_assert(kNamedBarrierIdEnd + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <=
                   cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
               "more named barriers than the SM has");
+
+// Ping-pong of the MMA warpgroups (FlashAttention-3's "warp scheduler barrier"): a warpgroup issues the
+// GEMMs of a step only on its turn and passes the turn to the next warpgroup right after issuing them, so
+// the warpgroups' GEMMs reach the tensor cores one after the other and one warpgroup's elementwise work
+// (the softmax) runs under the other's GEMMs instead of all of them idling the tensor cores at once.
+// Warpgroup w's turn is named barrier kMmaTurnBarrierBase + w, completed by its own 128 threads waiting
+// and the previous warpgroup's 128 passing; warpgroup 0 passes itself the first turn in start().
+// Invariant: every MMA warpgroup calls start() once, then wait() and pass() in pairs, equally often (the
+// forward's warpgroups walk the same tiles and key/value tiles). The one turn left passed at the end is
+// never waited for, which a barrier at kernel exit allows.
+class MmaTurns {
+ public:
+  __device__ explicit MmaTurns(int warp_group)
+      : own_(kMmaTurnBarrierBase + warp_group),
+        next_(kMmaTurnBarrierBase + (warp_group + 1) % WarpRoles::kMmaWarpGroups),
+        first_(warp_group == 0) {}
+  __device__ void start() const {
+    if (first_) cutlass::arch::NamedBarrier::arrive(kThreads, own_);
+  }
+  __device__ void wait() const { cutlass::arch::NamedBarrier::sync(kThreads, own_); }
+  __device__ void pass() const { cutlass::arch::NamedBarrier::arrive(kThreads, next_); }
+
+ private:
+  static constexpr int kThreads = 2 * WarpRoles::kWarpGroupThreads;  // the waiting and the passing warpgroup
+  int own_;
+  int next_;
+  bool first_;
+};
 
 // Moves registers from the producer warpgroup to the MMA warpgroups, then runs `produce()` in the
 // producer and `consume(thread)` in the MMA warpgroups, thread numbered from 0 across them.
