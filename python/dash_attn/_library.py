@@ -13,7 +13,7 @@ refuses a margin outside [0, SM count).
 
 The launch functions, which run at every attention call, pass their structs as themselves: where argtypes say
 POINTER(T), ctypes passes a T instance by reference and checks its type, as it does a byref() of one, in about
-half the time.
+half the time, and _call hands every call its thread's one message buffer instead of a new one.
 
 A dash_backward_plan handle is owned by exactly one BackwardPlan object, which frees it once: when the
 object is collected, at interpreter exit, or at close(), whichever comes first; a closed plan refuses to
@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
 import weakref
 from pathlib import Path
 
@@ -212,10 +213,23 @@ def library_path() -> Path:
     return Path(load()._name)
 
 
+# Each thread's buffer for the library's status messages, made once rather than at every launch: the library
+# writes a call's message into it and _call reads it before that thread can call again.
+_messages = threading.local()
+
+
+def _message_buffer() -> ctypes.Array:
+    try:
+        return _messages.buffer
+    except AttributeError:
+        _messages.buffer = ctypes.create_string_buffer(_MESSAGE_BYTES)
+        return _messages.buffer
+
+
 def _call(what: str, function_name: str, *args: object) -> None:
     """Calls a status-returning function; a non-zero status becomes LibraryError with the library's message."""
     lib = load()
-    buffer = ctypes.create_string_buffer(_MESSAGE_BYTES)
+    buffer = _message_buffer()
     code = getattr(lib, function_name)(*args, buffer, _MESSAGE_BYTES)
     if code != STATUS_OK:
         raise LibraryError(what, lib.dash_status_name(code).decode(), buffer.value.decode(errors="replace"))
