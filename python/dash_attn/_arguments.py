@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from . import _ops  # noqa: F401  (registers torch.ops.dash_attn.*)
+from . import _ops
 from ._library import HEAD_DIMS, SCHEDULES
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -297,5 +297,5 @@ def attend(
     margin = check_sm_margin(sm_margin)
     _check_determinism_switch(resolved, (q, k, v), entry)
     check_devices((q, k, v), layout)
-    out, lse = torch.ops.dash_attn.forward(*(layout.to_bshd(t) for t in (q, k, v)), scale, causal, resolved, margin)
+    out, lse = _ops.attention(*(layout.to_bshd(t) for t in (q, k, v)), scale, causal, resolved, margin)
     return layout.from_bshd(out), lse
