@@ -1,16 +1,20 @@
 """Host time of dash_attn.flash_attn_func's Python path, forward and backward, measured on a CPU-only machine.
 
-This is NOT a GPU measurement. It runs the package's real Python path (argument checks, torch.library custom-op
-dispatch, autograd, the backward plan cache, ctypes marshalling, tensor allocation) on CPU tensors, with every C
-call answered at once by a stand-in library (_stub_library.c, compiled here with `cc` and loaded through
-$DASH_ATTN_LIBRARY, so the package's loader and ctypes signatures are the real ones). What it cannot see: the C++
-side of each call, the CUDA caching allocator (CPU allocations stand in for it), and torch.cuda's device guard
-and current-stream query, which a GPU run pays and this one replaces with no-ops. overhead.py measures the whole
-host path on the GPU.
+This is NOT a GPU measurement. It runs the package's real Python path (argument checks, the eager
+torch.autograd.Function or the torch.library custom ops with their dispatch, autograd, the backward plan cache,
+ctypes marshalling, tensor allocation) on CPU tensors, with every C call answered at once by a stand-in library
+(_stub_library.c, compiled here with `cc` and loaded through $DASH_ATTN_LIBRARY, so the package's loader and
+ctypes signatures are the real ones). What it cannot see: the C++ side of each call, the CUDA caching allocator
+(CPU allocations stand in for it), and torch's current-device and current-stream queries, which a GPU run pays
+and this one answers from Python stand-ins. overhead.py measures the whole host path on the GPU.
+
+flash_attn_func in eager mode runs the ops' bodies under _ops._EagerAttention (no custom-op dispatch); the row
+"through the custom ops" times the path torch.compile records, called eagerly, for comparison.
 
 Seams, all in this process and none in the package: check_devices accepts CPU tensors where it demands CUDA
 ones (the comparisons are the same); the custom ops get their own implementations registered for the CPU key;
-torch.cuda.device and torch.cuda.current_stream become no-ops.
+torch._C's current-device query answers -1 (a CPU tensor's device index, so no device switch) and its raw
+current-stream query the null stream.
 
 Shape (1, 128, 1, 64), causal, bf16, as overhead.py. Each row is the median, over --repeats runs, of the mean
 microseconds per call of --iters calls after warm-up (time.perf_counter_ns). Rows marked "=" are differences of
@@ -48,26 +52,6 @@ def build_stub_library(directory: Path) -> Path:
     return library
 
 
-class _NoDeviceGuard:
-    """torch.cuda.device's stand-in: a context manager that switches nothing."""
-
-    def __init__(self, device: object) -> None:
-        pass
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-class _NullStream:
-    cuda_stream = 0
-
-
-_NULL_STREAM = _NullStream()
-
-
 def install_cpu_seams() -> None:
     """Makes flash_attn_func runnable on CPU tensors for measurement (see the module docstring)."""
     from dash_attn import _arguments, _ops
@@ -84,8 +68,9 @@ def install_cpu_seams() -> None:
     _arguments.check_devices = check_devices_on_cpu
     for op in (_ops.forward, _ops.backward):
         op.register_kernel("cpu", op._init_fn)
-    torch.cuda.device = _NoDeviceGuard
-    torch.cuda.current_stream = lambda device=None: _NULL_STREAM
+    # A CPU tensor's device index is -1: the ops find it current and switch nothing; every stream is the null one.
+    torch._C._cuda_getDevice = lambda: -1
+    torch._C._cuda_getCurrentRawStream = lambda index: 0
 
 
 def microseconds_per_call(call: Callable[[], object], iters: int, repeats: int) -> float:
@@ -175,6 +160,9 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
     def step():
         torch.autograd.grad(flash_forward(), (q, k, v), dout)
 
+    def op_step():
+        torch.autograd.grad(torch.ops.dash_attn.forward(q, k, v, scale, True, schedule, 0)[0], (q, k, v), dout)
+
     def flash_forward_no_grad():
         with torch.no_grad():
             flash_forward()
@@ -188,7 +176,7 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
 
     def forward_body():
         with torch.no_grad():
-            _ops.forward._init_fn(q, k, v, scale, True, schedule, 0)
+            _ops._forward_body(q, k, v, scale, True, 0)
 
     with torch.no_grad():
         out, lse = op_forward()
@@ -198,7 +186,7 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
         torch.ops.dash_attn.backward(dout, qd, kd, vd, out, lse, scale, True, schedule, 0)
 
     def backward_body():
-        _ops.backward._init_fn(dout, qd, kd, vd, out, lse, scale, True, schedule, 0)
+        _ops._backward_body(dout, qd, kd, vd, out, lse, scale, True, schedule, 0)
 
     shape, fields = _ops._shared_c_shape(qd, kd, scale, True)
     plan = _plans.backward_plan_of_fields(0, fields, schedule, 0)
@@ -236,15 +224,19 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
     def time_of(call):
         return microseconds_per_call(call, iters, repeats)
 
+    step_label = "forward + backward step (flash_attn_func, autograd.grad)"
+    forward_label = "forward, grad mode (flash_attn_func)"
+    no_grad_label = "forward, no grad (flash_attn_func)"
     rows = {
-        "forward + backward step (flash_attn_func, autograd.grad)": time_of(step),
-        "forward, grad mode (flash_attn_func)": time_of(flash_forward),
-        "forward, no grad (flash_attn_func)": time_of(flash_forward_no_grad),
+        step_label: time_of(step),
+        "forward + backward step through the custom ops (torch.compile's path)": time_of(op_step),
+        forward_label: time_of(flash_forward),
+        no_grad_label: time_of(flash_forward_no_grad),
         "forward op, grad mode (torch.ops.dash_attn.forward)": time_of(op_forward),
         "forward op, no grad": time_of(op_forward_no_grad),
-        "forward op body, no grad (no dispatch)": time_of(forward_body),
+        "forward body, no grad (_ops._forward_body)": time_of(forward_body),
         "backward op (torch.ops.dash_attn.backward)": time_of(op_backward),
-        "backward op body (no dispatch)": time_of(backward_body),
+        "backward body (_ops._backward_body)": time_of(backward_body),
         "plan-cache lookup (_plans.backward_plan_of_fields)": time_of(plan_lookup),
         "ctypes forward call, structs built": time_of(ctypes_forward),
         "ctypes backward call (BackwardPlan.backward), structs built": time_of(ctypes_backward),
@@ -254,23 +246,20 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
         "allocation of a backward (dq, dk, dv, workspace)": time_of(allocation_backward),
     }
     rows.update((label, time_of(step)) for label, step in torch_floor_steps().items())
+    backward = rows[step_label] - rows[forward_label]
     derived = {
-        "= argument checks (front): forward no grad - forward op no grad": rows["forward, no grad (flash_attn_func)"]
-        - rows["forward op, no grad"],
-        "= custom-op dispatch of the forward: op - body, no grad": rows["forward op, no grad"]
-        - rows["forward op body, no grad (no dispatch)"],
-        "= autograd on the forward: op grad mode - op no grad": rows["forward op, grad mode (torch.ops.dash_attn.forward)"]
-        - rows["forward op, no grad"],
-        "= backward (autograd.grad): step - forward grad mode": rows[
-            "forward + backward step (flash_attn_func, autograd.grad)"
-        ]
-        - rows["forward, grad mode (flash_attn_func)"],
+        "= argument checks (front): forward no grad - forward body": rows[no_grad_label]
+        - rows["forward body, no grad (_ops._forward_body)"],
+        "= autograd.Function on the forward: forward grad mode - forward no grad": rows[forward_label]
+        - rows[no_grad_label],
+        "= backward (autograd.grad): step - forward grad mode": backward,
+        "= autograd engine and formula: backward - backward body": backward
+        - rows["backward body (_ops._backward_body)"],
+        "= custom-op dispatch of the forward: op no grad - body": rows["forward op, no grad"]
+        - rows["forward body, no grad (_ops._forward_body)"],
         "= custom-op dispatch of the backward: op - body": rows["backward op (torch.ops.dash_attn.backward)"]
-        - rows["backward op body (no dispatch)"],
+        - rows["backward body (_ops._backward_body)"],
     }
-    derived["= autograd engine and formula: backward - backward op"] = (
-        derived["= backward (autograd.grad): step - forward grad mode"] - rows["backward op (torch.ops.dash_attn.backward)"]
-    )
     return list(rows.items()) + list(derived.items())
 
 
