@@ -1,5 +1,6 @@
 """What every public entry point (fa2.py, fa3.py, sdpa.py) shares: the argument checks, the refusal of options
-DASH does not implement, torch's determinism switch, and the one call into torch.ops.dash_attn.forward.
+DASH does not implement, torch's determinism switch, and the one call into _ops.attention (the custom op
+torch.ops.dash_attn.forward where torch traces, its body under an autograd.Function in plain eager mode).
 
 Invariants:
 - Every check runs in Python before any CUDA call, so a bad call fails with a message that names the argument
@@ -288,8 +289,8 @@ def attend(
 ) -> tuple[Tensor, Tensor]:
     """out (in `layout`) and the fp32 LSE (batch, heads_q, seqlen_q) of tensors and flags that passed
     check_tensors and check_flags: resolves the scale and schedule, checks sm_margin, applies the determinism
-    switch, checks the device, calls the op. `entry` is the public name the caller used, for the determinism
-    switch's message, and `scale_name` the name of its softmax scale argument. The forward and, through autograd,
+    switch, checks the device, calls the op (_ops.attention). `entry` is the public name the caller used, for the
+    determinism switch's message, and `scale_name` the name of its softmax scale argument. The forward and, through autograd,
     the backward leave `sm_margin` SMs to other work; the backward's plan is keyed by it."""
     q, k, v = (_contiguous_last_dim(t) for t in tensors)
     scale = resolve_scale(softmax_scale, q.shape[-1], scale_name)
