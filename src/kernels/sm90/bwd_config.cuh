@@ -45,14 +45,10 @@ struct BackwardConfig : WarpRoles {
   static constexpr int kBlockM = backward_tile_shape(kHeadDim).block_q;
   static constexpr int kBlockN = backward_tile_shape(kHeadDim).block_kv;
   static constexpr int kStages = 2;         // query/dO pipeline depth
-  // dQ partial buffers per MMA warpgroup: with two, a warpgroup hands over step k's partial while the dQ
-  // writer still waits for its turn to add step k - 1's, so an ordering wait stalls the MMAs only when it
-  // outlasts a whole step.
-  static constexpr int kdQStages = 2;
-  static constexpr int kStepRing = 8;       // step records in flight; must exceed kStages + kdQStages (bwd_loader.cuh)
+  static constexpr int kStepRing = 8;       // step records in flight; must exceed kStages + 1 (bwd_loader.cuh)
   static constexpr int kJobSlots = 2;
   static_assert(kBlockN == 64 * kMmaWarpGroups, "each MMA warpgroup owns 64 key/value rows");
-  static_assert(kStepRing > kStages + kdQStages, "the step ring must outlive the dQ writer's lag");
+  static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
@@ -76,7 +72,6 @@ struct BackwardConfig : WarpRoles {
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, dQAtomShape, GMMA::Major::MN, GMMA::Major::MN>(), dQWarpGroups{}));
   static constexpr int kdQPartialFloats = kBlockM * kHeadDim / kMmaWarpGroups;  // one warpgroup's dQ partial
-  static constexpr int kdQStageFloats = kBlockM * kHeadDim;                       // all warpgroups' partials of a step
 
   // Shared memory. Q, dO, K, V are K-major (head_dim contiguous) as TMA writes them; the MN-major B
   // operands are transposed views of the same bytes.
@@ -96,14 +91,14 @@ struct BackwardConfig : WarpRoles {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> dout;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutdS>> ds;
-    alignas(128) array_aligned<float, kdQStages * kBlockM * kHeadDim> dq;  // per stage, per warpgroup, fragment order
+    alignas(128) array_aligned<float, kBlockM * kHeadDim> dq;  // dQ partials, per warpgroup, fragment order
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dpsum[kStages][kBlockM];
     StepRecord steps[kStepRing];
     RecordRing<JobRecord, kJobSlots> jobs;  // loader -> MMA warpgroups and dQ writer
     PipelineRing<kStages> q_stages;             // loader -> MMA warpgroups: Q, dO, LSE, dpsum (per step)
     PipelineRing<1> kv_stages;                  // loader -> MMA warpgroups: K, V (per job)
-    PipelineRing<kdQStages> dq_stages[kMmaWarpGroups];  // MMA warpgroup -> dQ writer: its dQ partial (per step)
+    PipelineRing<1> dq_stages[kMmaWarpGroups];  // MMA warpgroup -> dQ writer: its dQ partial (per step)
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");

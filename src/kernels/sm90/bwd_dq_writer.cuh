@@ -1,6 +1,6 @@
 // Backward producer, warp 1: sums each step's dQ partial into the fp32 dQ accumulator in global
 // memory, in the order the schedule fixes. It is the only role that ever waits on another CTA, so
-// the MMA warpgroups stall on an ordering wait only when both dQ buffers are still occupied.
+// the MMA warpgroups stall on an ordering wait only when the single dQ buffer is still occupied.
 //
 // Per step: wait until both MMA warpgroups' partials are in shared memory; wait until the dQ tile's
 // semaphore equals this contribution's rank; bulk reduce-add both partials (rank 0, the first of the
@@ -29,8 +29,7 @@ struct BackwardDqWriter {
       const int num_steps = smem.jobs.take(jobs).num_steps;
       if (num_steps == kEndOfWork) break;
       for (int s = 0; s < num_steps; ++s, ++steps) {
-        int stage = 0;
-        for (auto& partial : smem.dq_stages) stage = partial.consumer_wait(steps, "dq_full");  // one stage for all
+        for (auto& partial : smem.dq_stages) partial.consumer_wait(steps, "dq_full");
         // Read only now: the record is published before the step's data, which dq_full comes after.
         const StepRecord step = smem.steps[steps % Config::kStepRing];
         if (leader) {
@@ -39,7 +38,7 @@ struct BackwardDqWriter {
           if (step.rank != kUnordered) wait_semaphore(semaphore, step.rank);
           for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
             float* dst = tile + wg * Config::kdQPartialFloats;
-            const float* src = smem.dq.data() + stage * Config::kdQStageFloats + wg * Config::kdQPartialFloats;
+            const float* src = smem.dq.data() + wg * Config::kdQPartialFloats;
             if (step.rank == 0) {
               bulk_store(dst, src, kPartialBytes);
             } else {

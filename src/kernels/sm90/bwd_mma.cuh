@@ -173,15 +173,14 @@ struct BackwardMma {
     }
   }
 
-  // Writes this warpgroup's dQ partial to its shared-memory buffer of the step's stage in fragment order (each thread's
+  // Writes this warpgroup's dQ partial to its shared-memory buffer in fragment order (each thread's
   // values as consecutive float4s), which the postprocess kernel undoes with the same tiled MMA.
   template <class Fragment>
   __device__ static void hand_over_dq(SharedStorage& smem, const Fragment& dq, int warp_group, int thread, int steps) {
-    auto& partial = smem.dq_stages[warp_group];
-    const int stage = partial.producer_acquire(steps, "dq_empty");
+    PipelineRing<1>& partial = smem.dq_stages[warp_group];
+    partial.producer_acquire(steps, "dq_empty");
     constexpr int kVectors = decltype(size(dq))::value / 4;
-    float4* dst = reinterpret_cast<float4*>(smem.dq.data() + stage * Config::kdQStageFloats +
-                                            warp_group * Config::kdQPartialFloats);
+    float4* dst = reinterpret_cast<float4*>(smem.dq.data() + warp_group * Config::kdQPartialFloats);
     const int lane = thread % Config::kWarpGroupThreads;
     CUTE_UNROLL
     for (int i = 0; i < kVectors; ++i) {
