@@ -128,7 +128,18 @@ Status current_device(const DeviceInfo** info) {
 Status usable_current_device(const DeviceInfo** info) {
   if (Status s = current_device(info); !s.ok()) return s;
   const DeviceInfo& device = **info;
-  return check_device_properties(device.index, device.name.c_str(), device.compute_major, device.compute_minor);
+  if (Status s = check_device_properties(device.index, device.name.c_str(), device.compute_major, device.compute_minor);
+      !s.ok()) {
+    return s;
+  }
+  // Binds the device's primary context to this thread. A thread that has made no runtime call that needs
+  // a context (torch's autograd device threads run a backward so) has none current, and the driver call
+  // that encodes the TMA descriptors then fails (CUDA_ERROR_INVALID_CONTEXT) where a launch would have
+  // bound it. cudaSetDevice of the current device costs well under a microsecond.
+  if (const cudaError_t error = cudaSetDevice(device.index); error != cudaSuccess) {
+    return {StatusCode::kCudaError, take_cuda_error("cudaSetDevice(" + std::to_string(device.index) + ")", error)};
+  }
+  return Status::success();
 }
 
 Status check_current_device() {
