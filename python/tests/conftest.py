@@ -5,7 +5,10 @@ real defects. Test modules that need torch skip themselves with pytest.importors
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +61,23 @@ def require_kernel(device, library) -> Callable[[int, object], None]:
             pytest.skip(f"this build has no kernel for head_dim {head_dim} / {dtype} (see DASH_HEAD_DIMS, DASH_DTYPES)")
 
     return check
+
+
+def _run_in_fresh_interpreter(program: str, env: Mapping[str, str] | None = None,
+                              timeout: float | None = None) -> subprocess.CompletedProcess:
+    import dash_attn
+
+    environment = dict(os.environ if env is None else env)
+    package_parent = str(Path(dash_attn.__file__).resolve().parents[1])
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, (package_parent, environment.get("PYTHONPATH"))))
+    return subprocess.run([sys.executable, "-c", program], env=environment, capture_output=True, text=True,
+                          check=False, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def fresh_interpreter() -> Callable[..., subprocess.CompletedProcess]:
+    """run(program, env=None, timeout=None): `python -c program` in a new interpreter that imports the dash_attn
+    this session tests (installed or from the source tree), for what only a fresh process shows: import-time
+    behaviour, the first call of a process, exit-time cleanup. `env` replaces the inherited environment
+    (PYTHONPATH is set on top)."""
+    return _run_in_fresh_interpreter

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -256,7 +253,7 @@ def test_without_the_env_the_installed_copy_is_used(fresh_load, monkeypatch) -> 
         fresh_load._find_library()
 
 
-def test_the_binding_imports_without_torch() -> None:
+def test_the_binding_imports_without_torch(fresh_interpreter) -> None:
     # A fresh interpreter in which `import torch` fails, as on a machine without it.
     program = (
         "import sys; sys.modules['torch'] = None\n"
@@ -267,10 +264,7 @@ def test_the_binding_imports_without_torch() -> None:
         "except ImportError as error:\n"
         "    print(error)\n"
     )
-    # The copy of the package this session tests, installed or from the source tree.
-    package_parent = str(Path(dash_attn.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_parent, os.environ.get("PYTHONPATH"))))}
-    result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, check=False)
+    result = fresh_interpreter(program)
     assert result.returncode == 0, result.stderr
     assert "dash_attn.flash_attn_func needs PyTorch (torch>=2.4), which is not installed" in result.stdout
 

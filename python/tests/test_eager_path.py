@@ -18,11 +18,7 @@ kernels. The GPU section skips, saying why, without a Hopper GPU, the library or
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -30,7 +26,6 @@ torch = pytest.importorskip("torch", reason="dash_attn needs PyTorch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-import dash_attn  # noqa: E402
 from dash_attn import _arguments, _ops, flash_attn_func  # noqa: E402
 
 BATCH, SEQLEN, HEADS, KV_HEADS, HEAD_DIM = 2, 16, 4, 2, 64
@@ -436,7 +431,7 @@ def test_a_call_on_a_device_that_is_not_current_gives_its_bits(device, require_k
         assert torch.equal(a, b), f"{name} differs with another device current"
 
 
-def test_the_first_backward_of_a_process_runs_on_the_autograd_thread(device, require_kernel) -> None:
+def test_the_first_backward_of_a_process_runs_on_the_autograd_thread(device, require_kernel, fresh_interpreter) -> None:
     """In a fresh interpreter, the first backward runs on torch's autograd device thread, where no CUDA context
     is current until something binds it. The library binds it (cudaSetDevice) before encoding TMA descriptors;
     without that, the driver refused the encoding (CUDA_ERROR_INVALID_CONTEXT) and the kernel ran on a garbage
@@ -451,8 +446,5 @@ def test_the_first_backward_of_a_process_runs_on_the_autograd_thread(device, req
         "assert all(torch.isfinite(t.grad.float()).all() and t.grad.abs().sum() > 0 for t in (q, k, v))\n"
         "print('ok')\n"
     )
-    package_parent = str(Path(dash_attn.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_parent, os.environ.get("PYTHONPATH"))))}
-    result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, check=False,
-                            timeout=300)
+    result = fresh_interpreter(program, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]

@@ -13,10 +13,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -375,7 +372,7 @@ def test_eviction_frees_the_dropped_plans_handle(library, h200, freed) -> None:
     assert len(freed) == 2
 
 
-def test_handles_still_held_are_freed_at_exit(library) -> None:
+def test_handles_still_held_are_freed_at_exit(library, fresh_interpreter) -> None:
     program = (
         "import dash_attn._library as library\n"
         "lib = library.load()\n"
@@ -390,10 +387,7 @@ def test_handles_still_held_are_freed_at_exit(library) -> None:
         "plan_handle = plan._handle\n"
         "print('exiting', flush=True)\n"
     )
-    package_parent = str(Path(_plans.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_parent, os.environ.get("PYTHONPATH"))))}
-    env[library.LIBRARY_ENV] = str(library.library_path())
-    result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, check=False)
+    result = fresh_interpreter(program, env={**os.environ, library.LIBRARY_ENV: str(library.library_path())})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:2] == ["exiting", "freed True"]
 
