@@ -1,6 +1,11 @@
+// Common layer (dash_common): the names of the public types of dash/types.hpp (dtype_name, schedule_name and
+// parse_schedule) and packed_strides. Each switch names every enumerator and has no default (-Werror=switch);
+// the return after it answers only a value cast from outside the enum.
+#include <optional>
 #include <string>
+#include <string_view>
 
-#include "dash/attention.hpp"
+#include "dash/types.hpp"
 
 namespace dash {
 

@@ -1,3 +1,7 @@
+// Common layer (dash_common): Status and the names of its codes (dash/status.hpp). The switch names every code
+// and has no default (-Werror=switch); the return after it answers only a value cast from outside the enum.
+#include <string>
+
 #include "dash/status.hpp"
 
 namespace dash {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dash/attention.hpp"
+#include "dash/types.hpp"
 #include "schedule/plan.hpp"
 #include "schedule/tile_config.hpp"
 

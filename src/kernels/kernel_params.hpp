@@ -1,13 +1,19 @@
 // The seam between the API layer (host C++, g++) and the sm90 kernels (nvcc): plain parameter structs,
-// the backward workspace layout, and the table of compiled kernel instances. No CuTe here.
+// the backward workspace layout, and the table of compiled kernel instances. No CuTe here, and of the public
+// headers only dash/types.hpp (the argument structs): the kernels never see the API's entry points.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
-#include "dash/attention.hpp"
+#include "dash/types.hpp"
 #include "schedule/plan.hpp"
+
+// The CUDA runtime's stream handle, declared as cuda_runtime_api.h declares it (the launchers take one), so
+// this header needs no CUDA header on the g++ side.
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
 
 namespace dash::kernels {
 

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "dash/attention.hpp"
+#include "dash/types.hpp"
 #include "schedule/mask.hpp"
 #include "schedule/plan.hpp"
 

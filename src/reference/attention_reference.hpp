@@ -8,7 +8,7 @@
 // shape has none yet.
 #pragma once
 
-#include "dash/attention.hpp"
+#include "dash/types.hpp"
 #include "schedule/mask.hpp"
 
 namespace dash::reference {

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "dash/attention.hpp"
+#include "dash/types.hpp"
 #include "schedule/host_device.hpp"
 #include "schedule/tiled_problem.hpp"
 

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "dash/attention.hpp"
+#include "dash/types.hpp"
 
 namespace dash::sm90 {
 

@@ -1,0 +1,111 @@
+// Public types: the plain data every DASH layer shares (element types, strides, shapes, schedules and the
+// arguments of forward() and backward()), and the functions that name them (defined in dash_common).
+//
+// Types only: no entry point and no CUDA type, so the schedule, planner, reference, emulator and kernel layers
+// include this header rather than dash/attention.hpp, which adds the entry points on top of it. Tensors are
+// (batch, seqlen, heads, head_dim) = (B, S, H, D) with element strides; attention.hpp states the conventions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "dash/status.hpp"
+
+namespace dash {
+
+enum class DType : int { kBF16 = 0, kFP16 = 1 };
+const char* dtype_name(DType dtype);
+
+// Element strides of a (B, S, H, D) tensor.
+struct Strides {
+  int64_t batch = 0;
+  int64_t seq = 0;
+  int64_t head = 0;
+  int64_t dim = 1;
+};
+
+// Strides of a densely packed (B, S, H, D) tensor.
+Strides packed_strides(int64_t seqlen, int64_t heads, int64_t head_dim);
+
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t heads_q = 0;
+  int64_t heads_kv = 0;
+  int64_t head_dim = 0;
+  DType dtype = DType::kBF16;
+  float softmax_scale = 0.0f;  // multiplies Q K^T; usually 1/sqrt(head_dim)
+  bool causal = false;
+};
+
+// The order in which the backward pass sums the partial dQ tiles of different key/value tiles
+// (see docs/DESIGN.md). Every schedule but kNondeterministic gives bitwise-identical gradients from
+// run to run; kAuto picks the best schedule whose preconditions hold for the shape.
+// Switches over Schedule name every value and have no default (-Werror=switch), so a value added here fails
+// the build wherever it is not handled.
+enum class Schedule : int {
+  kAuto = 0,
+  kAscending,        // Q tiles ascending, dQ summed in ascending KV-tile order (FA3's deterministic baseline)
+  kDescending,       // Q tiles descending, ascending KV order
+  kShortestFirst,    // shortest KV tiles dispatched first, dQ summed in descending KV order (FA3's causal)
+  kShift,            // DASH shift scheduling (full mask)
+  kSymmetricShift,   // DASH symmetric shift scheduling (causal mask)
+  kNondeterministic, // unordered atomic reduction: fastest order, bits vary from run to run
+};
+
+inline constexpr Schedule kAllSchedules[] = {
+    Schedule::kAuto,  Schedule::kAscending,      Schedule::kDescending,       Schedule::kShortestFirst,
+    Schedule::kShift, Schedule::kSymmetricShift, Schedule::kNondeterministic,
+};
+
+// Canonical names: "auto", "ascending", "descending", "shortest-first", "shift", "symmetric-shift",
+// "nondeterministic".
+std::string_view schedule_name(Schedule schedule);
+std::optional<Schedule> parse_schedule(std::string_view name);
+// As parse_schedule, with an error that lists the valid names.
+Status parse_schedule(std::string_view name, Schedule* schedule);
+
+struct ForwardArgs {
+  AttentionShape shape;
+  const void* q = nullptr;  // (B, Sq, Hq, D)
+  Strides q_strides;
+  const void* k = nullptr;  // (B, Sk, Hkv, D)
+  Strides k_strides;
+  const void* v = nullptr;  // (B, Sk, Hkv, D)
+  Strides v_strides;
+  void* out = nullptr;      // (B, Sq, Hq, D)
+  Strides out_strides;
+  float* lse = nullptr;     // (B, Hq, Sq) packed, natural-log logsumexp of each scaled score row
+  // SMs the persistent grid leaves to other work: at most SM count - sm_margin CTAs run. Needs
+  // 0 <= sm_margin < the device's SM count. It does not change the result.
+  int sm_margin = 0;
+};
+
+struct BackwardArgs {
+  AttentionShape shape;
+  const void* q = nullptr;
+  Strides q_strides;
+  const void* k = nullptr;
+  Strides k_strides;
+  const void* v = nullptr;
+  Strides v_strides;
+  const void* out = nullptr;   // forward output O
+  Strides out_strides;
+  const void* dout = nullptr;  // dL/dO, same shape as O
+  Strides dout_strides;
+  const float* lse = nullptr;  // forward LSE, (B, Hq, Sq) packed
+  void* dq = nullptr;          // outputs, same shapes as q, k, v
+  Strides dq_strides;
+  void* dk = nullptr;
+  Strides dk_strides;
+  void* dv = nullptr;
+  Strides dv_strides;
+  Schedule schedule = Schedule::kAuto;
+  // SMs the backward leaves to other work: the schedule is planned for SM count - sm_margin persistent CTAs
+  // (see plan_backward()). Needs 0 <= sm_margin < the device's SM count.
+  int sm_margin = 0;
+};
+
+}  // namespace dash
