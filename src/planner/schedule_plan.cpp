@@ -1,6 +1,9 @@
+// Planner layer: the tiled problem of a shape (tile sizes, GQA group splits, the canonical sliding window), each
+// schedule's plan with the precondition that fails, and the schedule that `auto` stands for (measurements below).
 #include "planner/schedule_plan.hpp"
 
 #include <algorithm>
+#include <string>
 
 #include "schedule/schedule.hpp"
 
@@ -111,21 +114,42 @@ std::string check_symmetric_shift(const SchedulePlan& plan) {
 
 }  // namespace
 
+// Both switches below name every Schedule and have no default (-Werror=switch): a new schedule must state its
+// dispatch, its jobs per unit and its preconditions here rather than silently plan as a dynamic one.
 PlanResult make_schedule_plan(const TiledProblem& problem, Schedule schedule, int num_sms) {
   PlanResult result;
   SchedulePlan& plan = result.plan;
   plan.kind = schedule;
   plan.problem = problem;
-  const bool symmetric = schedule == Schedule::kSymmetricShift;
-  const bool shift = schedule == Schedule::kShift;
-  plan.dispatch = (symmetric || shift) ? Dispatch::kStatic : Dispatch::kDynamic;
-  plan.jobs_per_unit = symmetric ? 2 : 1;
-  const int units_per_head = symmetric ? SymmetricShiftSchedule::units_per_head(problem) : problem.num_kv_tiles();
+  plan.dispatch = Dispatch::kDynamic;
+  plan.jobs_per_unit = 1;
+  int units_per_head = problem.num_kv_tiles();
+  switch (schedule) {
+    case Schedule::kAscending:
+    case Schedule::kDescending:
+    case Schedule::kShortestFirst:
+    case Schedule::kNondeterministic:
+    case Schedule::kAuto: break;  // one job per unit from a global counter (kAuto is refused below)
+    case Schedule::kShift: plan.dispatch = Dispatch::kStatic; break;
+    case Schedule::kSymmetricShift:
+      plan.dispatch = Dispatch::kStatic;
+      plan.jobs_per_unit = 2;  // a long and a short key/value tile
+      units_per_head = SymmetricShiftSchedule::units_per_head(problem);
+      break;
+  }
   plan.num_units = problem.num_heads() * units_per_head;
   plan.num_ctas = std::max(1, std::min(plan.num_units, num_sms));
-  if (schedule == Schedule::kAuto) result.rejected = "auto is not a schedule; resolve it with choose_schedule()";
-  if (shift) result.rejected = check_shift(problem, plan.num_ctas);
-  if (symmetric) result.rejected = check_symmetric_shift(plan);
+  switch (schedule) {
+    case Schedule::kAscending:
+    case Schedule::kDescending:
+    case Schedule::kShortestFirst:
+    case Schedule::kNondeterministic: return result;  // dynamic dispatch holds for any problem
+    case Schedule::kShift: result.rejected = check_shift(problem, plan.num_ctas); return result;
+    case Schedule::kSymmetricShift: result.rejected = check_symmetric_shift(plan); return result;
+    case Schedule::kAuto: result.rejected = "auto is not a schedule; resolve it with choose_schedule()"; return result;
+  }
+  // A value cast from outside the enum (the API refuses it before planning; a plan of it would get no jobs).
+  result.rejected = "Schedule(" + std::to_string(static_cast<int>(schedule)) + ") is not a schedule";
   return result;
 }
 

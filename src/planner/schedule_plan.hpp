@@ -35,7 +35,8 @@ struct PlanResult {
   bool ok() const { return rejected.empty(); }
 };
 
-// The plan of `schedule` (not kAuto) for `problem` on `num_sms` persistent CTAs.
+// The plan of `schedule` for `problem` on `num_sms` persistent CTAs. kAuto, or a value outside the enum, is
+// rejected (resolve kAuto with plan_schedule() or choose_schedule()).
 PlanResult make_schedule_plan(const TiledProblem& problem, Schedule schedule, int num_sms);
 
 // What Schedule::kAuto runs: the schedule measured fastest for the problem's class (mask, query

@@ -1,7 +1,7 @@
 // The validator must be able to fail: hand-corrupted expansions of valid schedules (a duplicated or
 // out-of-range rank, a dropped or repeated visit, a dynamic wait on a later unit, a static wait cycle) and
-// a plan of no schedule are each reported with a message that names the problem. Also checks compare's
-// per-schedule report.
+// a plan of no schedule are each reported with a message that names the problem, and make_schedule_plan refuses
+// to plan one. Also checks compare's per-schedule report.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -10,6 +10,7 @@
 #include "planner/compare.hpp"
 #include "planner/dag.hpp"
 #include "planner/expanded_schedule.hpp"
+#include "planner/schedule_plan.hpp"
 #include "planner/validator.hpp"
 #include "schedule_test_support.hpp"
 
@@ -55,6 +56,26 @@ TEST(Validator, PlanOfNoScheduleHasNoJobsAndFailsCoverage) {
     EXPECT_FALSE(report.ok());
     EXPECT_TRUE(mentions(report.summary(), "coverage: job (head 0, kv tile 0) is never scheduled"));
   }
+}
+
+// make_schedule_plan names every schedule (no default): the static ones are the shift schedules, symmetric shift
+// alone holds two jobs per unit, and kAuto or a value outside the enum is refused rather than planned as some
+// dynamic schedule.
+TEST(Validator, MakeSchedulePlanStatesEachSchedulesDispatchAndRefusesNoSchedule) {
+  const TiledProblem problem = abstract_problem(2, 6, 6, true);
+  for (Schedule schedule : kAllSchedules) {
+    if (schedule == Schedule::kAuto) continue;
+    // Shift needs the full mask; every other schedule plans the causal problem.
+    const bool full = schedule == Schedule::kShift;
+    const PlanResult planned = make_schedule_plan(full ? abstract_problem(2, 6, 6, false) : problem, schedule, 4);
+    EXPECT_TRUE(planned.ok()) << schedule_name(schedule) << ": " << planned.rejected;
+    const bool shift = schedule == Schedule::kShift || schedule == Schedule::kSymmetricShift;
+    EXPECT_EQ(planned.plan.dispatch, shift ? Dispatch::kStatic : Dispatch::kDynamic) << schedule_name(schedule);
+    EXPECT_EQ(planned.plan.jobs_per_unit, schedule == Schedule::kSymmetricShift ? 2 : 1) << schedule_name(schedule);
+  }
+  EXPECT_TRUE(mentions(make_schedule_plan(problem, Schedule::kAuto, 4).rejected, "auto is not a schedule"));
+  EXPECT_TRUE(mentions(make_schedule_plan(problem, static_cast<Schedule>(42), 4).rejected,
+                       "Schedule(42) is not a schedule"));
 }
 
 TEST(Validator, DuplicatedRank) {
