@@ -1,0 +1,35 @@
+"""dash_attn.parallel: deterministic context-parallel attention over a torch.distributed process group (NCCL on
+GPUs, gloo on the CPU), forward and backward, in two modes:
+
+- ring: K/V shards travel the ring of ranks, each transfer overlapped with the previous step's compute; zigzag
+  load balancing under the causal mask; partial outputs merged through the LSE in step order; dK/dV partials
+  travel the ring and are summed in ring order.
+- ulysses: all-to-all exchanges trade sequence for heads, the local kernel runs on the whole sequence with
+  heads / P heads, and an all-to-all trades back; GQA by splitting or repeating key/value heads.
+
+The local kernel is injectable (LocalAttention): DASH's deterministic kernels by default (DashLocalAttention),
+the pure-torch TorchLocalAttention as a reference. All sums are in fp32 (fp64 for fp64 inputs) in orders fixed by
+the program, never by arrival times, and the collectives only move data, so the results are bitwise reproducible
+for the same world size, mode, layout and schedule; docs/CONTEXT_PARALLEL.md says what else must match and why
+other world sizes give other bits.
+
+Usage, on each rank:
+    q_local = shard_sequence(q, rank, world_size)  # zigzag layout, likewise k, v
+    out_local = context_parallel_attn_func(q_local, k_local, v_local, causal=True, mode="ring", sm_margin=8)
+"""
+
+from ._api import MODES, context_parallel_attn_func
+from ._layout import LAYOUTS, gather_sequence, shard_sequence
+from ._local import DashLocalAttention, LocalAttention, TorchLocalAttention, accumulator_dtype
+
+__all__ = [
+    "LAYOUTS",
+    "MODES",
+    "DashLocalAttention",
+    "LocalAttention",
+    "TorchLocalAttention",
+    "accumulator_dtype",
+    "context_parallel_attn_func",
+    "gather_sequence",
+    "shard_sequence",
+]

@@ -1,0 +1,164 @@
+"""The local attention kernel that context parallelism runs on each rank's blocks, behind one interface
+(LocalAttention) with two implementations: DashLocalAttention (DASH's kernels, the default) and
+TorchLocalAttention (pure torch on any device and dtype, the reference the CPU tests inject).
+
+Contract of a LocalAttention, which the ring and all-to-all modes rely on:
+- forward(q, k, v, causal, softmax_scale) -> (out, lse) on (batch, seqlen, heads, head_dim) tensors. k and v
+  may have fewer heads (GQA: query head h uses key/value head h // (heads_q // heads_kv)). causal=True is the
+  bottom-right aligned mask: query row i sees key j iff j <= i + seqlen_k - seqlen_q. out has q's dtype; lse
+  is (batch, heads_q, seqlen_q), natural-log, in accumulator_dtype(q.dtype).
+- backward(dout, q, k, v, out, lse, causal, softmax_scale) -> (dq, dk, dv): the contribution of this block of
+  keys to the gradients, where out and lse are the FINAL ones of these query rows (over all keys, merged from
+  every block), not this block's. With P = exp(scale * q k^T - lse) masked, dS = P * (dout v^T - rowsum(dout *
+  out)): dq = scale * dS k, dk = scale * dS^T q, dv = P^T dout (dk and dv summed over each GQA group). The
+  blocks' contributions then sum to the gradients of the whole attention. This is the identity FlashAttention's
+  backward kernel evaluates from the out and LSE it is handed, so a kernel that takes both implements it.
+- Both are called outside autograd and must be pure functions of their arguments: same inputs, same bits. The
+  attribute `deterministic` says whether the implementation promises that (the nondeterministic DASH schedule
+  does not); dash_attn.parallel applies torch's determinism switch to it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from .. import _ops
+from .._arguments import NONDETERMINISTIC, check_sm_margin, resolve_schedule
+from ..fa2 import flash_attn_func
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of LSEs and of every partial sum context parallelism keeps: fp32, or fp64 for fp64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+class LocalAttention(Protocol):
+    """The per-rank attention kernel (see the module docstring for the exact contract)."""
+
+    deterministic: bool
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float) -> tuple[Tensor, Tensor]: ...
+
+    def backward(
+        self,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        causal: bool,
+        softmax_scale: float,
+    ) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+class DashLocalAttention:
+    """DASH's kernels as the local kernel: the forward of dash_attn.flash_attn_func (return_lse=True) and the
+    backward kernel run on the caller's out and LSE (_ops._backward_body, what the backward op runs).
+
+    schedule, deterministic and sm_margin mean what they mean in flash_attn_func. sm_margin leaves SMs to the
+    NCCL kernels that move K/V (ring) while a block computes; for the "shift" and "symmetric-shift" schedules the
+    bits depend on it, so reproducing a run needs the same margin."""
+
+    def __init__(self, schedule: str = "auto", deterministic: bool = True, sm_margin: int = 0) -> None:
+        self.schedule = resolve_schedule(schedule, deterministic)
+        self.deterministic = self.schedule != NONDETERMINISTIC
+        self.sm_margin = check_sm_margin(sm_margin)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float) -> tuple[Tensor, Tensor]:
+        return flash_attn_func(
+            q,
+            k,
+            v,
+            softmax_scale=softmax_scale,
+            causal=causal,
+            deterministic=self.deterministic,
+            schedule=self.schedule,
+            sm_margin=self.sm_margin,
+            return_lse=True,
+        )
+
+    def backward(
+        self,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        causal: bool,
+        softmax_scale: float,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        # The kernel reads out and lse only through D = rowsum(dout * out) and P = exp(S - lse), so handing it the
+        # merged ones gives this block's share of the gradients (module docstring).
+        return _ops._backward_body(dout, q, k, v, out, lse, softmax_scale, causal, self.schedule, self.sm_margin)
+
+
+class TorchLocalAttention:
+    """Attention in plain torch ops, materializing the scores: the reference local kernel. It computes in
+    accumulator_dtype(q.dtype) and works on any device and dtype, so the context-parallel logic can be tested on
+    the CPU with gloo. On one device with fixed thread counts its results are bitwise reproducible."""
+
+    deterministic = True
+
+    @staticmethod
+    def _probabilities_inputs(
+        q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """q, k and v in the accumulator dtype with k and v repeated to q's heads, and the masked, scaled scores
+        (batch, heads_q, seqlen_q, seqlen_k)."""
+        dtype = accumulator_dtype(q.dtype)
+        group = q.shape[2] // k.shape[2]
+        qf = q.to(dtype)
+        kf = k.to(dtype).repeat_interleave(group, dim=2)
+        vf = v.to(dtype).repeat_interleave(group, dim=2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * softmax_scale
+        if causal:
+            seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+            rows = torch.arange(seqlen_q, device=q.device)[:, None]
+            cols = torch.arange(seqlen_k, device=q.device)[None, :]
+            scores = scores.masked_fill(cols > rows + (seqlen_k - seqlen_q), float("-inf"))
+        return qf, kf, vf, scores
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float) -> tuple[Tensor, Tensor]:
+        _, _, vf, scores = self._probabilities_inputs(q, k, v, causal, softmax_scale)
+        lse = torch.logsumexp(scores, dim=-1)
+        out = torch.einsum("bhqk,bkhd->bqhd", torch.exp(scores - lse[..., None]), vf)
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    def _sum_groups(per_query_head: Tensor, heads_kv: int) -> Tensor:
+        """(batch, seqlen, heads_q, head_dim) gradients of repeated key/value heads summed over each GQA group."""
+        batch, seqlen, heads_q, head_dim = per_query_head.shape
+        return per_query_head.view(batch, seqlen, heads_kv, heads_q // heads_kv, head_dim).sum(dim=3)
+
+    def backward(
+        self,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        causal: bool,
+        softmax_scale: float,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        qf, kf, vf, scores = self._probabilities_inputs(q, k, v, causal, softmax_scale)
+        dtype = qf.dtype
+        dout_f = dout.to(dtype)
+        probabilities = torch.exp(scores - lse.to(dtype)[..., None])
+        row_dot = (dout_f * out.to(dtype)).sum(dim=-1).transpose(1, 2)  # (batch, heads_q, seqlen_q)
+        dprobabilities = torch.einsum("bqhd,bkhd->bhqk", dout_f, vf)
+        dscores = probabilities * (dprobabilities - row_dot[..., None])
+        dq = torch.einsum("bhqk,bkhd->bqhd", dscores, kf) * softmax_scale
+        dk = torch.einsum("bhqk,bqhd->bkhd", dscores, qf) * softmax_scale
+        dv = torch.einsum("bhqk,bqhd->bkhd", probabilities, dout_f)
+        heads_kv = k.shape[2]
+        return (
+            dq.to(q.dtype),
+            self._sum_groups(dk, heads_kv).to(k.dtype),
+            self._sum_groups(dv, heads_kv).to(v.dtype),
+        )
