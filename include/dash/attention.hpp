@@ -10,8 +10,8 @@
 // work itself is enqueued on `stream` and runs asynchronously. No CuTe or CUDA types appear here
 // except cudaStream_t.
 //
-// The types the entry points take (AttentionShape, Strides, Schedule, ForwardArgs, BackwardArgs, ...) are in
-// dash/types.hpp, which this header includes; the layers below the API include that header alone.
+// The types the entry points take (AttentionShape, Strides, TensorRef, Schedule, ForwardArgs, BackwardArgs, ...)
+// are in dash/types.hpp, which this header includes; the layers below the API include that header alone.
 //
 // The backward can be planned once and launched many times: plan_backward() validates the shape, plans
 // the schedule for the device and proves it; backward(args, plan, ...) then only checks that the call fits

@@ -1,5 +1,6 @@
-// Public types: the plain data every DASH layer shares (element types, strides, shapes, schedules and the
-// arguments of forward() and backward()), and the functions that name them (defined in dash_common).
+// Public types: the plain data every DASH layer shares (element types, strides, tensor references, shapes,
+// schedules and the arguments of forward() and backward()), and the functions that name them (defined in
+// dash_common).
 //
 // Types only: no entry point and no CUDA type, so the schedule, planner, reference, emulator and kernel layers
 // include this header rather than dash/attention.hpp, which adds the entry points on top of it. Tensors are
@@ -67,17 +68,29 @@ std::optional<Schedule> parse_schedule(std::string_view name);
 // As parse_schedule, with an error that lists the valid names.
 Status parse_schedule(std::string_view name, Schedule* schedule);
 
+// One (B, S, H, D) tensor argument: device memory and its element strides. Inputs are TensorRefs, which the
+// library only reads; outputs are MutableTensorRefs, which it writes, and which convert to a TensorRef. Two types
+// rather than one with a mutable pointer, so that a caller's const input needs no const_cast and an output
+// cannot be given a read-only pointer.
+struct TensorRef {
+  const void* data = nullptr;
+  Strides strides;
+};
+
+struct MutableTensorRef {
+  void* data = nullptr;
+  Strides strides;
+
+  operator TensorRef() const { return {data, strides}; }
+};
+
 struct ForwardArgs {
   AttentionShape shape;
-  const void* q = nullptr;  // (B, Sq, Hq, D)
-  Strides q_strides;
-  const void* k = nullptr;  // (B, Sk, Hkv, D)
-  Strides k_strides;
-  const void* v = nullptr;  // (B, Sk, Hkv, D)
-  Strides v_strides;
-  void* out = nullptr;      // (B, Sq, Hq, D)
-  Strides out_strides;
-  float* lse = nullptr;     // (B, Hq, Sq) packed, natural-log logsumexp of each scaled score row
+  TensorRef q;           // (B, Sq, Hq, D)
+  TensorRef k;           // (B, Sk, Hkv, D)
+  TensorRef v;           // (B, Sk, Hkv, D)
+  MutableTensorRef out;  // (B, Sq, Hq, D)
+  float* lse = nullptr;  // (B, Hq, Sq) packed, natural-log logsumexp of each scaled score row
   // SMs the persistent grid leaves to other work: at most SM count - sm_margin CTAs run. Needs
   // 0 <= sm_margin < the device's SM count. It does not change the result.
   int sm_margin = 0;
@@ -85,23 +98,15 @@ struct ForwardArgs {
 
 struct BackwardArgs {
   AttentionShape shape;
-  const void* q = nullptr;
-  Strides q_strides;
-  const void* k = nullptr;
-  Strides k_strides;
-  const void* v = nullptr;
-  Strides v_strides;
-  const void* out = nullptr;   // forward output O
-  Strides out_strides;
-  const void* dout = nullptr;  // dL/dO, same shape as O
-  Strides dout_strides;
+  TensorRef q;
+  TensorRef k;
+  TensorRef v;
+  TensorRef out;               // forward output O
+  TensorRef dout;              // dL/dO, same shape as O
   const float* lse = nullptr;  // forward LSE, (B, Hq, Sq) packed
-  void* dq = nullptr;          // outputs, same shapes as q, k, v
-  Strides dq_strides;
-  void* dk = nullptr;
-  Strides dk_strides;
-  void* dv = nullptr;
-  Strides dv_strides;
+  MutableTensorRef dq;         // outputs, same shapes as q, k, v
+  MutableTensorRef dk;
+  MutableTensorRef dv;
   Schedule schedule = Schedule::kAuto;
   // SMs the backward leaves to other work: the schedule is planned for SM count - sm_margin persistent CTAs
   // (see plan_backward()). Needs 0 <= sm_margin < the device's SM count.

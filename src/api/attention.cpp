@@ -73,8 +73,15 @@ Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, c
                 std::to_string(device->index) + " with " + std::to_string(device->multiprocessor_count) +
                 " SMs (make the plan on the device that runs it)"};
   }
-  if (Status s = check_pointers({{args.q, "q"}, {args.k, "k"}, {args.v, "v"}, {args.out, "out"}, {args.dout, "dout"},
-                                 {args.lse, "lse"}, {args.dq, "dq"}, {args.dk, "dk"}, {args.dv, "dv"}});
+  if (Status s = check_pointers({{args.q.data, "q"},
+                                 {args.k.data, "k"},
+                                 {args.v.data, "v"},
+                                 {args.out.data, "out"},
+                                 {args.dout.data, "dout"},
+                                 {args.lse, "lse"},
+                                 {args.dq.data, "dq"},
+                                 {args.dk.data, "dk"},
+                                 {args.dv.data, "dv"}});
       !s.ok()) {
     return s;
   }
@@ -120,7 +127,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
   const DeviceInfo* device = nullptr;
   if (Status s = usable_current_device(&device); !s.ok()) return s;
   if (Status s = check_sm_margin(args.sm_margin, *device); !s.ok()) return s;
-  if (Status s = check_pointers({{args.q, "q"}, {args.k, "k"}, {args.v, "v"}, {args.out, "out"}, {args.lse, "lse"}});
+  if (Status s = check_pointers(
+          {{args.q.data, "q"}, {args.k.data, "k"}, {args.v.data, "v"}, {args.out.data, "out"}, {args.lse, "lse"}});
       !s.ok()) {
     return s;
   }

@@ -79,12 +79,10 @@ Status make_span(const char* name, bool output, const void* data, int64_t last_b
   return Status::success();
 }
 
-// One (B, S, H, D) tensor argument.
+// One (B, S, H, D) tensor argument: its TensorRef, what the shape says of it, and whether the call writes it.
 struct TensorArg {
-  const char* name;          // "q"
-  const char* strides_name;  // "q_strides"
-  const void* data;
-  Strides strides;
+  const char* name;  // "q": messages name the field (q.data is "q", its strides "q.strides.seq")
+  TensorRef tensor;
   int64_t seqlen;
   int64_t heads;
   bool output;
@@ -98,24 +96,25 @@ struct Dimension {
 
 // Checks the strides of `t` and, when they are valid, computes the bytes it spans.
 Status check_layout(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpan* span) {
-  if (t.strides.dim != 1) {
-    return invalid(cat(t.strides_name, ".dim must be 1 (the last dimension must be contiguous), got ", t.strides.dim));
+  const Strides& strides = t.tensor.strides;
+  if (strides.dim != 1) {
+    return invalid(cat(t.name, ".strides.dim must be 1 (the last dimension must be contiguous), got ", strides.dim));
   }
   const std::array<Dimension, 4> dims = {{
-      {"batch", t.strides.batch, batch},
-      {"seq", t.strides.seq, t.seqlen},
-      {"head", t.strides.head, t.heads},
-      {"dim", t.strides.dim, head_dim},
+      {"batch", strides.batch, batch},
+      {"seq", strides.seq, t.seqlen},
+      {"head", strides.head, t.heads},
+      {"dim", strides.dim, head_dim},
   }};
   for (const Dimension& d : std::span(dims).first<3>()) {  // batch, seq, head: dim is 1 by now
-    if (d.stride < 0) return invalid(cat(t.strides_name, ".", d.name, " must be >= 0, got ", d.stride));
+    if (d.stride < 0) return invalid(cat(t.name, ".strides.", d.name, " must be >= 0, got ", d.stride));
     if (d.stride % kStrideMultipleElements != 0) {
-      return invalid(cat(t.strides_name, ".", d.name, " must be a multiple of ", kStrideMultipleElements, " elements (",
+      return invalid(cat(t.name, ".strides.", d.name, " must be a multiple of ", kStrideMultipleElements, " elements (",
                          kTmaAlignmentBytes, " bytes, a TMA requirement), got ", d.stride));
     }
     // Applies to dimensions of one index too: the TMA descriptor encodes every stride.
     if (d.stride >= kStrideLimitElements) {
-      return invalid(cat(t.strides_name, ".", d.name, " must be < ", kStrideLimitElements, " elements (2^40 bytes, ",
+      return invalid(cat(t.name, ".strides.", d.name, " must be < ", kStrideLimitElements, " elements (2^40 bytes, ",
                          "the largest stride a TMA descriptor can encode), got ", d.stride));
     }
   }
@@ -134,20 +133,20 @@ Status check_layout(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpa
   const Dimension* inner = nullptr;
   for (const Dimension& d : varying) {
     if (inner == nullptr && d.stride < 1) {
-      return invalid(cat(t.strides_name, ": the (B, S, H, D) layout of ", t.name, " overlaps itself: the ", d.name,
+      return invalid(cat(t.name, ".strides: the (B, S, H, D) layout of ", t.name, " overlaps itself: the ", d.name,
                          " stride is ", d.stride, " but that dimension has ", d.extent, " indices"));
     }
     if (inner != nullptr) {
       const int64_t inner_span = inner->stride * inner->extent;
       if (d.stride < inner_span) {
-        return invalid(cat(t.strides_name, ": the (B, S, H, D) layout of ", t.name, " overlaps itself: the ", d.name,
+        return invalid(cat(t.name, ".strides: the (B, S, H, D) layout of ", t.name, " overlaps itself: the ", d.name,
                            " stride ", d.stride, " is less than the ", inner->name, " stride ", inner->stride,
                            " times its extent ", inner->extent));
       }
     }
     inner = &d;
   }
-  return make_span(t.name, t.output, t.data, last_byte, span);
+  return make_span(t.name, t.output, t.tensor.data, last_byte, span);
 }
 
 // Checks pointers and layouts of all tensors of a call, then that no output shares a byte with another tensor.
@@ -155,7 +154,7 @@ Status check_tensors(const AttentionShape& shape, std::span<const TensorArg> ten
                      bool lse_output) {
   std::vector<ByteSpan> spans;
   for (const TensorArg& t : tensors) {
-    if (Status s = check_pointer(t.name, t.data, kTmaAlignmentBytes, "TMA needs it"); !s.ok()) return s;
+    if (Status s = check_pointer(t.name, t.tensor.data, kTmaAlignmentBytes, "TMA needs it"); !s.ok()) return s;
     ByteSpan span{};
     if (Status s = check_layout(t, shape.batch, shape.head_dim, &span); !s.ok()) return s;
     spans.push_back(span);
@@ -259,10 +258,10 @@ Status validate(const ForwardArgs& args) {
   const AttentionShape& shape = args.shape;
   if (Status s = validate(shape); !s.ok()) return s;
   const TensorArg tensors[] = {
-      {"q", "q_strides", args.q, args.q_strides, shape.seqlen_q, shape.heads_q, false},
-      {"k", "k_strides", args.k, args.k_strides, shape.seqlen_k, shape.heads_kv, false},
-      {"v", "v_strides", args.v, args.v_strides, shape.seqlen_k, shape.heads_kv, false},
-      {"out", "out_strides", args.out, args.out_strides, shape.seqlen_q, shape.heads_q, true},
+      {"q", args.q, shape.seqlen_q, shape.heads_q, false},
+      {"k", args.k, shape.seqlen_k, shape.heads_kv, false},
+      {"v", args.v, shape.seqlen_k, shape.heads_kv, false},
+      {"out", args.out, shape.seqlen_q, shape.heads_q, true},
   };
   if (Status s = check_tensors(shape, tensors, args.lse, true); !s.ok()) return s;
   return check_sm_margin(args.sm_margin);
@@ -273,14 +272,14 @@ Status validate(const BackwardArgs& args) {
   if (Status s = validate(shape); !s.ok()) return s;
   if (Status s = check_schedule(args.schedule); !s.ok()) return s;
   const TensorArg tensors[] = {
-      {"q", "q_strides", args.q, args.q_strides, shape.seqlen_q, shape.heads_q, false},
-      {"k", "k_strides", args.k, args.k_strides, shape.seqlen_k, shape.heads_kv, false},
-      {"v", "v_strides", args.v, args.v_strides, shape.seqlen_k, shape.heads_kv, false},
-      {"out", "out_strides", args.out, args.out_strides, shape.seqlen_q, shape.heads_q, false},
-      {"dout", "dout_strides", args.dout, args.dout_strides, shape.seqlen_q, shape.heads_q, false},
-      {"dq", "dq_strides", args.dq, args.dq_strides, shape.seqlen_q, shape.heads_q, true},
-      {"dk", "dk_strides", args.dk, args.dk_strides, shape.seqlen_k, shape.heads_kv, true},
-      {"dv", "dv_strides", args.dv, args.dv_strides, shape.seqlen_k, shape.heads_kv, true},
+      {"q", args.q, shape.seqlen_q, shape.heads_q, false},
+      {"k", args.k, shape.seqlen_k, shape.heads_kv, false},
+      {"v", args.v, shape.seqlen_k, shape.heads_kv, false},
+      {"out", args.out, shape.seqlen_q, shape.heads_q, false},
+      {"dout", args.dout, shape.seqlen_q, shape.heads_q, false},
+      {"dq", args.dq, shape.seqlen_q, shape.heads_q, true},
+      {"dk", args.dk, shape.seqlen_k, shape.heads_kv, true},
+      {"dv", args.dv, shape.seqlen_k, shape.heads_kv, true},
   };
   if (Status s = check_tensors(shape, tensors, args.lse, false); !s.ok()) return s;
   return check_sm_margin(args.sm_margin);

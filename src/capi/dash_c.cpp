@@ -81,7 +81,11 @@ dash::AttentionShape to_shape(const dash_shape& s) {
   return shape;
 }
 
-dash::Strides to_strides(const dash_tensor& t) { return {t.strides[0], t.strides[1], t.strides[2], t.strides[3]}; }
+// One C tensor as the API's tensor reference. dash_tensor has one mutable data pointer for inputs and outputs
+// alike (C has no const overloads to tell them apart); the MutableTensorRef converts to the TensorRef of an input.
+dash::MutableTensorRef to_tensor(const dash_tensor& t) {
+  return {t.data, {t.strides[0], t.strides[1], t.strides[2], t.strides[3]}};
+}
 
 // The struct pointers themselves must be present; null data pointers inside them are left to validate().
 dash::Status check_present(std::initializer_list<std::pair<const void*, const char*>> arguments) {
@@ -137,23 +141,15 @@ struct BackwardTensors {
 dash::BackwardArgs to_backward_args(const dash_shape& shape, const BackwardTensors& t) {
   dash::BackwardArgs args;
   args.shape = to_shape(shape);
-  args.q = t.q->data;
-  args.q_strides = to_strides(*t.q);
-  args.k = t.k->data;
-  args.k_strides = to_strides(*t.k);
-  args.v = t.v->data;
-  args.v_strides = to_strides(*t.v);
-  args.out = t.out->data;
-  args.out_strides = to_strides(*t.out);
-  args.dout = t.dout->data;
-  args.dout_strides = to_strides(*t.dout);
+  args.q = to_tensor(*t.q);
+  args.k = to_tensor(*t.k);
+  args.v = to_tensor(*t.v);
+  args.out = to_tensor(*t.out);
+  args.dout = to_tensor(*t.dout);
   args.lse = t.lse;
-  args.dq = t.dq->data;
-  args.dq_strides = to_strides(*t.dq);
-  args.dk = t.dk->data;
-  args.dk_strides = to_strides(*t.dk);
-  args.dv = t.dv->data;
-  args.dv_strides = to_strides(*t.dv);
+  args.dq = to_tensor(*t.dq);
+  args.dk = to_tensor(*t.dk);
+  args.dv = to_tensor(*t.dv);
   return args;
 }
 
@@ -245,14 +241,10 @@ int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tenso
     }
     dash::ForwardArgs args;
     args.shape = to_shape(*shape);
-    args.q = q->data;
-    args.q_strides = to_strides(*q);
-    args.k = k->data;
-    args.k_strides = to_strides(*k);
-    args.v = v->data;
-    args.v_strides = to_strides(*v);
-    args.out = out->data;
-    args.out_strides = to_strides(*out);
+    args.q = to_tensor(*q);
+    args.k = to_tensor(*k);
+    args.v = to_tensor(*v);
+    args.out = to_tensor(*out);
     args.lse = lse;
     args.sm_margin = sm_margin;
     return dash::forward(args, workspace, workspace_bytes, to_stream(stream));

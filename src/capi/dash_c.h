@@ -1,5 +1,6 @@
 /* C ABI of DASH, for callers that cannot link C++ (the Python package loads libdash_attn_c.so with ctypes).
- * Plain structs and ints mirror include/dash/attention.hpp one to one, plus dash_device and the version
+ * Plain structs and ints mirror include/dash/types.hpp and attention.hpp one to one (dash_tensor is TensorRef for
+ * an input, MutableTensorRef for an output), plus dash_device and the version
  * queries that diagnostics (python -m dash_attn.info) print; every function that can fail returns a
  * dash_status_code and copies the Status message into the caller's buffer, so no C++ type or exception
  * crosses the boundary. The one allocation a caller owns is the opaque dash_backward_plan handle, made by

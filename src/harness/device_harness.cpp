@@ -173,12 +173,10 @@ Strides key_strides(const AttentionShape& s) { return packed_strides(s.seqlen_k,
 ForwardArgs forward_args(Problem& p) {
   ForwardArgs a;
   a.shape = p.shape;
-  a.q = p.d_q.get();
-  a.k = p.d_k.get();
-  a.v = p.d_v.get();
-  a.out = p.d_out.get();
-  a.q_strides = a.out_strides = query_strides(p.shape);
-  a.k_strides = a.v_strides = key_strides(p.shape);
+  a.q = {p.d_q.get(), query_strides(p.shape)};
+  a.k = {p.d_k.get(), key_strides(p.shape)};
+  a.v = {p.d_v.get(), key_strides(p.shape)};
+  a.out = {p.d_out.get(), query_strides(p.shape)};
   a.lse = static_cast<float*>(p.d_lse.get());
   return a;
 }
@@ -186,16 +184,14 @@ ForwardArgs forward_args(Problem& p) {
 BackwardArgs backward_args(Problem& p, Schedule schedule) {
   BackwardArgs a;
   a.shape = p.shape;
-  a.q = p.d_q.get();
-  a.k = p.d_k.get();
-  a.v = p.d_v.get();
-  a.out = p.d_ref_out.get();
-  a.dout = p.d_dout.get();
-  a.dq = p.d_dq.get();
-  a.dk = p.d_dk.get();
-  a.dv = p.d_dv.get();
-  a.q_strides = a.out_strides = a.dout_strides = a.dq_strides = query_strides(p.shape);
-  a.k_strides = a.v_strides = a.dk_strides = a.dv_strides = key_strides(p.shape);
+  a.q = {p.d_q.get(), query_strides(p.shape)};
+  a.k = {p.d_k.get(), key_strides(p.shape)};
+  a.v = {p.d_v.get(), key_strides(p.shape)};
+  a.out = {p.d_ref_out.get(), query_strides(p.shape)};
+  a.dout = {p.d_dout.get(), query_strides(p.shape)};
+  a.dq = {p.d_dq.get(), query_strides(p.shape)};
+  a.dk = {p.d_dk.get(), key_strides(p.shape)};
+  a.dv = {p.d_dv.get(), key_strides(p.shape)};
   a.lse = static_cast<const float*>(p.d_ref_lse.get());
   a.schedule = schedule;
   return a;

@@ -320,17 +320,17 @@ BackwardArgs matching_args(const BackwardPlan& plan) {
   BackwardArgs a;
   a.shape = s;
   a.schedule = plan.requested_schedule();
-  a.q_strides = a.out_strides = a.dout_strides = a.dq_strides = packed_strides(s.seqlen_q, s.heads_q, s.head_dim);
-  a.k_strides = a.v_strides = a.dk_strides = a.dv_strides = packed_strides(s.seqlen_k, s.heads_kv, s.head_dim);
-  a.q = fake_pointer(0);
-  a.k = fake_pointer(1);
-  a.v = fake_pointer(2);
-  a.out = fake_pointer(3);
-  a.dout = fake_pointer(4);
+  const Strides query = packed_strides(s.seqlen_q, s.heads_q, s.head_dim);
+  const Strides key = packed_strides(s.seqlen_k, s.heads_kv, s.head_dim);
+  a.q = {fake_pointer(0), query};
+  a.k = {fake_pointer(1), key};
+  a.v = {fake_pointer(2), key};
+  a.out = {fake_pointer(3), query};
+  a.dout = {fake_pointer(4), query};
   a.lse = static_cast<const float*>(fake_pointer(5));
-  a.dq = fake_pointer(6);
-  a.dk = fake_pointer(7);
-  a.dv = fake_pointer(8);
+  a.dq = {fake_pointer(6), query};
+  a.dk = {fake_pointer(7), key};
+  a.dv = {fake_pointer(8), key};
   return a;
 }
 
@@ -373,7 +373,7 @@ TEST(BackwardWithPlan, NamesTheFieldTheCallAndThePlanDisagreeOnBeforeAnythingEls
     SCOPED_TRACE(m.field);
     BackwardArgs args = matching_args(plan);
     m.bend(args);
-    args.q = nullptr;  // the plan is checked before the arguments
+    args.q.data = nullptr;  // the plan is checked before the arguments
     const Status status = backward(args, plan, nullptr, 0, nullptr);
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(status.message(), m.message);
@@ -402,7 +402,7 @@ TEST(BackwardWithPlan, RefusesAnEmptyPlan) {
 TEST(BackwardWithPlan, ValidatesTheArgumentsOfAMatchingCall) {
   const BackwardPlan plan = plan_or_fail(causal_shape(), Schedule::kDescending);
   BackwardArgs args = matching_args(plan);
-  args.dk = nullptr;
+  args.dk.data = nullptr;
   const Status status = backward(args, plan, nullptr, 0, nullptr);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), "dk must not be null");

@@ -57,41 +57,33 @@ Args valid_args(const AttentionShape& shape = test_shape());
 
 template <>
 ForwardArgs valid_args<ForwardArgs>(const AttentionShape& shape) {
+  const Strides query = packed_strides(shape.seqlen_q, shape.heads_q, shape.head_dim);
+  const Strides key = packed_strides(shape.seqlen_k, shape.heads_kv, shape.head_dim);
   ForwardArgs a;
   a.shape = shape;
-  a.q = fake_pointer(0);
-  a.q_strides = packed_strides(shape.seqlen_q, shape.heads_q, shape.head_dim);
-  a.k = fake_pointer(1);
-  a.k_strides = packed_strides(shape.seqlen_k, shape.heads_kv, shape.head_dim);
-  a.v = fake_pointer(2);
-  a.v_strides = a.k_strides;
-  a.out = fake_pointer(3);
-  a.out_strides = a.q_strides;
+  a.q = {fake_pointer(0), query};
+  a.k = {fake_pointer(1), key};
+  a.v = {fake_pointer(2), key};
+  a.out = {fake_pointer(3), query};
   a.lse = fake_pointer(4);
   return a;
 }
 
 template <>
 BackwardArgs valid_args<BackwardArgs>(const AttentionShape& shape) {
+  const Strides query = packed_strides(shape.seqlen_q, shape.heads_q, shape.head_dim);
+  const Strides key = packed_strides(shape.seqlen_k, shape.heads_kv, shape.head_dim);
   BackwardArgs a;
   a.shape = shape;
-  a.q = fake_pointer(0);
-  a.q_strides = packed_strides(shape.seqlen_q, shape.heads_q, shape.head_dim);
-  a.k = fake_pointer(1);
-  a.k_strides = packed_strides(shape.seqlen_k, shape.heads_kv, shape.head_dim);
-  a.v = fake_pointer(2);
-  a.v_strides = a.k_strides;
-  a.out = fake_pointer(3);
-  a.out_strides = a.q_strides;
-  a.dout = fake_pointer(4);
-  a.dout_strides = a.q_strides;
+  a.q = {fake_pointer(0), query};
+  a.k = {fake_pointer(1), key};
+  a.v = {fake_pointer(2), key};
+  a.out = {fake_pointer(3), query};
+  a.dout = {fake_pointer(4), query};
   a.lse = fake_pointer(5);
-  a.dq = fake_pointer(6);
-  a.dq_strides = a.q_strides;
-  a.dk = fake_pointer(7);
-  a.dk_strides = a.k_strides;
-  a.dv = fake_pointer(8);
-  a.dv_strides = a.k_strides;
+  a.dq = {fake_pointer(6), query};
+  a.dk = {fake_pointer(7), key};
+  a.dv = {fake_pointer(8), key};
   a.schedule = Schedule::kShift;
   return a;
 }
@@ -104,26 +96,20 @@ struct TensorField {
   std::function<void()> clear_data;
 };
 
+// The field of tensor argument `name`, a TensorRef or a MutableTensorRef of `a`.
+template <typename Ref>
+TensorField field(std::string name, Ref& tensor) {
+  return {std::move(name), &tensor.strides, [&tensor](int64_t b) { tensor.data = shifted(tensor.data, b); },
+          [&tensor] { tensor.data = nullptr; }};
+}
+
 std::vector<TensorField> tensor_fields(ForwardArgs& a) {
-  return {
-      {"q", &a.q_strides, [&a](int64_t b) { a.q = shifted(a.q, b); }, [&a] { a.q = nullptr; }},
-      {"k", &a.k_strides, [&a](int64_t b) { a.k = shifted(a.k, b); }, [&a] { a.k = nullptr; }},
-      {"v", &a.v_strides, [&a](int64_t b) { a.v = shifted(a.v, b); }, [&a] { a.v = nullptr; }},
-      {"out", &a.out_strides, [&a](int64_t b) { a.out = shifted(a.out, b); }, [&a] { a.out = nullptr; }},
-  };
+  return {field("q", a.q), field("k", a.k), field("v", a.v), field("out", a.out)};
 }
 
 std::vector<TensorField> tensor_fields(BackwardArgs& a) {
-  return {
-      {"q", &a.q_strides, [&a](int64_t b) { a.q = shifted(a.q, b); }, [&a] { a.q = nullptr; }},
-      {"k", &a.k_strides, [&a](int64_t b) { a.k = shifted(a.k, b); }, [&a] { a.k = nullptr; }},
-      {"v", &a.v_strides, [&a](int64_t b) { a.v = shifted(a.v, b); }, [&a] { a.v = nullptr; }},
-      {"out", &a.out_strides, [&a](int64_t b) { a.out = shifted(a.out, b); }, [&a] { a.out = nullptr; }},
-      {"dout", &a.dout_strides, [&a](int64_t b) { a.dout = shifted(a.dout, b); }, [&a] { a.dout = nullptr; }},
-      {"dq", &a.dq_strides, [&a](int64_t b) { a.dq = shifted(a.dq, b); }, [&a] { a.dq = nullptr; }},
-      {"dk", &a.dk_strides, [&a](int64_t b) { a.dk = shifted(a.dk, b); }, [&a] { a.dk = nullptr; }},
-      {"dv", &a.dv_strides, [&a](int64_t b) { a.dv = shifted(a.dv, b); }, [&a] { a.dv = nullptr; }},
-  };
+  return {field("q", a.q),       field("k", a.k),   field("v", a.v),   field("out", a.out),
+          field("dout", a.dout), field("dq", a.dq), field("dk", a.dk), field("dv", a.dv)};
 }
 
 // Calls `check(args, field)` once per tensor argument, each time on fresh valid arguments.
@@ -193,13 +179,13 @@ TYPED_TEST(ValidateBoth, AcceptsPaddedStrides) {
   const AttentionShape shape = test_shape();
   TypeParam a = valid_args<TypeParam>(shape);
   constexpr int64_t kPad = 64;
-  a.q_strides.seq = shape.heads_q * shape.head_dim + kPad;                 // padded rows
-  a.q_strides.batch = shape.seqlen_q * a.q_strides.seq + kPad;             // padded batches
-  a.k_strides.head = shape.head_dim + kPad;                                // padded heads
-  a.k_strides.seq = shape.heads_kv * a.k_strides.head;
-  a.k_strides.batch = shape.seqlen_k * a.k_strides.seq;
+  a.q.strides.seq = shape.heads_q * shape.head_dim + kPad;                 // padded rows
+  a.q.strides.batch = shape.seqlen_q * a.q.strides.seq + kPad;             // padded batches
+  a.k.strides.head = shape.head_dim + kPad;                                // padded heads
+  a.k.strides.seq = shape.heads_kv * a.k.strides.head;
+  a.k.strides.batch = shape.seqlen_k * a.k.strides.seq;
   // v stored in (H, S, B, D) order.
-  a.v_strides = {shape.head_dim, shape.batch * shape.head_dim, shape.seqlen_k * shape.batch * shape.head_dim, 1};
+  a.v.strides = {shape.head_dim, shape.batch * shape.head_dim, shape.seqlen_k * shape.batch * shape.head_dim, 1};
   EXPECT_TRUE(is_ok(validate(a)));
 }
 
@@ -208,8 +194,8 @@ TYPED_TEST(ValidateBoth, AcceptsAnyStrideOfSingleIndexDimensions) {
   shape.batch = 1;
   shape.heads_kv = 1;
   TypeParam a = valid_args<TypeParam>(shape);
-  a.q_strides.batch = 0;  // one batch: the stride is never applied
-  a.k_strides.head = 0;   // one key head (MQA)
+  a.q.strides.batch = 0;  // one batch: the stride is never applied
+  a.k.strides.head = 0;   // one key head (MQA)
   EXPECT_TRUE(is_ok(validate(a)));
 }
 
@@ -222,10 +208,10 @@ TYPED_TEST(ValidateBoth, AcceptsPackedQkvInputs) {
   const int64_t row = 3 * shape.heads_q * shape.head_dim;
   const Strides qkv_strides{shape.seqlen_q * row, row, shape.head_dim, 1};
   const int64_t part_bytes = shape.heads_q * shape.head_dim * kElementBytes;
-  a.q = fake_pointer(0);
-  a.k = shifted(a.q, part_bytes);
-  a.v = shifted(a.q, 2 * part_bytes);
-  a.q_strides = a.k_strides = a.v_strides = qkv_strides;
+  a.q.data = fake_pointer(0);
+  a.k.data = shifted(a.q.data, part_bytes);
+  a.v.data = shifted(a.q.data, 2 * part_bytes);
+  a.q.strides = a.k.strides = a.v.strides = qkv_strides;
   EXPECT_TRUE(is_ok(validate(a)));
 }
 
@@ -390,14 +376,14 @@ TYPED_TEST(ValidateBoth, RejectsNonUnitDimStride) {
   for_each_tensor<TypeParam>([](TypeParam& a, const TensorField& field) {
     field.strides->dim = 2;
     EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
-                           {field.name + "_strides.dim must be 1 (the last dimension must be contiguous), got 2"}));
+                           {field.name + ".strides.dim must be 1 (the last dimension must be contiguous), got 2"}));
   });
 }
 
 // Pointers to the batch, seq and head strides with their names.
 std::vector<std::pair<std::string, int64_t*>> outer_strides(const std::string& tensor, Strides* s) {
-  return {{tensor + "_strides.batch", &s->batch}, {tensor + "_strides.seq", &s->seq},
-          {tensor + "_strides.head", &s->head}};
+  return {{tensor + ".strides.batch", &s->batch}, {tensor + ".strides.seq", &s->seq},
+          {tensor + ".strides.head", &s->head}};
 }
 
 TYPED_TEST(ValidateBoth, RejectsNegativeStrides) {
@@ -427,31 +413,31 @@ TYPED_TEST(ValidateBoth, RejectsHeadStrideSmallerThanHeadDim) {
   for_each_tensor<TypeParam>([](TypeParam& a, const TensorField& field) {
     field.strides->head = a.shape.head_dim / 2;
     EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
-                           {field.name + "_strides: the (B, S, H, D) layout of " + field.name + " overlaps itself",
+                           {field.name + ".strides: the (B, S, H, D) layout of " + field.name + " overlaps itself",
                             "the head stride 64 is less than the dim stride 1 times its extent 128"}));
   });
 }
 
 TYPED_TEST(ValidateBoth, RejectsSeqStrideEqualToHeadStride) {
   TypeParam a = valid_args<TypeParam>();
-  a.q_strides.seq = a.q_strides.head;  // rows of one head would alias the heads of one row
+  a.q.strides.seq = a.q.strides.head;  // rows of one head would alias the heads of one row
   EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
-                         {"q_strides: the (B, S, H, D) layout of q overlaps itself",
+                         {"q.strides: the (B, S, H, D) layout of q overlaps itself",
                           "the head stride 128 is less than the seq stride 128 times its extent 256"}));
 }
 
 TYPED_TEST(ValidateBoth, RejectsBatchStrideOverlappingNextBatch) {
   TypeParam a = valid_args<TypeParam>();
-  a.k_strides.batch -= a.k_strides.seq;  // the last row of batch 0 is the first row of batch 1
+  a.k.strides.batch -= a.k.strides.seq;  // the last row of batch 0 is the first row of batch 1
   EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
-                         {"k_strides: the (B, S, H, D) layout of k overlaps itself", "the batch stride"}));
+                         {"k.strides: the (B, S, H, D) layout of k overlaps itself", "the batch stride"}));
 }
 
 TYPED_TEST(ValidateBoth, RejectsZeroStrideOfMultiIndexDimension) {
   TypeParam a = valid_args<TypeParam>();
-  a.v_strides.seq = 0;
+  a.v.strides.seq = 0;
   EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
-                         {"v_strides: the (B, S, H, D) layout of v overlaps itself: the seq stride is 0 but that "
+                         {"v.strides: the (B, S, H, D) layout of v overlaps itself: the seq stride is 0 but that "
                           "dimension has 384 indices"}));
 }
 
@@ -475,15 +461,15 @@ TYPED_TEST(ValidateBoth, AcceptsStrideJustBelowTheTmaLimit) {
   AttentionShape shape = test_shape();
   shape.batch = 1;
   TypeParam a = valid_args<TypeParam>(shape);
-  a.q_strides.batch = kStrideLimitElements - kStrideMultipleElements;
+  a.q.strides.batch = kStrideLimitElements - kStrideMultipleElements;
   EXPECT_TRUE(is_ok(validate(a)));
-  a.q_strides.batch = kStrideLimitElements;
+  a.q.strides.batch = kStrideLimitElements;
   EXPECT_FALSE(validate(a).ok());
 }
 
 TYPED_TEST(ValidateBoth, RejectsTensorRunningPastTheAddressSpace) {
   TypeParam a = valid_args<TypeParam>();
-  a.q = FakeAddress{UINTPTR_MAX - uintptr_t{15} - uintptr_t{4096}};  // aligned, 4 KiB below the top
+  a.q.data = FakeAddress{UINTPTR_MAX - uintptr_t{15} - uintptr_t{4096}};  // aligned, 4 KiB below the top
   EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
                          {"q: the tensor at", "past the end of the address space"}));
   a = valid_args<TypeParam>();
@@ -495,13 +481,13 @@ TYPED_TEST(ValidateBoth, RejectsTensorRunningPastTheAddressSpace) {
 TYPED_TEST(ValidateBoth, RejectsOutputOverlappingAnInput) {
   TypeParam a = valid_args<TypeParam>();
   const int64_t q_bytes = packed_bytes(a.shape, a.shape.seqlen_q, a.shape.heads_q);
-  a.out = shifted(a.q, q_bytes - 16);  // shares q's last 16 bytes
+  a.out.data = shifted(a.q.data, q_bytes - 16);  // shares q's last 16 bytes
   if constexpr (std::is_same_v<TypeParam, ForwardArgs>) {
     EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
                            {"out overlaps q", "an output must not share memory with any other tensor"}));
   } else {
     EXPECT_TRUE(is_ok(validate(a)));  // out is an input of backward: inputs may share memory
-    a.dq = shifted(a.q, q_bytes - 16);
+    a.dq.data = shifted(a.q.data, q_bytes - 16);
     EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"dq overlaps q"}));
   }
 }
@@ -510,9 +496,9 @@ TYPED_TEST(ValidateBoth, AcceptsOutputAdjacentToAnInput) {
   TypeParam a = valid_args<TypeParam>();
   const int64_t q_bytes = packed_bytes(a.shape, a.shape.seqlen_q, a.shape.heads_q);
   if constexpr (std::is_same_v<TypeParam, ForwardArgs>) {
-    a.out = shifted(a.q, q_bytes);
+    a.out.data = shifted(a.q.data, q_bytes);
   } else {
-    a.dq = shifted(a.q, q_bytes);
+    a.dq.data = shifted(a.q.data, q_bytes);
   }
   EXPECT_TRUE(is_ok(validate(a)));
 }
@@ -542,13 +528,13 @@ TYPED_TEST(ValidateBoth, RejectsANegativeSmMargin) {
 
 TEST(ValidateForward, RejectsLseOverlappingOut) {
   ForwardArgs a = valid_args<ForwardArgs>();
-  a.lse = shifted(a.out, 4096);
+  a.lse = shifted(a.out.data, 4096);
   EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"out overlaps lse"}));
 }
 
 TEST(ValidateForward, RejectsLseOverlappingAnInput) {
   ForwardArgs a = valid_args<ForwardArgs>();
-  a.lse = shifted(a.v, 0);
+  a.lse = shifted(a.v.data, 0);
   EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"lse overlaps v"}));
 }
 
@@ -577,13 +563,13 @@ TEST(ValidateBackward, RejectsOverlappingGradients) {
 
 TEST(ValidateBackward, RejectsGradientOverlappingLse) {
   BackwardArgs a = valid_args<BackwardArgs>();
-  a.lse = shifted(a.dv, 1024);
+  a.lse = shifted(a.dv.data, 1024);
   EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"dv overlaps lse"}));
 }
 
 TEST(ValidateBackward, RejectsGradientOverlappingDout) {
   BackwardArgs a = valid_args<BackwardArgs>();
-  a.dq = shifted(a.dout, 0);
+  a.dq.data = shifted(a.dout.data, 0);
   EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"dq overlaps dout"}));
 }
 

@@ -335,7 +335,7 @@ TEST(Sm90Api, RejectsHostPointersSmallWorkspacesAndInapplicableSchedules) {
   args.schedule = Schedule::kAuto;
   EXPECT_EQ(backward(args, workspace.get(), bytes - 1, nullptr).code(), StatusCode::kWorkspaceTooSmall);
   std::vector<uint16_t> host(p.q_elements());
-  args.q = host.data();
+  args.q.data = host.data();
   EXPECT_EQ(backward(args, workspace.get(), bytes, nullptr).code(), StatusCode::kInvalidArgument);
 }
 

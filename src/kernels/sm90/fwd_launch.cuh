@@ -17,12 +17,12 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   using Config = ForwardConfig<kHeadDim, Element>;
   const AttentionShape& shape = a.shape;
   typename Config::Params p{};
-  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q, shape.seqlen_q, shape.heads_q, shape.batch, a.q_strides), typename Config::SmemLayoutQ{});
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), typename Config::SmemLayoutQ{});
   const auto kv_tile_layout = take<0, 2>(typename Config::SmemLayoutKV{});
-  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k, shape.seqlen_k, shape.heads_kv, shape.batch, a.k_strides), kv_tile_layout);
-  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v, shape.seqlen_k, shape.heads_kv, shape.batch, a.v_strides), kv_tile_layout);
-  p.out = static_cast<Element*>(a.out);
-  copy_strides(p.out_strides, a.out_strides);
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.k.strides), kv_tile_layout);
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.v.strides), kv_tile_layout);
+  p.out = static_cast<Element*>(a.out.data);
+  copy_strides(p.out_strides, a.out.strides);
   p.lse = a.lse;
   p.tile_counter = params.tile_counter;
   const MaskShape mask{static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k), shape.causal};
