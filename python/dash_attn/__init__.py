@@ -5,8 +5,9 @@ the ops are registered with torch.library so they work under torch.compile. See 
 
 The top-level flash_attn_func, flash_attn_kvpacked_func and flash_attn_qkvpacked_func take FlashAttention-2's
 arguments in FA2's order, as `from flash_attn import ...` gives them (fa2.py). dash_attn.fa3 has FA3's order,
-and scaled_dot_product_attention has torch's (sdpa.py). Unlike FlashAttention, every entry point defaults to
-deterministic=True. `python -m dash_attn.info` says whether the library can run here.
+and scaled_dot_product_attention has torch's (sdpa.py). attention_backward (gradients.py) runs the backward alone
+on a forward's out and LSE. Unlike FlashAttention, every entry point defaults to deterministic=True.
+`python -m dash_attn.info` says whether the library can run here.
 
 Importing the package needs no torch: without it, the ctypes binding (dash_attn._library) and dash_attn.info
 still work, and only the attention entry points are missing, raising ImportError that says why when they are
@@ -16,6 +17,7 @@ asked for. With torch, importing the package registers torch.ops.dash_attn.* as 
 from ._library import SCHEDULES, LibraryError, library_path
 
 _TORCH_ENTRY_POINTS = (
+    "attention_backward",
     "fa3",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
@@ -26,6 +28,7 @@ _TORCH_ENTRY_POINTS = (
 try:
     from . import fa3
     from .fa2 import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+    from .gradients import attention_backward
     from .sdpa import scaled_dot_product_attention
 except ModuleNotFoundError as _error:
     if _error.name != "torch":
@@ -43,6 +46,7 @@ except ModuleNotFoundError as _error:
 __all__ = [
     "SCHEDULES",
     "LibraryError",
+    "attention_backward",
     "fa3",
     "flash_attn_func",
     "flash_attn_kvpacked_func",

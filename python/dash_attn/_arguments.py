@@ -35,9 +35,11 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 
 NONDETERMINISTIC = "nondeterministic"
 
-# Frames between warnings.warn in _warned_instead_of_raising and the caller of a public entry point:
-# _warned_instead_of_raising, _check_determinism_switch, attend, the entry point.
-_FRAMES_TO_CALLER = 4
+# warnings.warn's stacklevel that points at the caller of a public entry point, from _warned_instead_of_raising:
+# through _refuse_nondeterministic_backward, _check_determinism_switch, attend and the entry point (forward
+# entries), or through _refuse_nondeterministic_backward, check_backward_call and attention_backward.
+_FORWARD_ENTRY_STACKLEVEL = 6
+_BACKWARD_ENTRY_STACKLEVEL = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,12 +240,12 @@ def resolve_schedule(schedule: str, deterministic: bool) -> str:
 
 
 @torch.compiler.assume_constant_result
-def _warned_instead_of_raising(message: str) -> bool:
-    """Under warn_only, warns with `message` and returns True; else returns False for the caller to raise.
-    torch.compile runs it while tracing (Dynamo can trace neither this flag's query nor warnings.warn), so a
-    compiled call warns once per compilation; the state it reads is part of Dynamo's global-state guard."""
+def _warned_instead_of_raising(message: str, stacklevel: int) -> bool:
+    """Under warn_only, warns with `message` (at `stacklevel`) and returns True; else returns False for the caller
+    to raise. torch.compile runs it while tracing (Dynamo can trace neither this flag's query nor warnings.warn),
+    so a compiled call warns once per compilation; the state it reads is part of Dynamo's global-state guard."""
     if torch.is_deterministic_algorithms_warn_only_enabled():
-        warnings.warn(message, UserWarning, stacklevel=_FRAMES_TO_CALLER + 1)
+        warnings.warn(message, UserWarning, stacklevel=stacklevel)
         return True
     return False
 
@@ -259,6 +261,12 @@ def _check_determinism_switch(schedule: str, tensors: tuple[Tensor, Tensor, Tens
         return
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
         return
+    _refuse_nondeterministic_backward(entry, _FORWARD_ENTRY_STACKLEVEL)
+
+
+def _refuse_nondeterministic_backward(entry: str, stacklevel: int) -> None:
+    """The determinism switch's verdict on a call of `entry` that runs (or records) the nondeterministic backward
+    while torch.use_deterministic_algorithms(True) is on: RuntimeError, or a UserWarning under warn_only=True."""
     consequence = (
         f"{entry}(deterministic=False) runs the nondeterministic backward schedule (dQ summed by unordered "
         f"atomics), which does not have a deterministic implementation, but you set "
@@ -268,7 +276,7 @@ def _check_determinism_switch(schedule: str, tensors: tuple[Tensor, Tensor, Tens
         f"{consequence}'torch.use_deterministic_algorithms(True, warn_only=True)'. Its gradients may differ from "
         f"run to run. {advice}."
     )
-    if not _warned_instead_of_raising(warn_message):
+    if not _warned_instead_of_raising(warn_message, stacklevel):
         raise RuntimeError(
             f"{consequence}'torch.use_deterministic_algorithms(True)'. {advice}, or use the 'warn_only=True' "
             f"option if run-to-run differences are acceptable for your application."
@@ -300,3 +308,49 @@ def attend(
     check_devices((q, k, v), layout)
     out, lse = _ops.attention(*(layout.to_bshd(t) for t in (q, k, v)), scale, causal, resolved, margin)
     return layout.from_bshd(out), lse
+
+
+def check_backward_call(
+    dout: object,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: object,
+    lse: object,
+    *,
+    softmax_scale: float | None,
+    deterministic: bool,
+    schedule: str,
+    sm_margin: object,
+    entry: str,
+) -> tuple[float, str, int]:
+    """The checks of an explicit backward call whose q, k and v passed check_tensors (BSHD) and whose flags passed
+    check_flags: dout and out are tensors of q's shape and dtype, lse the fp32 (batch, heads_q, seqlen_q) tensor,
+    all on q's CUDA device. Returns the resolved scale, schedule and SM margin; the determinism switch refuses
+    the nondeterministic schedule outright, since this call runs it."""
+    for t, name in ((dout, "dout"), (out, "out"), (lse, "lse")):
+        check_is_tensor(t, name)
+    for t, name in ((dout, "dout"), (out, "out")):
+        if t.shape != q.shape:
+            raise ValueError(f"{name}.shape {tuple(t.shape)} must equal q.shape {tuple(q.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}.dtype ({t.dtype}) must equal q.dtype ({q.dtype})")
+    batch, seqlen_q, heads_q, _ = q.shape
+    if lse.shape != (batch, heads_q, seqlen_q):
+        raise ValueError(
+            f"lse.shape {tuple(lse.shape)} must be (batch, heads_q, seqlen_q) = {(batch, heads_q, seqlen_q)}, "
+            f"as the forward returns it"
+        )
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse.dtype must be torch.float32, as the forward returns it, got {lse.dtype}")
+    scale = resolve_scale(softmax_scale, q.shape[-1], "softmax_scale")
+    resolved = resolve_schedule(schedule, deterministic)
+    margin = check_sm_margin(sm_margin)
+    if resolved == NONDETERMINISTIC and torch.are_deterministic_algorithms_enabled():
+        _refuse_nondeterministic_backward(entry, _BACKWARD_ENTRY_STACKLEVEL)
+    check_devices((q, k, v), BSHD)
+    for t, name in ((dout, "dout"), (out, "out"), (lse, "lse")):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all must be on one device")
+    return scale, resolved, margin
+

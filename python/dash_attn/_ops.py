@@ -423,3 +423,23 @@ def attention(
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _EagerAttention.apply(q, k, v, softmax_scale, causal, schedule, sm_margin)
     return _forward_body(q, k, v, softmax_scale, causal, sm_margin)
+
+
+def attention_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+    sm_margin: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of torch.ops.dash_attn.backward, bitwise the same: that op where torch traces, its body directly
+    in plain eager mode."""
+    if _traced(dout, q, k, v, out, lse):
+        return torch.ops.dash_attn.backward(dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin)
+    return _backward_body(dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin)
+

@@ -25,9 +25,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .. import _ops
 from .._arguments import NONDETERMINISTIC, check_sm_margin, resolve_schedule
 from ..fa2 import flash_attn_func
+from ..gradients import attention_backward
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -57,7 +57,7 @@ class LocalAttention(Protocol):
 
 class DashLocalAttention:
     """DASH's kernels as the local kernel: the forward of dash_attn.flash_attn_func (return_lse=True) and the
-    backward kernel run on the caller's out and LSE (_ops._backward_body, what the backward op runs).
+    backward kernel run on the caller's out and LSE (dash_attn.attention_backward).
 
     schedule, deterministic and sm_margin mean what they mean in flash_attn_func. sm_margin leaves SMs to the
     NCCL kernels that move K/V (ring) while a block computes; for the "shift" and "symmetric-shift" schedules the
@@ -94,7 +94,19 @@ class DashLocalAttention:
     ) -> tuple[Tensor, Tensor, Tensor]:
         # The kernel reads out and lse only through D = rowsum(dout * out) and P = exp(S - lse), so handing it the
         # merged ones gives this block's share of the gradients (module docstring).
-        return _ops._backward_body(dout, q, k, v, out, lse, softmax_scale, causal, self.schedule, self.sm_margin)
+        return attention_backward(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            softmax_scale=softmax_scale,
+            causal=causal,
+            deterministic=self.deterministic,
+            schedule=self.schedule,
+            sm_margin=self.sm_margin,
+        )
 
 
 class TorchLocalAttention:
