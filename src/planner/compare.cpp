@@ -6,6 +6,7 @@
 #include "planner/expanded_schedule.hpp"
 #include "planner/schedule_plan.hpp"
 #include "planner/validator.hpp"
+#include "schedule/schedule.hpp"
 
 namespace dash {
 
@@ -61,7 +62,7 @@ Comparison compare_schedules(const TiledProblem& problem, int num_sms, const Cos
   }
   // Ties go to the schedule auto runs, so that plan and the GPU default agree whenever they can.
   for (const ScheduleReport& r : out.schedules) {
-    if (!r.valid || r.schedule == Schedule::kNondeterministic) continue;
+    if (!r.valid || !is_deterministic(r.schedule)) continue;
     const bool better = !best || r.makespan < best->makespan ||
                         (r.makespan == best->makespan && r.schedule == out.auto_choice);
     if (better) best = &r;

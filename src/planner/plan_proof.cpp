@@ -202,7 +202,7 @@ class ChunkChecker {
 
   template <Schedule kKind>
   bool check_as(Chunk& chunk) {
-    if (kKind != Schedule::kNondeterministic) chunk.traces.assign(static_cast<size_t>(m_), TileTrace{});
+    if (is_deterministic(kKind)) chunk.traces.assign(static_cast<size_t>(m_), TileTrace{});
     return plan_.dispatch == Dispatch::kStatic ? check_waves<kKind>(plan_, chunk.traces.data(), chunk.begin, chunk.end)
                                                : check_units<kKind>(plan_, chunk.traces.data(), chunk.begin, chunk.end);
   }
@@ -211,7 +211,7 @@ class ChunkChecker {
   template <Schedule kKind>
   bool check_units(SchedulePlan plan, TileTrace* traces, int begin, int end) const {
     plan.kind = kKind;
-    constexpr bool kOrdered = kKind != Schedule::kNondeterministic;
+    constexpr bool kOrdered = is_deterministic(kKind);
     std::vector<int> stamp(kOrdered ? 0 : static_cast<size_t>(m_), -1);
     int job_stamp = 0;
     for (int a = begin; a < end; ++a) {
@@ -243,7 +243,7 @@ class ChunkChecker {
   template <Schedule kKind>
   bool check_waves(SchedulePlan plan, TileTrace* traces, int begin, int end) {
     plan.kind = kKind;
-    constexpr bool kOrdered = kKind != Schedule::kNondeterministic;
+    constexpr bool kOrdered = is_deterministic(kKind);
     const size_t words = kOrdered ? 0 : (static_cast<size_t>(m_) + 63) / 64;
     // One tick per position. Ranks are checked in the order of the walk; ticks only tell ties apart, so even a
     // wrapped tick could at worst make two visits look tied, which fails safe.
@@ -378,7 +378,7 @@ bool fast_conditions_hold(const SchedulePlan& plan, const ProofOptions& options,
   // classes at once as their tile records allow, a class in at most as many chunks as there are threads.
   const int threads = options.max_threads > 0 ? options.max_threads
                                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const bool ordered = plan.kind != Schedule::kNondeterministic;
+  const bool ordered = sums_in_order(plan);
   const size_t trace_bytes = ordered ? static_cast<size_t>(p.num_q_tiles()) * sizeof(TileTrace) : 0;
   const long long most_pieces =
       std::min<long long>(threads, trace_bytes > 0 ? std::max<size_t>(1, kMaxTraceBytes / trace_bytes) : threads);

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "planner/simulator.hpp"
+#include "schedule/schedule.hpp"
 
 namespace dash {
 namespace {
@@ -100,7 +101,7 @@ ValidationReport validate_schedule(const ExpandedSchedule& s) {
   ValidationReport report;
   report.coverage_error = check_coverage(s);
   if (!report.coverage_error.empty()) return report;
-  report.ordered = s.plan.kind != Schedule::kNondeterministic;
+  report.ordered = sums_in_order(s.plan);
   if (report.ordered) report.rank_error = check_ranks(s);
   if (!report.rank_error.empty()) return report;
 

@@ -71,6 +71,21 @@ DASH_HOST_DEVICE bool sums_in_order(const SchedulePlan& plan) {
   return false;
 }
 
+// Whether gradients under `schedule` are bitwise identical from run to run: every schedule but the
+// nondeterministic one, and auto, which only ever resolves to a deterministic schedule (choose_schedule).
+DASH_HOST_DEVICE constexpr bool is_deterministic(Schedule schedule) {
+  switch (schedule) {
+    case Schedule::kAuto:
+    case Schedule::kAscending:
+    case Schedule::kDescending:
+    case Schedule::kShortestFirst:
+    case Schedule::kShift:
+    case Schedule::kSymmetricShift: return true;
+    case Schedule::kNondeterministic: break;
+  }
+  return false;
+}
+
 // Work units of CTA `cta` under static dispatch: units cta, cta + num_ctas, ...
 DASH_HOST_DEVICE int static_unit_count(const SchedulePlan& plan, int cta) {
   return cta < plan.num_units ? (plan.num_units - 1 - cta) / plan.num_ctas + 1 : 0;

@@ -12,6 +12,7 @@
 #include "planner/expanded_schedule.hpp"
 #include "planner/schedule_plan.hpp"
 #include "planner/validator.hpp"
+#include "schedule/schedule.hpp"
 #include "schedule_test_support.hpp"
 
 namespace dash {
@@ -76,6 +77,24 @@ TEST(Validator, MakeSchedulePlanStatesEachSchedulesDispatchAndRefusesNoSchedule)
   EXPECT_TRUE(mentions(make_schedule_plan(problem, Schedule::kAuto, 4).rejected, "auto is not a schedule"));
   EXPECT_TRUE(mentions(make_schedule_plan(problem, static_cast<Schedule>(42), 4).rejected,
                        "Schedule(42) is not a schedule"));
+}
+
+// A planned schedule sums in order exactly when it is deterministic, and auto (never planned itself) counts as
+// deterministic because it resolves only to ordered schedules: choose_schedule never picks the nondeterministic one.
+TEST(Validator, DeterministicSchedulesAreTheOrderedOnes) {
+  const TiledProblem causal = abstract_problem(2, 6, 6, true);
+  const TiledProblem full = abstract_problem(2, 6, 6, false);
+  for (Schedule schedule : kAllSchedules) {
+    if (schedule == Schedule::kAuto) continue;
+    const PlanResult planned = make_schedule_plan(schedule == Schedule::kShift ? full : causal, schedule, 4);
+    ASSERT_TRUE(planned.ok()) << schedule_name(schedule) << ": " << planned.rejected;
+    EXPECT_EQ(sums_in_order(planned.plan), is_deterministic(schedule)) << schedule_name(schedule);
+  }
+  EXPECT_FALSE(is_deterministic(Schedule::kNondeterministic));
+  EXPECT_TRUE(is_deterministic(Schedule::kAuto));
+  for (const TiledProblem& problem : {causal, full}) {
+    EXPECT_TRUE(is_deterministic(choose_schedule(problem, 4)));
+  }
 }
 
 TEST(Validator, DuplicatedRank) {

@@ -13,6 +13,7 @@
 #include "harness/device_harness.hpp"
 #include "json.hpp"
 #include "options.hpp"
+#include "schedule/schedule.hpp"
 
 namespace dash::cli {
 namespace {
@@ -135,7 +136,7 @@ int cmd_check(const std::vector<std::string>& args) {
   for (Schedule s : schedules) {
     const CheckOutcome& o =
         outcomes.emplace_back(check_schedule(problem, s, static_cast<int>(runs), static_cast<int>(sm_margin)));
-    const bool deterministic = s != Schedule::kNondeterministic;
+    const bool deterministic = is_deterministic(s);
     const bool skipped = !o.rejected.empty() && !parser.given("schedule");
     ok = ok && (skipped || (o.rejected.empty() && o.within_tolerance && (o.differing_runs == 0 || !deterministic)));
   }

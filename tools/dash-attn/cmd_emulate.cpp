@@ -15,6 +15,7 @@
 #include "json.hpp"
 #include "options.hpp"
 #include "planner/schedule_plan.hpp"
+#include "schedule/schedule.hpp"
 
 namespace dash::cli {
 namespace {
@@ -77,7 +78,7 @@ Outcome run_schedule(const EmulatorInputs& inputs, const TiledProblem& problem, 
   o.result = emulate(inputs, planned.plan, options);
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   o.distinct = count_distinct(o.result.run_hashes);
-  const bool ordered = schedule != Schedule::kNondeterministic;
+  const bool ordered = is_deterministic(schedule);
   o.ok = o.result.completed && o.result.max_rel_error() <= tolerance && (o.result.bitwise_identical || !ordered);
   return o;
 }
@@ -111,7 +112,7 @@ std::string outcome_row(const Outcome& o, int runs) {
   if (!o.rejected.empty()) return out.str() + "not applicable: " + o.rejected;
   const EmulationResult& r = o.result;
   if (!r.completed) return out.str() + "FAILED: " + r.error;
-  const bool ordered = o.schedule != Schedule::kNondeterministic;
+  const bool ordered = is_deterministic(o.schedule);
   std::string identical = r.bitwise_identical ? "yes" : (ordered ? "NO" : "no (expected)");
   out << std::setw(kIdenticalWidth) << identical << std::setw(kDistinctWidth)
       << std::to_string(o.distinct) + "/" + std::to_string(runs);

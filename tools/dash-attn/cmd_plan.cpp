@@ -21,6 +21,7 @@
 #include "planner/gantt_svg.hpp"
 #include "planner/schedule_plan.hpp"
 #include "planner/simulator.hpp"
+#include "schedule/schedule.hpp"
 
 namespace dash::cli {
 namespace {
@@ -122,7 +123,7 @@ std::string note(const ScheduleReport& r, const Comparison& c) {
   std::string text;
   if (r.schedule == c.recommended) text = "recommended";
   if (r.schedule == c.auto_choice) text += text.empty() ? "auto" : ", auto";
-  if (r.schedule == Schedule::kNondeterministic) text = "no fixed order: bits vary from run to run";
+  if (!is_deterministic(r.schedule)) text = "no fixed order: bits vary from run to run";
   return text;
 }
 
