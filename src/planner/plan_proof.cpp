@@ -1,4 +1,4 @@
-// prove_plan: the shift schedules by their structure (shift_proof.hpp) where its hypotheses hold; otherwise
+// prove_plan: every schedule by its structure (shift_proof.hpp, kv_order_proof.hpp) where the hypotheses hold; otherwise
 // head classes, then the fast conditions on one representative head per class, in chunks on several threads.
 // The conditions and why they imply the validator's verdict are in validator.hpp ("Proving a plan without
 // expanding it").
@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "planner/kv_order_proof.hpp"
 #include "planner/shift_proof.hpp"
 #include "planner/streamed_validator.hpp"
 #include "schedule/schedule.hpp"
@@ -415,6 +416,12 @@ bool fast_conditions_hold(const SchedulePlan& plan, const ProofOptions& options,
   return true;
 }
 
+// The closed-form proof of the plan's schedule family, when its hypotheses hold.
+StructuralProof prove_by_structure(const SchedulePlan& plan) {
+  const StructuralProof shift = prove_shift_by_structure(plan);
+  return shift.proven ? shift : prove_kv_order_by_structure(plan);
+}
+
 }  // namespace
 
 PlanProof prove_plan(const SchedulePlan& plan, const ProofOptions& options) {
@@ -429,7 +436,7 @@ PlanProof prove_plan(const SchedulePlan& plan, const ProofOptions& options) {
     proof.summary = "deadlock: the plan's dispatch is neither static nor dynamic";
     return proof;
   }
-  if (const StructuralProof structural = options.by_structure ? prove_shift_by_structure(plan) : StructuralProof{};
+  if (const StructuralProof structural = options.by_structure ? prove_by_structure(plan) : StructuralProof{};
       structural.proven) {
     proof.stats.head_classes = structural.head_classes;
     proof.stats.by_structure = true;

@@ -2,9 +2,10 @@
 // validate_schedule(expand_schedule(plan)) (coverage, rank permutation, deadlock freedom), without expanding
 // the plan.
 //
-// Plans of the shift schedules are proven from their structure when its hypotheses hold (shift_proof.hpp,
-// which every plan the planner makes of them meets): make_job on one head per class, bounded by the CTA count,
-// and no visit enumerated. Otherwise heads whose jobs are equal but for the head index are proven once: the
+// Plans are proven from their schedule's structure when its hypotheses hold, which every plan the planner makes
+// meets but the shift schedules under a sliding window: the shift schedules by shift_proof.hpp (make_job on one
+// head per class, bounded by the CTA count), the key/value-order ones by kv_order_proof.hpp (the mask in
+// O(n + m) and make_job on every unit); neither enumerates a visit. Otherwise heads whose jobs are equal but for the head index are proven once: the
 // plan's heads are grouped into classes by their jobs (make_job on every unit, O(jobs)), and the visits
 // (q_tile_at, rank_of, O(visits)) of one representative per class are checked against sufficient conditions
 // that imply every check of the validator. validator.hpp says why that is sound. Visits are checked in chunks
@@ -24,7 +25,7 @@ struct ProofStats {
   int head_classes = 0;            // heads whose jobs (and visits, unless by_structure) were checked, one per class
   long long visits = 0;            // tile visits enumerated by the fast conditions
   int threads = 1;                 // threads that checked them
-  bool by_structure = false;       // a shift schedule proven from its closed forms (shift_proof.hpp): no visits
+  bool by_structure = false;       // proven from the schedule's closed forms (shift_proof.hpp, kv_order_proof.hpp)
   bool streamed_fallback = false;  // a fast condition failed: the streamed validator decided
 };
 
@@ -35,8 +36,8 @@ struct PlanProof {
 };
 
 struct ProofOptions {
-  // Off: plans of the shift schedules are enumerated like any other (tests, and dash-attn prove --enumerate, to
-  // check the structural proof against the enumeration and to time the latter).
+  // Off: every plan is enumerated (tests, and dash-attn prove --enumerate, to check the structural proofs against
+  // the enumeration and to time the latter).
   bool by_structure = true;
   int max_threads = 0;  // 0: one per hardware thread
   // A class is cut into chunks of at least this many visits (whole waves), one thread each at a time: fewer

@@ -1,7 +1,8 @@
 // dash-attn prove: plans and proves the backward schedules of one shape as the API does before a first launch
 // (make_schedule_plan, then prove_plan), and prints how long each took, the process's peak resident memory
-// during the proof, how many head classes and tile visits the proof enumerated, and its verdict (the shift
-// schedules are proven by their structure and enumerate no visit, unless --enumerate). With --reference it
+// during the proof, how many head classes and tile visits the proof enumerated, and its verdict (the planner's
+// plans are proven by their schedules' structure and enumerate no visit, unless --enumerate; the shift schedules
+// under a sliding window are always enumerated). With --reference it
 // also runs the expanding validator, measured the same way, and fails unless both agree.
 // It proves only shapes the library accepts. No GPU needed.
 #include <chrono>
@@ -103,8 +104,7 @@ int cmd_prove(const std::vector<std::string>& args) {
   parser.add_string("schedule", "NAME", "prove only this schedule (auto: the one auto picks)", &schedule_text, "all");
   parser.add_int("threads", "threads the proof may use (0: one per hardware thread)", &threads, 0, kMaxThreads);
   parser.add_switch("enumerate",
-                    "prove the shift schedules by enumerating their visits, as the other schedules are, not by\n"
-                    "their structure",
+                    "prove every schedule by enumerating its visits, not by its structure",
                     &enumerate);
   parser.add_switch("reference",
                     "also run the validator on the expanded schedule (memory grows with the tile visits) and\n"
