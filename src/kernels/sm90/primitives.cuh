@@ -1,6 +1,6 @@
-// Small sm90 PTX primitives the kernels are built from: ordering semaphores in global memory, the bulk
-// (non-tensor) copy engine, and proxy fences. Each wraps one or two instructions and says why it is
-// needed; nothing here knows about attention.
+// Small sm90 PTX primitives the kernels are built from: bounded waits on mbarriers and on ordering semaphores
+// in global memory, the bulk (non-tensor) copy engine, and proxy fences. Each wraps one or two instructions and
+// says why it is needed; nothing here knows about attention.
 #pragma once
 
 #include <cstdint>
@@ -12,24 +12,50 @@
 
 namespace dash::sm90 {
 
+// How long an ordering wait may last before the kernel reports it and traps, in nanoseconds of the GPU's global
+// timer (independent of the SM clock). A dQ ordering wait lasts microseconds, but one on CTAs kept off their SMs
+// by other kernels (a static schedule planned without sm_margin, next to NCCL kernels that wait for other ranks)
+// lasts as long as those kernels hold them, so the bound is torch's default NCCL timeout, 10 minutes. A wait
+// that reaches it belongs to a launch that will not finish, and ending it turns a hung step into an error the
+// host sees. -DDASH_DEBUG_HANGS shortens it to 5 s and bounds every mbarrier wait as well.
 #if defined(DASH_DEBUG_HANGS)
-// Cycles after which a debug build reports a wait as hung (about 5 s at 1.98 GHz).
-inline constexpr long long kHangCycles = 10'000'000'000LL;
-
-__device__ __forceinline__ void report_hang(const char* what, int detail) {
-  printf("dash: CTA %d thread %d stuck in %s (%d)\n", static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x),
-         what, detail);
-  __trap();
-}
+inline constexpr long long kWaitBoundNs = 5'000'000'000LL;
+#else
+inline constexpr long long kWaitBoundNs = 600'000'000'000LL;
 #endif
 
-// Waits until phase `parity` of an mbarrier has completed. Debug builds (-DDASH_DEBUG_HANGS) turn a
-// wait that never ends into a printed diagnosis and a trapped launch instead of a hang.
+__device__ __forceinline__ long long global_timer_ns() {
+  long long ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+
+// Ends a launch whose wait outlived its bound: traps, so that the stream reports an error (a launch
+// failure) instead of hanging. Like any device fault, the trap leaves the CUDA context unusable. A debug build
+// first prints which wait and where; release builds print nothing, since printf is a call, and a call site
+// makes ptxas drop setmaxnreg and spill in the step loops (scripts/sass_report.sh showed it).
+__device__ __forceinline__ void report_hang(const char* what, int detail) {
+#if defined(DASH_DEBUG_HANGS)
+  printf("dash: CTA %d thread %d waited more than %lld ns in %s (%d): the launch cannot finish\n",
+         static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x), kWaitBoundNs, what, detail);
+#else
+  (void)what;
+  (void)detail;
+#endif
+  __trap();
+}
+
+// Waits until phase `parity` of an mbarrier has completed. Only the CTA's own roles complete its mbarriers, and
+// the one role that waits on other CTAs bounds that wait (wait_semaphore): if it traps, the grid ends and every
+// mbarrier wait with it. So release builds leave these waits unbounded, which keeps clock reads and their live
+// ranges out of the MMA step loops (bounding them all put 48-164 spill loads in each backward step loop, by
+// scripts/sass_report.sh). Debug builds (-DDASH_DEBUG_HANGS) bound them too, to name a wait a kernel bug left
+// waiting.
 __device__ __forceinline__ void wait_barrier(uint64_t& barrier, int parity, const char* what) {
 #if defined(DASH_DEBUG_HANGS)
-  const long long start = clock64();
-  while (!cutlass::arch::ClusterBarrier::test_wait(&barrier, parity, 1)) {
-    if (clock64() - start > kHangCycles) report_hang(what, parity);
+  const long long start = global_timer_ns();
+  while (!cutlass::arch::ClusterBarrier::try_wait(&barrier, parity)) {
+    if (global_timer_ns() - start > kWaitBoundNs) report_hang(what, parity);
   }
 #else
   (void)what;
@@ -37,19 +63,22 @@ __device__ __forceinline__ void wait_barrier(uint64_t& barrier, int parity, cons
 #endif
 }
 
-// Spins until *semaphore == expected. The acquire makes every global write released by the previous
-// holder visible; the proxy fence then orders them before this thread's bulk (async-proxy) reduce.
-__device__ __forceinline__ void wait_semaphore(const int* semaphore, int expected) {
+__device__ __forceinline__ int load_acquire(const int* address) {
   int value;
-#if defined(DASH_DEBUG_HANGS)
-  const long long start = clock64();
-#endif
-  do {
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(value) : "l"(semaphore) : "memory");
-#if defined(DASH_DEBUG_HANGS)
-    if (clock64() - start > kHangCycles) report_hang("dQ semaphore wait", expected);
-#endif
-  } while (value != expected);
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+
+// Spins until *semaphore == expected, trapping when the wait outlives `bound_ns` (report_hang; tests pass a
+// short bound). The acquire makes every global write released by the previous holder visible; the proxy fence
+// then orders them before this thread's bulk (async-proxy) reduce.
+__device__ __forceinline__ void wait_semaphore(const int* semaphore, int expected, long long bound_ns = kWaitBoundNs) {
+  if (load_acquire(semaphore) != expected) {
+    const long long start = global_timer_ns();
+    while (load_acquire(semaphore) != expected) {
+      if (global_timer_ns() - start > bound_ns) report_hang("dQ semaphore wait", expected);
+    }
+  }
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
