@@ -31,6 +31,17 @@
 // the fast conditions under dynamic dispatch; the nondeterministic schedule has no ranks, and coverage is all
 // it needs. validator.hpp shows that these imply coverage, the rank permutation and deadlock freedom.
 //
+// Any lengths. M holds for every (seqlen_q, seqlen_k, mask, window), so these schedules need no proof per length:
+// a query row sees the keys [first_visible_key(row), visible_keys(row)), both ends non-decreasing in the row and
+// moving by at most one key per row (mask.hpp), so the keys some row sees form one range and, tile by tile, the
+// first and last rows that see a key/value tile do not decrease with the tile: B and E never decrease on the
+// tiles that see something, which are one range, and K(v), L(v) are the inverse images that M compares.
+// test_plan_proof.cpp checks it for every pair of lengths up to past three tiles of both tile shapes, under
+// every mask and several windows, with and without GQA splits. So a packed batch (varlen) may plan each
+// sequence's jobs from the maximum length and size them at run time from the real lengths: every
+// sequence's problem meets M, J and F are the schedules' own code, and the theorem applies sequence by
+// sequence (dQ tiles of different sequences are distinct, as those of different heads are).
+//
 // F is read from the code rather than checked on every visit; test_plan_proof.cpp checks the verdict against
 // the enumerating proof and the expanding validator on random plans, sliding windows and corrupted plans.
 #pragma once

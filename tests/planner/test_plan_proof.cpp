@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "planner/expanded_schedule.hpp"
+#include "planner/kv_order_proof.hpp"
 #include "planner/plan_proof.hpp"
 #include "planner/schedule_plan.hpp"
 #include "planner/shift_proof.hpp"
@@ -291,6 +292,42 @@ TEST(PlanProof, StaircaseUnderStaticDispatchIsValidByTheStreamedValidator) {
   const PlanProof proof = prove_plan(plan);
   EXPECT_EQ(proof.summary, "valid");
   EXPECT_TRUE(proof.stats.streamed_fallback);
+}
+
+// The key/value-order schedules' structural proof holds whatever the lengths (kv_order_proof.hpp, "Any
+// lengths"): every plan of them, for every pair of sequence lengths from one row to past three tiles (both tile
+// shapes, every remainder class of interest), under the full and causal masks and sliding windows, with GQA
+// split or not, is proven by structure, and the expanding validator agrees. This is what lets a packed batch
+// (varlen) plan each sequence's jobs from the maximum length alone.
+TEST(PlanProof, KeyValueOrderPlansOfEveryLengthAreProvenByStructure) {
+  const int lengths[] = {1, 2, 63, 64, 65, 127, 128, 129, 191, 192, 255, 256, 257, 300, 383, 384, 385, 450};
+  const SlidingWindow windows[] = {{-1, -1}, {0, 0}, {1, -1}, {-1, 1}, {64, 0}, {100, 50}, {0, 200}, {300, -1}};
+  const Schedule kv_order[] = {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
+                               Schedule::kNondeterministic};
+  int proven = 0;
+  for (int head_dim : {64, 128}) {
+    for (int group : {1, 4}) {
+      for (int seqlen_q : lengths) {
+        for (int seqlen_k : lengths) {
+          for (bool causal : {false, true}) {
+            for (const SlidingWindow& window : windows) {
+              const AttentionShape shape = make_shape(1, 2, group, seqlen_q, seqlen_k, head_dim, causal);
+              const TiledProblem problem = make_tiled_problem(shape, window, group == 1 ? 1 : 2);
+              for (Schedule schedule : kv_order) {
+                const PlanResult planned = make_schedule_plan(problem, schedule, 5);
+                ASSERT_TRUE(planned.ok()) << describe(planned.plan) << ": " << planned.rejected;
+                ASSERT_TRUE(prove_kv_order_by_structure(planned.plan).proven)
+                    << describe(planned.plan) << " window " << window.left << "," << window.right;
+                ASSERT_EQ(full_report(planned.plan), "valid") << describe(planned.plan);
+                ++proven;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(proven, 2 * 2 * 18 * 18 * 2 * 8 * 4);
 }
 
 TEST(PlanProof, PlanWithoutCtasIsRejected) {
