@@ -27,11 +27,26 @@ T dot(const T* a, const T* b, int64_t n) {
   return sum;
 }
 
+// A scaled score after softcapping, and the derivative of the capped score with respect to the scaled one.
+template <class T>
+struct CappedScore {
+  T value;
+  T slope;
+};
+
+template <class T>
+CappedScore<T> cap(T score, T softcap) {
+  if (softcap <= T(0)) return {score, T(1)};
+  const T t = std::tanh(score / softcap);
+  return {softcap * t, T(1) - t * t};
+}
+
 }  // namespace
 
 template <class T>
 void attention_forward(const AttentionShape& shape, const T* q, const T* k, const T* v, T* out, T* lse,
-                       SlidingWindow window) {
+                       SlidingWindow window, double softcap) {
+  const T score_cap = static_cast<T>(softcap);
   const Layout lq{shape.seqlen_q, shape.heads_q, shape.head_dim};
   const Layout lk{shape.seqlen_k, shape.heads_kv, shape.head_dim};
   const int64_t group = shape.heads_q / shape.heads_kv;
@@ -53,7 +68,7 @@ void attention_forward(const AttentionShape& shape, const T* q, const T* k, cons
         }
         T row_max = -std::numeric_limits<T>::infinity();
         for (int64_t j = first; j < keys; ++j) {
-          scores[j] = scale * dot(q + lq.at(b, i, h), k + lk.at(b, j, hk), shape.head_dim);
+          scores[j] = cap(scale * dot(q + lq.at(b, i, h), k + lk.at(b, j, hk), shape.head_dim), score_cap).value;
           row_max = std::max(row_max, scores[j]);
         }
         T sum = 0;
@@ -71,7 +86,8 @@ void attention_forward(const AttentionShape& shape, const T* q, const T* k, cons
 
 template <class T>
 void attention_backward(const AttentionShape& shape, const T* q, const T* k, const T* v, const T* out,
-                        const T* dout, const T* lse, T* dq, T* dk, T* dv, SlidingWindow window) {
+                        const T* dout, const T* lse, T* dq, T* dk, T* dv, SlidingWindow window, double softcap) {
+  const T score_cap = static_cast<T>(softcap);
   const Layout lq{shape.seqlen_q, shape.heads_q, shape.head_dim};
   const Layout lk{shape.seqlen_k, shape.heads_kv, shape.head_dim};
   const int64_t group = shape.heads_q / shape.heads_kv;
@@ -95,8 +111,10 @@ void attention_backward(const AttentionShape& shape, const T* q, const T* k, con
         for (int64_t j = first; j < keys; ++j) {
           const T* kj = k + lk.at(b, j, hk);
           const T* vj = v + lk.at(b, j, hk);
-          const T p = std::exp(scale * dot(qi, kj, dim) - row_lse);  // P_ij
-          const T ds = p * (dot(doi, vj, dim) - delta);               // dS_ij = P_ij (dP_ij - D_i)
+          const CappedScore<T> s = cap(scale * dot(qi, kj, dim), score_cap);
+          const T p = std::exp(s.value - row_lse);                  // P_ij
+          // dS_ij = P_ij (dP_ij - D_i), carried back through the cap to the scaled score.
+          const T ds = p * (dot(doi, vj, dim) - delta) * s.slope;
           T* dkj = dk + lk.at(b, j, hk);
           T* dvj = dv + lk.at(b, j, hk);
           for (int64_t d = 0; d < dim; ++d) {
@@ -111,13 +129,13 @@ void attention_backward(const AttentionShape& shape, const T* q, const T* k, con
 }
 
 template void attention_forward<float>(const AttentionShape&, const float*, const float*, const float*, float*, float*,
-                                       SlidingWindow);
+                                       SlidingWindow, double);
 template void attention_forward<double>(const AttentionShape&, const double*, const double*, const double*, double*,
-                                        double*, SlidingWindow);
+                                        double*, SlidingWindow, double);
 template void attention_backward<float>(const AttentionShape&, const float*, const float*, const float*, const float*,
-                                        const float*, const float*, float*, float*, float*, SlidingWindow);
+                                        const float*, const float*, float*, float*, float*, SlidingWindow, double);
 template void attention_backward<double>(const AttentionShape&, const double*, const double*, const double*,
                                          const double*, const double*, const double*, double*, double*, double*,
-                                         SlidingWindow);
+                                         SlidingWindow, double);
 
 }  // namespace dash::reference

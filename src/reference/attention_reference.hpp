@@ -4,8 +4,10 @@
 // Tensors are packed (B, S, H, D) arrays; lse is packed (B, Hq, Sq) and holds natural-log
 // logsumexp of each row of scaled scores (-inf for a row that sees no key, whose output is 0).
 // The mask (schedule/mask.hpp: full, causal, FlashAttention's sliding window alone or with causal) and the
-// GQA head mapping follow include/dash/attention.hpp; the window is an argument of its own because the API's
-// shape has none yet.
+// GQA head mapping follow include/dash/attention.hpp. softcap > 0 caps each scaled score s to
+// softcap * tanh(s / softcap) before the softmax (Gemma 2's logit softcapping, FlashAttention's `softcap`), and the
+// backward multiplies dS by its derivative 1 - tanh^2; 0 leaves the scores as they are. The window and softcap
+// are arguments of their own because the API's shape has neither yet.
 #pragma once
 
 #include "dash/types.hpp"
@@ -15,11 +17,12 @@ namespace dash::reference {
 
 template <class T>
 void attention_forward(const AttentionShape& shape, const T* q, const T* k, const T* v, T* out, T* lse,
-                       SlidingWindow window = {});
+                       SlidingWindow window = {}, double softcap = 0.0);
 
-// Gradients of L = sum(out * dout) given the forward's out and lse (computed under the same window).
+// Gradients of L = sum(out * dout) given the forward's out and lse (computed under the same window and softcap).
 template <class T>
 void attention_backward(const AttentionShape& shape, const T* q, const T* k, const T* v, const T* out,
-                        const T* dout, const T* lse, T* dq, T* dk, T* dv, SlidingWindow window = {});
+                        const T* dout, const T* lse, T* dq, T* dk, T* dv, SlidingWindow window = {},
+                        double softcap = 0.0);
 
 }  // namespace dash::reference

@@ -2,7 +2,8 @@
 // forward and backward against an independent naive float64 formulation written here, float32 against
 // float64, rows the mask hides entirely, and that every output element is written. All inputs are fresh
 // random tensors over ragged, GQA/MQA, causal and full shapes, with and without FlashAttention's sliding
-// window (alone, one-sided, two-sided, and with causal).
+// window (alone, one-sided, two-sided, and with causal) and softcapping (tight and loose caps; a far cap changes
+// nothing, a tight one bounds the scores).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,6 +31,7 @@ struct ShapeCase {
   bool causal;
   float scale = 0.0f;  // 0 means 1/sqrt(head_dim)
   SlidingWindow window{};
+  double softcap = 0.0;  // > 0: scores capped to softcap * tanh(score / softcap)
 
   AttentionShape shape() const {
     AttentionShape s;
@@ -56,6 +58,7 @@ void PrintTo(const ShapeCase& c, std::ostream* os) {
     const auto side = [](int bound) { return bound < 0 ? std::string("inf") : std::to_string(bound); };
     *os << "_window" << side(c.window.left) << "x" << side(c.window.right);
   }
+  if (c.softcap > 0) *os << "_softcap" << static_cast<int>(c.softcap * 10) << "tenths";
 }
 
 // FlashAttention's rule, written out here rather than taken from schedule/mask.hpp: row i sees key j iff
@@ -125,15 +128,16 @@ Results<T> run_reference(const ShapeCase& c, const Inputs<double>& in64, T poiso
   r.dk.assign(c.kv_size(), poison);
   r.dv.assign(c.kv_size(), poison);
   const AttentionShape shape = c.shape();
-  attention_forward(shape, in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data(), c.window);
+  attention_forward(shape, in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data(), c.window, c.softcap);
   attention_backward(shape, in.q.data(), in.k.data(), in.v.data(), r.out.data(), in.dout.data(), r.lse.data(),
-                     r.dq.data(), r.dk.data(), r.dv.data(), c.window);
+                     r.dq.data(), r.dk.data(), r.dv.data(), c.window, c.softcap);
   return r;
 }
 
 // The textbook formulation, independent of the reference's loop structure: per (batch, head) materialize
-// S = scale Q K^T with hidden entries at -inf, P = softmax(S) row by row, O = P V, then
-// dV = P^T dO, dP = dO V^T, dS = P o (dP - rowsum(dO o O)), dQ = scale dS K, dK = scale dS^T Q.
+// S = scale Q K^T, capped to c tanh(S / c) under a softcap c, with hidden entries at -inf, P = softmax(S) row by
+// row, O = P V, then dV = P^T dO, dP = dO V^T, dS = P o (dP - rowsum(dO o O)) o (1 - (S / c)^2) under a softcap
+// (the derivative of the cap, written from the capped S), dQ = scale dS K, dK = scale dS^T Q.
 // The mask is visible() above.
 Results<double> naive_attention(const ShapeCase& c, const Inputs<double>& in) {
   const int64_t sq = c.seqlen_q, sk = c.seqlen_k, dim = c.head_dim;
@@ -154,7 +158,8 @@ Results<double> naive_attention(const ShapeCase& c, const Inputs<double>& in) {
         for (int64_t j = 0; j < sk; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < dim; ++d) dot += in.q[pq(b, i, h, d)] * in.k[pk(b, j, hk, d)];
-          s[i][j] = visible(c, i, j) ? scale * dot : -kInf;
+          const double capped = c.softcap > 0 ? c.softcap * std::tanh(scale * dot / c.softcap) : scale * dot;
+          s[i][j] = visible(c, i, j) ? capped : -kInf;
         }
         const double row_max = *std::max_element(s[i].begin(), s[i].end());
         double& lse = r.lse[static_cast<size_t>((b * c.heads_q + h) * sq + i)];
@@ -183,7 +188,8 @@ Results<double> naive_attention(const ShapeCase& c, const Inputs<double>& in) {
         double delta = 0;
         for (int64_t d = 0; d < dim; ++d) delta += in.dout[pq(b, i, h, d)] * r.out[pq(b, i, h, d)];
         for (int64_t j = 0; j < sk; ++j) {
-          const double ds = p[i][j] * (dp[i][j] - delta);
+          const double through_cap = c.softcap > 0 && s[i][j] > -kInf ? 1 - std::pow(s[i][j] / c.softcap, 2) : 1;
+          const double ds = p[i][j] * (dp[i][j] - delta) * through_cap;
           for (int64_t d = 0; d < dim; ++d) {
             r.dq[pq(b, i, h, d)] += scale * ds * in.k[pk(b, j, hk, d)];
             r.dk[pk(b, j, hk, d)] += scale * ds * in.q[pq(b, i, h, d)];
@@ -245,7 +251,7 @@ class FiniteDifference : public testing::TestWithParam<ShapeCase> {};
 // L = sum(out * dout) through the float64 reference forward: the scalar whose gradient backward returns.
 double loss(const ShapeCase& c, const Inputs<double>& in) {
   std::vector<double> out(c.q_size()), lse(c.lse_size());
-  attention_forward(c.shape(), in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), c.window);
+  attention_forward(c.shape(), in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), c.window, c.softcap);
   return std::inner_product(out.begin(), out.end(), in.dout.begin(), 0.0);
 }
 
@@ -311,7 +317,10 @@ INSTANTIATE_TEST_SUITE_P(RaggedShapes, FiniteDifference,
                                          ShapeCase{1, 37, 37, 4, 2, 8, true, 0.0f, {5, -1}},
                                          ShapeCase{1, 29, 41, 2, 1, 8, false, 0.0f, {3, 4}},
                                          ShapeCase{2, 23, 23, 2, 2, 8, false, 0.0f, {-1, 2}},
-                                         ShapeCase{1, 41, 17, 2, 1, 8, false, 0.0f, {6, 1}}),
+                                         ShapeCase{1, 41, 17, 2, 1, 8, false, 0.0f, {6, 1}},
+                                         // softcap: a large scale pushes scores past the cap, where tanh bends
+                                         ShapeCase{1, 7, 37, 4, 2, 8, true, 3.0f, {}, 1.5},
+                                         ShapeCase{1, 29, 41, 2, 1, 8, false, 2.0f, {3, 4}, 0.8}),
                          case_name);
 
 // --- 2. Forward and backward vs the naive float64 formulation -----------------------------------------
@@ -345,7 +354,9 @@ INSTANTIATE_TEST_SUITE_P(RaggedShapes, NaiveFormulation,
                                          ShapeCase{2, 130, 130, 4, 2, 16, true, 0.0f, {17, -1}},
                                          ShapeCase{1, 65, 130, 2, 1, 16, false, 0.0f, {20, 9}},
                                          ShapeCase{1, 130, 65, 4, 4, 16, false, 0.0f, {0, 0}},
-                                         ShapeCase{1, 130, 37, 2, 1, 64, true, 1.3f, {12, 40}}),
+                                         ShapeCase{1, 130, 37, 2, 1, 64, true, 1.3f, {12, 40}},
+                                         ShapeCase{2, 65, 130, 4, 2, 16, true, 2.5f, {}, 1.0},
+                                         ShapeCase{1, 130, 65, 2, 2, 64, false, 1.3f, {9, 9}, 30.0}),
                          case_name);
 
 // --- 3. float32 vs float64 ----------------------------------------------------------------------------
@@ -375,6 +386,36 @@ INSTANTIATE_TEST_SUITE_P(RaggedShapes, Precision,
                                          ShapeCase{1, 130, 130, 4, 2, 64, true, 0.0f, {31, -1}},
                                          ShapeCase{1, 130, 65, 2, 1, 16, false, 0.0f, {9, 9}}),
                          case_name);
+
+// Softcapping: a cap far above every score changes almost nothing (c tanh(x / c) = x - x^3 / (3 c^2) + ...: at
+// scores up to about 10, as here, and a cap of 1e6 the change is below 1e-9), and a tight cap bounds every score,
+// so each row's LSE is at most log(visible keys) + cap while the uncapped one exceeds that.
+TEST(Softcap, AFarCapChangesNothingAndATightOneBoundsTheScores) {
+  const ShapeCase plain{1, 37, 65, 4, 2, 16, true, 2.0f};
+  ShapeCase far = plain;
+  far.softcap = 1e6;
+  ShapeCase tight = plain;
+  tight.softcap = 0.25;
+  const Inputs<double> in = random_inputs(plain, 77);
+  const Results<double> uncapped = run_reference<double>(plain, in);
+  const Results<double> far_capped = run_reference<double>(far, in);
+  EXPECT_TRUE(all_close(far_capped.out, uncapped.out, 1e-9)) << "out";
+  EXPECT_TRUE(all_close(far_capped.dq, uncapped.dq, 1e-9)) << "dq";
+  EXPECT_TRUE(all_close(far_capped.dk, uncapped.dk, 1e-9)) << "dk";
+  const Results<double> capped = run_reference<double>(tight, in);
+  bool some_row_exceeds_uncapped = false;
+  for (int64_t h = 0; h < plain.heads_q; ++h) {
+    for (int64_t i = 0; i < plain.seqlen_q; ++i) {
+      int visible_keys = 0;
+      for (int64_t j = 0; j < plain.seqlen_k; ++j) visible_keys += visible(plain, i, j) ? 1 : 0;
+      const size_t row = static_cast<size_t>(h * plain.seqlen_q + i);
+      const double bound = std::log(static_cast<double>(visible_keys)) + tight.softcap;
+      EXPECT_LE(capped.lse[row], bound + 1e-12) << "head " << h << " row " << i;
+      some_row_exceeds_uncapped = some_row_exceeds_uncapped || uncapped.lse[row] > bound;
+    }
+  }
+  EXPECT_TRUE(some_row_exceeds_uncapped) << "the cap never bit: the test would pass without it";
+}
 
 // --- 4. Rows the mask hides entirely ---------------------------------------------------------------------
 
