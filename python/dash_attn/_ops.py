@@ -364,18 +364,30 @@ def _op_gradients(
 forward.register_autograd(_op_gradients, setup_context=_save_for_backward)
 
 
-def _eager_backward(*args: object) -> tuple[Tensor, Tensor, Tensor]:
-    """The backward op's body, or the op itself where torch traces the backward (compiled autograd, a dispatch
-    mode around .backward()) though the forward ran eagerly."""
-    if _traced(*args[:6]):
-        return torch.ops.dash_attn.backward(*args)
-    return _backward_body(*args)
+def attention_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+    sm_margin: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of torch.ops.dash_attn.backward, bitwise the same: that op where torch traces (also a backward
+    traced though its forward ran eagerly: compiled autograd, a dispatch mode around .backward()), its body
+    directly otherwise. The eager path's backward and dash_attn.attention_backward both run it."""
+    if _traced(dout, q, k, v, out, lse):
+        return torch.ops.dash_attn.backward(dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin)
+    return _backward_body(dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin)
 
 
 def _eager_gradients(
     ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None, grad_lse: Tensor | None
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None, None]:
-    return _gradients(ctx, grad_out, _eager_backward)
+    return _gradients(ctx, grad_out, attention_backward)
 
 
 # A double backward of the eager path raises when it runs, as through the backward op, which has no autograd
@@ -423,23 +435,4 @@ def attention(
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _EagerAttention.apply(q, k, v, softmax_scale, causal, schedule, sm_margin)
     return _forward_body(q, k, v, softmax_scale, causal, sm_margin)
-
-
-def attention_backward(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    softmax_scale: float,
-    causal: bool,
-    schedule: str,
-    sm_margin: int,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of torch.ops.dash_attn.backward, bitwise the same: that op where torch traces, its body directly
-    in plain eager mode."""
-    if _traced(dout, q, k, v, out, lse):
-        return torch.ops.dash_attn.backward(dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin)
-    return _backward_body(dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin)
 

@@ -14,19 +14,21 @@ struct Form {
   bool ranked_from_end;  // rank L(v) - 1 - k (shortest-first) rather than k - K(v); unused when unordered
 };
 
-// The form of a key/value-order plan, or false for the other schedules.
+// The form of a key/value-order plan, or false for the other schedules. The nondeterministic schedule takes
+// another schedule's tiles and visits, whichever suits the problem (kv_order_schedules.hpp); it has no ranks, so
+// coverage is all its proof needs, which holds for either tile order and either visiting direction: its form is
+// read off its first unit's job, and unit_has_the_structure then holds every unit to it.
 bool form_of(const SchedulePlan& plan, Form* form) {
-  const TiledProblem& p = plan.problem;
   switch (plan.kind) {
     case Schedule::kAscending: *form = {false, false, false}; return true;
     case Schedule::kDescending: *form = {false, true, false}; return true;
     case Schedule::kShortestFirst: *form = {true, false, true}; return true;
     case Schedule::kNondeterministic: {
-      // NondeterministicSchedule: shortest-first tiles under a window or causal MHA, descending visits under
-      // causal folded GQA heads, no ranks.
-      const bool shortest_first = p.windowed() || (p.causal && p.heads_per_job() == 1);
-      const bool descending = !p.windowed() && p.causal && p.heads_per_job() > 1;
-      *form = {shortest_first, descending, false};
+      const int n = plan.problem.num_kv_tiles();
+      const Job first = make_job(plan, 0, 0);
+      const bool reversed = n > 1 && first.kv_tile == n - 1;
+      const bool descending = first.num_steps > 1 && q_tile_at(plan, first, 0) == first.q_end - 1;
+      *form = {reversed, descending, false};
       return true;
     }
     case Schedule::kShift:

@@ -18,7 +18,8 @@
 //  J (the jobs) unit u holds one valid job of head u / n, key/value tile sigma(u mod n), band [B, E) of that
 //    tile and E - B steps, where sigma is the identity (ascending, descending, nondeterministic visiting
 //    ascending) or k -> n - 1 - k (shortest-first, nondeterministic visiting shortest-first), as
-//    kv_order_schedules.hpp builds them.
+//    kv_order_schedules.hpp builds them. The nondeterministic schedule's choice (and its visiting direction in
+//    F) is read off its first unit's job; it needs neither fixed, since it has no ranks.
 //  F (the closed forms of kv_order_schedules.hpp, which the check samples at both ends of every job's band)
 //    q_tile_at(job, s) = B + s (ascending, shortest-first) or E - 1 - s (descending), so a job visits each tile
 //    of its band once; rank_of(job, v) = k - K(v) (ascending, descending) or L(v) - 1 - k (shortest-first).

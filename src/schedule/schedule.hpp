@@ -56,21 +56,6 @@ DASH_HOST_DEVICE int rank_of(const SchedulePlan& plan, const Job& job, int v) {
   return -1;  // never reached: make_job gives such a plan no job to ask about
 }
 
-// Whether the plan sums every dQ tile in a fixed order (ranks 0, 1, ...). Then the rank-0 contribution
-// can store instead of add, so the dQ accumulator needs no zeroing; unordered sums need it zeroed.
-DASH_HOST_DEVICE bool sums_in_order(const SchedulePlan& plan) {
-  switch (plan.kind) {
-    case Schedule::kAscending:
-    case Schedule::kDescending:
-    case Schedule::kShortestFirst:
-    case Schedule::kShift:
-    case Schedule::kSymmetricShift: return true;
-    case Schedule::kNondeterministic:
-    case Schedule::kAuto: break;
-  }
-  return false;
-}
-
 // Whether gradients under `schedule` are bitwise identical from run to run: every schedule but the
 // nondeterministic one, and auto, which only ever resolves to a deterministic schedule (choose_schedule).
 DASH_HOST_DEVICE constexpr bool is_deterministic(Schedule schedule) {
@@ -84,6 +69,13 @@ DASH_HOST_DEVICE constexpr bool is_deterministic(Schedule schedule) {
     case Schedule::kNondeterministic: break;
   }
   return false;
+}
+
+// Whether the plan sums every dQ tile in a fixed order (ranks 0, 1, ...): its schedule is deterministic (a plan
+// of kAuto, which make_schedule_plan never makes, has no jobs and no order). Then the rank-0 contribution can
+// store instead of add, so the dQ accumulator needs no zeroing; unordered sums need it zeroed.
+DASH_HOST_DEVICE bool sums_in_order(const SchedulePlan& plan) {
+  return plan.kind != Schedule::kAuto && is_deterministic(plan.kind);
 }
 
 // Work units of CTA `cta` under static dispatch: units cta, cta + num_ctas, ...

@@ -5,7 +5,6 @@
 // A trap leaves the CUDA context unusable, so the waits run in a child process: WaitBound runs this binary again
 // with only WaitBoundChild selected and DASH_WAIT_BOUND_CHILD set, under `timeout`, and reads what it printed.
 // WaitBoundChild skips when run any other way. Both skip, saying why, without a Hopper GPU or without the probe.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "dash/attention.hpp"
 #include "wait_probe.hpp"
 
 namespace dash {
@@ -26,16 +26,10 @@ constexpr long long kLongBoundNs = 5'000'000'000LL;
 constexpr double kTrapWithinSeconds = 10.0;     // the stuck launch must end this soon (bound, trap, teardown)
 constexpr int kChildTimeoutSeconds = 120;       // `timeout` ends a child that hangs anyway
 
-std::string hopper_skip_reason() {
+// Empty when the probe is built and the current device is a Hopper GPU (the API's own device check).
+std::string skip_reason() {
   if (const std::string why = testing::wait_probe_unavailable_reason(); !why.empty()) return why;
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return "no CUDA device";
-  }
-  cudaDeviceProp properties{};
-  cudaGetDeviceProperties(&properties, 0);
-  if (properties.major != 9) return "needs a Hopper GPU (compute capability 9.x)";
+  if (Status s = check_current_device(); !s.ok()) return "no Hopper GPU: " + s.message();
   return {};
 }
 
@@ -43,7 +37,7 @@ TEST(WaitBoundChild, ARankedWaitPassesAndAStuckOneEndsTheLaunchWithAnError) {
   if (std::getenv(kChildVariable) == nullptr) {
     GTEST_SKIP() << "runs only as WaitBound's child process (a trap ends the CUDA context)";
   }
-  if (const std::string why = hopper_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
   EXPECT_EQ(testing::semaphore_wait_outcome(/*value=*/3, /*expected=*/3, kLongBoundNs), "cudaSuccess");
   const auto begin = std::chrono::steady_clock::now();
   const std::string stuck = testing::semaphore_wait_outcome(/*value=*/0, /*expected=*/1, kShortBoundNs);
@@ -54,7 +48,7 @@ TEST(WaitBoundChild, ARankedWaitPassesAndAStuckOneEndsTheLaunchWithAnError) {
 }
 
 TEST(WaitBound, AnOrderingWaitThatCannotEndBecomesAnErrorNotAHang) {
-  if (const std::string why = hopper_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
   std::array<char, 4096> self{};
   const ssize_t length = readlink("/proc/self/exe", self.data(), self.size() - 1);
   ASSERT_GT(length, 0) << "cannot find this test binary to run the child";

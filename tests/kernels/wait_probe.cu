@@ -20,9 +20,11 @@ std::string wait_probe_unavailable_reason() { return {}; }
 std::string semaphore_wait_outcome(int value, int expected, long long bound_ns) {
   int* semaphore = nullptr;
   if (const cudaError_t e = cudaMalloc(&semaphore, sizeof(int)); e != cudaSuccess) return cudaGetErrorName(e);
-  cudaMemcpy(semaphore, &value, sizeof(int), cudaMemcpyHostToDevice);
-  semaphore_wait_kernel<<<1, 1>>>(semaphore, expected, bound_ns);
-  cudaError_t outcome = cudaGetLastError();
+  cudaError_t outcome = cudaMemcpy(semaphore, &value, sizeof(int), cudaMemcpyHostToDevice);
+  if (outcome == cudaSuccess) {
+    semaphore_wait_kernel<<<1, 1>>>(semaphore, expected, bound_ns);
+    outcome = cudaGetLastError();
+  }
   if (outcome == cudaSuccess) outcome = cudaDeviceSynchronize();
   cudaFree(semaphore);
   return cudaGetErrorName(outcome);
