@@ -17,7 +17,8 @@ impls=("$@")
 repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 
-main_kernel() {  # the kernel-name filter of an implementation's main backward kernel
+main_kernel() {  # the filter on the demangled name of an implementation's main backward kernel (FA3's
+                 # kernels are all cutlass::device_kernel<...>, so the plain function name cannot tell them apart)
   case $1 in
     dash-*) echo "regex:backward_kernel" ;;
     fa3-*) echo "regex:FlashAttnBwdSm90" ;;
@@ -26,7 +27,8 @@ main_kernel() {  # the kernel-name filter of an implementation's main backward k
 
 for impl in "${impls[@]}"; do
   kernel=$(main_kernel "$impl")
-  timeout 600 ncu --profile-from-start off --clock-control none --kernel-name "$kernel" --launch-count 1 \
+  timeout 600 ncu --profile-from-start off --clock-control none --kernel-name-base demangled --kernel-name "$kernel" \
+    --launch-count 1 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section SchedulerStats --section SourceCounters \
     --export "$out/$impl" --force-overwrite \

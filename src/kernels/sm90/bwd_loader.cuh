@@ -4,7 +4,7 @@
 //
 // Step records live in a ring of kStepRing slots read by the MMA warpgroups and the dQ writer. Slot
 // reuse is safe without its own barrier: writing step k needs the Q stage of step k - kStages to be
-// released, which the MMA warpgroups do only after handing over the dQ partial of that step, which
+// released, which the MMA warpgroups do only after storing the dQ partial of that step, which
 // needs the dQ writer to have finished step k - kStages - 1 (and read its record). So records older
 // than k - kStages - 1 are dead, and kStepRing > kStages + 1 slots suffice.
 #pragma once

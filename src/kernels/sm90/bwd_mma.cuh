@@ -81,6 +81,9 @@ struct BackwardMma {
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
         warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
+        // The previous step's dQ partial is handed over only now: its stores drained while the GEMMs
+        // above were issued, so the fence before the hand-over no longer stalls on them.
+        if (s > 0) commit_dq(smem, warp_group, steps - 1);
 
         warpgroup_wait<1>();
         // P^T, in place of S^T. Only tiles crossing the causal diagonal or the key tail need the mask:
@@ -98,10 +101,10 @@ struct BackwardMma {
         Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
         compute_ds(tSrS, tdPrdP, operand_in_accumulator_layout(tdVrP, tSrS), operand_in_accumulator_layout(tdKrdS, tdPrdP),
                    tScS, smem.dpsum[stage]);
-        warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
-
-        // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows.
+        // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows. Stored
+        // before the dV GEMM is issued, so the stores drain under its issue instead of stalling the fence.
         copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
+        warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
         fence_shared_for_async_proxy();
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kDsReadyBarrier);
 
@@ -109,10 +112,12 @@ struct BackwardMma {
         warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ);
         warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
         warpgroup_wait<1>();  // dV and dQ done; dK may still run
-        hand_over_dq(smem, tdQrdQ, warp_group, thread, steps);
+        store_dq(smem, tdQrdQ, warp_group, thread, steps);
         warpgroup_wait<0>();
         smem.q_stages.consumer_release(steps);
       }
+      // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
+      if (job.num_steps > 0) commit_dq(smem, warp_group, steps - 1);
       smem.kv_stages.consumer_release(jobs);
       store_dkv(p, smem, job, tdKrdK, tdVrdV, thread);
     }
@@ -173,12 +178,12 @@ struct BackwardMma {
     }
   }
 
-  // Writes this warpgroup's dQ partial to its shared-memory buffer in fragment order (each thread's
-  // values as consecutive float4s), which the postprocess kernel undoes with the same tiled MMA.
+  // Writes this warpgroup's dQ partial of step `steps` to its shared-memory buffer in fragment order
+  // (each thread's values as consecutive float4s), which the postprocess kernel undoes with the same
+  // tiled MMA. The dQ writer sees it only after commit_dq.
   template <class Fragment>
-  __device__ static void hand_over_dq(SharedStorage& smem, const Fragment& dq, int warp_group, int thread, int steps) {
-    PipelineRing<1>& partial = smem.dq_stages[warp_group];
-    partial.producer_acquire(steps, "dq_empty");
+  __device__ static void store_dq(SharedStorage& smem, const Fragment& dq, int warp_group, int thread, int steps) {
+    smem.dq_stages[warp_group].producer_acquire(steps, "dq_empty");
     constexpr int kVectors = decltype(size(dq))::value / 4;
     float4* dst = reinterpret_cast<float4*>(smem.dq.data() + warp_group * Config::kdQPartialFloats);
     const int lane = thread % Config::kWarpGroupThreads;
@@ -186,8 +191,13 @@ struct BackwardMma {
     for (int i = 0; i < kVectors; ++i) {
       dst[i * Config::kWarpGroupThreads + lane] = make_float4(dq(4 * i), dq(4 * i + 1), dq(4 * i + 2), dq(4 * i + 3));
     }
+  }
+
+  // Hands the partial store_dq wrote for step `steps` to the dQ writer, whose bulk copy reads it
+  // through the async proxy.
+  __device__ static void commit_dq(SharedStorage& smem, int warp_group, int steps) {
     fence_shared_for_async_proxy();
-    partial.producer_commit(steps);
+    smem.dq_stages[warp_group].producer_commit(steps);
   }
 
   // dK * scale and dV for the job's rows: to dK/dV through shared memory, or, when the query-head group
