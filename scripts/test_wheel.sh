@@ -156,15 +156,19 @@ fi
 
 # On the GPU, in a process without torch (whose wheels bring their own CUDA libraries): once the library has
 # described and checked the device (its static CUDA runtime initialised, the driver loaded), the process
-# maps the driver's libcuda and no library of the CUDA toolkit.
+# maps the driver's libcuda and no library of the CUDA toolkit. The environment can import torch, and the
+# package imports it when it can, so torch is blocked here: the package then loads without its entry points.
 run_python - <<'EOF' || fail "the library loaded CUDA toolkit libraries"
 import re, sys
+sys.modules["torch"] = None  # `import torch` raises ImportError from here on
 from dash_attn import _library
 _library.load()
 _library.check_device()
 device = _library.describe_current_device()
 print(f"test_wheel: device {device.name.decode(errors='replace')}, {device.multiprocessor_count} SMs")
 mapped = sorted({line.split()[-1] for line in open("/proc/self/maps") if ".so" in line.split()[-1]})
+if any(re.search(r"/libtorch[^/]*\.so", path) for path in mapped):
+    sys.exit("test_wheel: torch was loaded although it was blocked, so this check would prove nothing")
 cuda = [path for path in mapped if re.search(r"/lib(cu|nv)[^/]*\.so", path)]
 print("test_wheel: CUDA libraries mapped: " + (", ".join(cuda) or "none"))
 if not any(re.search(r"/libcuda\.so", path) for path in cuda):
