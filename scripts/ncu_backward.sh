@@ -8,7 +8,8 @@
 # usage: scripts/ncu_backward.sh OUT_DIR HEAD_DIM SEQLEN {causal,full} [IMPL ...]
 #        IMPL: dash-det dash-nondet fa3-det fa3-nondet (default: all four; fa3-* need flash_attn_interface,
 #        e.g. PYTHONPATH=$PWD/python:/tmp/peers/fa3up/hopper after ../shared/peers/build_peers.sh fa3)
-# Writes OUT_DIR/<impl>.ncu-rep, <impl>_details.txt and <impl>_top_sass.txt, and prints the summaries.
+# Writes OUT_DIR/<impl>.ncu-rep, <impl>_details.txt, <impl>_source.csv (the SASS source page, which
+# scripts/ncu_step_phases.py breaks into the step's phases) and <impl>_top_sass.txt, and prints the summaries.
 set -uo pipefail
 out=$1 head_dim=$2 seqlen=$3 mask=$4
 shift 4
@@ -62,4 +63,6 @@ for r in sorted(body, key=count, reverse=True)[:25]:
     print(f"{100 * count(r) / total:5.1f}%  {r[address]:>8}  {r[source].strip()[:110]}")
 EOF
   head -8 "$out/${impl}_top_sass.txt"
+  # Which execution counts hold the step loop; then scripts/ncu_step_phases.py --counts shows its phases.
+  python3 "$repo/scripts/ncu_step_phases.py" "$out/${impl}_source.csv" | head -1
 done

@@ -1,8 +1,9 @@
 """End-to-end cost of deterministic attention in training: the forward+backward step time of one decoder
 layer (RMSNorm, fused QKV projection, optional RoPE, causal GQA attention, output projection, RMSNorm,
-SwiGLU MLP) shaped like LLaMA3-8B and Qwen2.5-7B, at batch 1 in bf16, for four attention implementations
-in the same run: dash_attn deterministic, dash_attn nondeterministic, and PyTorch SDPA's cuDNN and flash
-backends. Kernel-level speedups matter to a user only in proportion to attention's share of the step;
+SwiGLU MLP) shaped like LLaMA3-8B and Qwen2.5-7B, at batch 1 in bf16, for each attention implementation
+in the same run: dash_attn deterministic, dash_attn nondeterministic, FlashAttention-3 deterministic and
+nondeterministic when flash_attn_interface imports (../shared/peers builds it), and PyTorch SDPA's cuDNN and
+flash backends. Kernel-level speedups matter to a user only in proportion to attention's share of the step;
 this measures that share.
 
     python python/benchmarks/e2e_layer.py [--seqlens 4096 8192 16384] [--csv e2e_layer.csv]
@@ -120,8 +121,25 @@ def sdpa(backend: SDPBackend, native_gqa: bool) -> Attention:
     return attention
 
 
+def fa3(flash_attn_func_v3: Callable, deterministic: bool) -> Attention:
+    """FlashAttention-3 (flash_attn_interface, e.g. built by ../shared/peers), which takes GQA natively."""
+
+    def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        out = flash_attn_func_v3(q, k, v, causal=True, deterministic=deterministic)
+        return out[0] if isinstance(out, tuple) else out  # some FA3 versions also return the LSE
+
+    return attention
+
+
 def implementations(device: torch.device) -> dict[str, Attention]:
     found = {"dash-deterministic": dash(True), "dash-nondeterministic": dash(False)}
+    try:
+        from flash_attn_interface import flash_attn_func as flash_attn_func_v3
+    except ImportError as e:
+        print(f"e2e_layer: FA3 not measured ({e}); put its hopper/ directory on PYTHONPATH", file=sys.stderr)
+    else:
+        found["fa3-deterministic"] = fa3(flash_attn_func_v3, True)
+        found["fa3-nondeterministic"] = fa3(flash_attn_func_v3, False)
     for label, backend in (("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         native = sdpa_supports_gqa(backend, device)
         found[label if native else f"{label} (kv repeated)"] = sdpa(backend, native)
