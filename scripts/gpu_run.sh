@@ -2,8 +2,16 @@
 # Runs everything that needs a Hopper GPU from prebuilt binaries, writing full logs to OUT_DIR and
 # printing short summaries: the GPU tests, compute-sanitizer (memcheck, racecheck, synccheck) on small ragged shapes,
 # `dash-attn check`, and the forward/backward benchmarks on the paper's grid (with PyTorch SDPA
-# anchors measured in the same run when PyTorch is present), the PyTorch tests, and the randomized sweep.
-#   usage: scripts/gpu_run.sh BIN_DIR OUT_DIR [tests|sanitize|check|bench|profile|python|sweep ...]  (default: all)
+# anchors measured in the same run when PyTorch is present), the PyTorch tests, the randomized sweep, the
+# same-run comparison with FlashAttention-3 and cuDNN, and the binary wheel's GPU test.
+#   usage: scripts/gpu_run.sh BIN_DIR OUT_DIR [tests|sanitize|check|bench|profile|python|sweep|compare|wheel ...]
+#          (default: the first seven; compare and wheel only when asked for)
+# BIN_DIR holds test_sm90, dash-attn and libdash_attn_c.so (and, for `wheel`, one dash_attn-*.whl).
+# `compare` runs python/benchmarks/compare.py with FA3 from $DASH_PEERS_BUILD/fa3up/hopper (default
+# /tmp/peers); when that is missing and $DASH_PEERS names a copy of ../shared/peers, FA3 is built from it at
+# the start, in the background, while the other steps run (about 2 minutes on the GPU machine's CPUs).
+# Everything written to OUT_DIR is also packed into OUT_DIR.tgz at the end: one file to fetch, whatever the
+# number of logs.
 set -uo pipefail
 bin=$(realpath "$1")
 out=$(realpath "$2")
@@ -14,6 +22,12 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 summary() { grep -E "$2" "$1" | cut -c1-200 | head -"${3:-40}"; }
+peers_build=${DASH_PEERS_BUILD:-/tmp/peers}
+peers_job=
+if [[ " ${steps[*]} " == *" compare "* && ! -d "$peers_build/fa3up/hopper/flash_attn_3" && -n "${DASH_PEERS:-}" ]]; then
+  (cd "$DASH_PEERS" && PEERS_DIR="$peers_build" bash build_peers.sh fa3 > "$out/peers_build.log" 2>&1) &
+  peers_job=$!
+fi
 
 for step in "${steps[@]}"; do
   case $step in
@@ -80,6 +94,21 @@ for step in "${steps[@]}"; do
         > "$out/sweep.log" 2>&1
       echo "== random sweep rc=$?"
       summary "$out/sweep.log" '^random_sweep: (seed|cannot run)|FAIL|replay:|HANG|Traceback|Error|^sweep:' 60 ;;
+    compare)
+      if [ -n "$peers_job" ]; then wait "$peers_job"; echo "== FA3 build rc=$? (log: peers_build.log)"; peers_job=; fi
+      export DASH_ATTN_LIBRARY="$bin/libdash_attn_c.so" PYTHONPATH="$repo/python:$peers_build/fa3up/hopper"
+      timeout 900 python3 "$repo/python/benchmarks/compare.py" --csv "$out/compare.csv" --markdown "$out/compare.md" \
+        > "$out/compare.log" 2>&1
+      echo "== compare rc=$?"
+      summary "$out/compare.log" 'not measured|Error' 5
+      summary "$out/compare.md" '^Geometric' 3 ;;
+    wheel)
+      wheels=("$bin"/dash_attn-*.whl)
+      if [ ! -f "${wheels[0]}" ]; then echo "== wheel skipped: no dash_attn-*.whl in $bin"; continue; fi
+      timeout 900 "$repo/scripts/test_wheel.sh" --gpu "${wheels[0]}" > "$out/wheel.log" 2>&1
+      echo "== wheel test rc=$?"
+      tail -1 "$out/wheel.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
+tar czf "$out.tgz" -C "$out" . && echo "== logs packed: $out.tgz"
