@@ -76,11 +76,13 @@ for step in "${steps[@]}"; do
         summary "$out/ncu_$kernel.log" 'Duration|Compute \(SM\) Throughput|Memory Throughput|Tensor|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|Stall' 30
       done ;;
     python)
-      # The PyTorch front with a prebuilt libdash_attn_c.so: its tests, then the one-layer training-step benchmark.
+      # The PyTorch front with a prebuilt libdash_attn_c.so: its tests, then the one-layer training-step benchmark
+      # (with FA3 beside it when FA3 is built: list `compare` before `python` to have it built first).
       export DASH_ATTN_LIBRARY="$bin/libdash_attn_c.so" PYTHONPATH="$repo/python"
       timeout 900 python3 -m pytest -q -rs "$repo/python/tests" > "$out/pytest.log" 2>&1
       echo "== pytest rc=$?"; tail -25 "$out/pytest.log"
-      timeout 900 python3 "$repo/python/benchmarks/e2e_layer.py" --csv "$out/e2e_layer.csv" > "$out/e2e_layer.log" 2>&1
+      PYTHONPATH="$repo/python:$peers_build/fa3up/hopper" timeout 900 python3 "$repo/python/benchmarks/e2e_layer.py" \
+        --csv "$out/e2e_layer.csv" > "$out/e2e_layer.log" 2>&1
       echo "== e2e layer benchmark rc=$?"; cat "$out/e2e_layer.log" ;;
     sweep)
       # 300 random shapes (python/tests/random_sweep.py), a new seed each run: every schedule twice, bit for
