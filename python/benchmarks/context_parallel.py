@@ -12,7 +12,10 @@ head_dim forward, halved under the causal mask, times 3.5 for forward and backwa
 the time. "single, same tokens/GPU" runs every rank alone on seqlen / world_size tokens (no communication): the
 per-GPU rate the kernels reach on the local size, which context parallelism pays communication and block merging
 against. "single, all tokens" (rank 0, the others idle) is the step time context parallelism divides; speedup is
-its time over the context-parallel time. Prints a Markdown table and writes an optional CSV.
+its time over the context-parallel time. When flash_attn_interface imports (FA3's hopper/ directory on the
+Python path, e.g. from ../shared/peers), each mode also runs on FA3's kernels, deterministic and not
+(parallel.FlashAttention3LocalAttention): the comparison with ring attention made of FA3. Prints a Markdown table
+and writes an optional CSV.
 """
 
 from __future__ import annotations
@@ -69,11 +72,23 @@ def single_gpu_ms(args: argparse.Namespace, seqlen: int, causal: bool, device: t
 
 
 def context_parallel_ms(
-    args: argparse.Namespace, mode: str, sm_margin: int, local_seqlen: int, causal: bool, device: torch.device
+    args: argparse.Namespace,
+    mode: str,
+    sm_margin: int,
+    local_seqlen: int,
+    causal: bool,
+    device: torch.device,
+    local_attention: parallel.LocalAttention | None = None,
 ) -> float:
-    """The slowest rank's median step time of context_parallel_attn_func with `local_seqlen` tokens per rank."""
+    """The slowest rank's median step time of context_parallel_attn_func with `local_seqlen` tokens per rank, on
+    DASH's kernels or on `local_attention`'s."""
     attention = functools.partial(
-        parallel.context_parallel_attn_func, mode=mode, causal=causal, schedule=args.schedule, sm_margin=sm_margin
+        parallel.context_parallel_attn_func,
+        mode=mode,
+        causal=causal,
+        schedule=args.schedule,
+        sm_margin=sm_margin,
+        local_attention=local_attention,
     )
     step = training_step(attention, make_inputs(args, local_seqlen, device))
     dist.barrier()
@@ -101,6 +116,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--no-single-all-tokens", action="store_true", help="skip single-GPU runs at all tokens")
+    parser.add_argument("--no-fa3", action="store_true", help="skip the rows on FlashAttention-3's kernels")
     parser.add_argument("--csv", help="also write the rows to this CSV file (rank 0)")
     args = parser.parse_args()
 
@@ -110,6 +126,16 @@ def main() -> None:
     dist.init_process_group("nccl")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     shape = f"batch {args.batch}, heads {args.heads}/{args.kv_heads}, head_dim {args.head_dim}, bf16"
+    fa3_locals = {}
+    if not args.no_fa3:
+        try:
+            fa3_locals = {
+                "FA3 deterministic": parallel.FlashAttention3LocalAttention(deterministic=True),
+                "FA3": parallel.FlashAttention3LocalAttention(deterministic=False),
+            }
+        except ImportError as error:
+            if rank == 0:
+                print(f"context_parallel: FA3 rows skipped: {error}")
 
     headers = ["tokens", "mask", "configuration", "ms", "TFLOP/s per GPU", "speedup vs single, all tokens"]
     rows = []
@@ -134,6 +160,12 @@ def main() -> None:
                     ms = context_parallel_ms(args, mode, margin, local_tokens, causal, device)
                     speedup = all_tokens_ms / ms if all_tokens_ms else None
                     label = f"{mode} x{world_size}, sm_margin {margin}"
+                    rows.append([tokens, mask, label, ms, total_flops / world_size / ms / 1e9, speedup])
+                # The same context parallelism on FlashAttention-3's kernels, deterministic and not.
+                for name, local in fa3_locals.items():
+                    ms = context_parallel_ms(args, mode, 0, local_tokens, causal, device, local)
+                    speedup = all_tokens_ms / ms if all_tokens_ms else None
+                    label = f"{mode} x{world_size} on {name}, sm_margin 0"
                     rows.append([tokens, mask, label, ms, total_flops / world_size / ms / 1e9, speedup])
 
     if rank == 0:

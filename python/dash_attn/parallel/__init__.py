@@ -8,7 +8,8 @@ GPUs, gloo on the CPU), forward and backward, in two modes:
   heads / P heads, and an all-to-all trades back; GQA by splitting or repeating key/value heads.
 
 The local kernel is injectable (LocalAttention): DASH's deterministic kernels by default (DashLocalAttention),
-the pure-torch TorchLocalAttention as a reference. All sums are in fp32 (fp64 for fp64 inputs) in orders fixed by
+the pure-torch TorchLocalAttention as a reference, FlashAttention-3's kernels for comparison
+(FlashAttention3LocalAttention). All sums are in fp32 (fp64 for fp64 inputs) in orders fixed by
 the program, never by arrival times, and the collectives only move data, so the results are bitwise reproducible
 for the same world size, mode, layout and schedule; docs/CONTEXT_PARALLEL.md says what else must match and why
 other world sizes give other bits.
@@ -20,12 +21,19 @@ Usage, on each rank:
 
 from ._api import MODES, context_parallel_attn_func
 from ._layout import LAYOUTS, gather_sequence, shard_sequence
-from ._local import DashLocalAttention, LocalAttention, TorchLocalAttention, accumulator_dtype
+from ._local import (
+    DashLocalAttention,
+    FlashAttention3LocalAttention,
+    LocalAttention,
+    TorchLocalAttention,
+    accumulator_dtype,
+)
 
 __all__ = [
     "LAYOUTS",
     "MODES",
     "DashLocalAttention",
+    "FlashAttention3LocalAttention",
     "LocalAttention",
     "TorchLocalAttention",
     "accumulator_dtype",

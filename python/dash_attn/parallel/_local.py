@@ -1,6 +1,7 @@
 """The local attention kernel that context parallelism runs on each rank's blocks, behind one interface
-(LocalAttention) with two implementations: DashLocalAttention (DASH's kernels, the default) and
-TorchLocalAttention (pure torch on any device and dtype, the reference the CPU tests inject).
+(LocalAttention) with three implementations: DashLocalAttention (DASH's kernels, the default),
+TorchLocalAttention (pure torch on any device and dtype, the reference the CPU tests inject) and
+FlashAttention3LocalAttention (FlashAttention-3's kernels, for comparing the same ring or all-to-all on FA3).
 
 Contract of a LocalAttention, which the ring and all-to-all modes rely on:
 - forward(q, k, v, causal, softmax_scale) -> (out, lse) on (batch, seqlen, heads, head_dim) tensors. k and v
@@ -174,3 +175,62 @@ class TorchLocalAttention:
             self._sum_groups(dk, heads_kv).to(k.dtype),
             self._sum_groups(dv, heads_kv).to(v.dtype),
         )
+
+
+class FlashAttention3LocalAttention:
+    """FlashAttention-3's kernels as the local kernel (flash_attn_interface, from Dao-AILab/flash-attention's
+    hopper/ directory, e.g. as ../shared/peers builds it): its forward returns the LSE the contract asks for
+    ((batch, heads_q, seqlen_q), fp32, natural log), and its backward takes the caller's out and LSE, so the
+    same ring and all-to-all run on FA3 for comparison. deterministic selects FA3's deterministic backward;
+    sm_margin is FA3's, which leaves SMs free as DASH's does. FA3 takes GQA natively.
+
+    interface: the flash_attn_interface module, imported here when not given (the tests pass a stand-in)."""
+
+    def __init__(self, deterministic: bool = True, sm_margin: int = 0, interface: object | None = None) -> None:
+        if interface is None:
+            try:
+                import flash_attn_interface as interface
+            except ImportError as error:
+                raise ImportError(
+                    "FlashAttention3LocalAttention needs FlashAttention-3's flash_attn_interface (its hopper/ "
+                    f"directory on the Python path): {error}"
+                ) from error
+        self.interface = interface
+        self.deterministic = bool(deterministic)
+        self.sm_margin = check_sm_margin(sm_margin)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float) -> tuple[Tensor, Tensor]:
+        out, lse, *_ = self.interface._flash_attn_forward(
+            q, k, v, softmax_scale=softmax_scale, causal=causal, sm_margin=self.sm_margin
+        )
+        return out, lse
+
+    def backward(
+        self,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        causal: bool,
+        softmax_scale: float,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        # FA3 writes the gradients into buffers the caller gives, packed like its inputs.
+        dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+        self.interface._flash_attn_backward(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dq=dq,
+            dk=dk,
+            dv=dv,
+            softmax_scale=softmax_scale,
+            is_causal=causal,
+            deterministic=self.deterministic,
+            sm_margin=self.sm_margin,
+        )
+        return dq, dk, dv
