@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where one step of a backward kernel's MMA warps spends its time, from an Nsight Compute source page.
 
-Reads the SASS source page that scripts/ncu_backward.sh exports (`<impl>_source.csv`) and prints, in address
+Reads the SASS source page that scripts/ncu_attention.sh exports (`<impl>_source.csv`) and prints, in address
 order, the instructions of the step loop: those executed once per MMA warp and step. Synchronisation points
 (waits on mbarriers, named barriers, wgmma waits, fences, arrives) and every instruction holding at least
 --min-share of the stall samples are printed on their own line, with their two largest stall reasons; the runs

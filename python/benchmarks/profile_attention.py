@@ -1,12 +1,13 @@
-"""One backward call of one implementation inside a cudaProfilerStart/Stop range, for `ncu --profile-from-start off`
-(scripts/ncu_backward.sh runs it for DASH and FlashAttention-3, deterministic and not, at one shape).
+"""One forward or backward call of one implementation inside a cudaProfilerStart/Stop range, for `ncu
+--profile-from-start off` (scripts/ncu_attention.sh runs it for DASH and FlashAttention-3 at one shape).
 
 The shape follows compare.py's paper grid: 16384 tokens (batch = 16384 / seqlen), heads = 2048 / head_dim unless
-given, bf16. The forward runs once and the backward three times before the profiled one, so the profiled call
-finds plans, proofs and autotuning done and its kernels alone are in the range.
+given, bf16. The pass runs three times before the profiled call (the backward after one forward), so the profiled
+call finds plans, proofs and autotuning done and its kernels alone are in the range.
 
-usage: python3 profile_backward.py IMPL HEAD_DIM SEQLEN {causal,full} [HEADS_Q HEADS_KV]
-       IMPL: dash-det | dash-nondet | fa3-det | fa3-nondet (FA3 needs flash_attn_interface on PYTHONPATH)
+usage: python3 profile_attention.py {forward,backward} IMPL HEAD_DIM SEQLEN {causal,full} [HEADS_Q HEADS_KV]
+       IMPL: dash-det | dash-nondet | fa3-det | fa3-nondet (FA3 needs flash_attn_interface on PYTHONPATH); the
+       -det/-nondet choice is the backward's and changes nothing in the forward
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 TOKENS = 16384
 PAPER_HIDDEN = 2048
-WARMUP_BACKWARDS = 3
+WARMUP_CALLS = 3
 
 
 def forward_of(impl: str, causal: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -38,6 +39,7 @@ def forward_of(impl: str, causal: bool) -> Callable[[torch.Tensor, torch.Tensor,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pass_", metavar="pass", choices=["forward", "backward"])
     parser.add_argument("impl", choices=["dash-det", "dash-nondet", "fa3-det", "fa3-nondet"])
     parser.add_argument("head_dim", type=int)
     parser.add_argument("seqlen", type=int)
@@ -53,14 +55,24 @@ def main() -> None:
         return torch.randn(batch, args.seqlen, heads, args.head_dim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=requires_grad)
 
-    q, k, v = tensor(heads_q, True), tensor(heads_kv, True), tensor(heads_kv, True)
-    dout = tensor(heads_q, False)
-    out = forward_of(args.impl, args.mask == "causal")(q, k, v)
-    for _ in range(WARMUP_BACKWARDS):
-        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    backward = args.pass_ == "backward"
+    q, k, v = tensor(heads_q, backward), tensor(heads_kv, backward), tensor(heads_kv, backward)
+    forward = forward_of(args.impl, args.mask == "causal")
+    if backward:
+        dout = tensor(heads_q, False)
+        out = forward(q, k, v)
+
+        def call() -> None:
+            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    else:
+        def call() -> None:
+            forward(q, k, v)
+
+    for _ in range(WARMUP_CALLS):
+        call()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    call()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
 

@@ -1,28 +1,36 @@
 #!/usr/bin/env bash
-# Nsight Compute profile of one backward call of DASH and FlashAttention-3 at one shape, deterministic and
-# not, on a Hopper GPU: for each, the main backward kernel's duration, throughput, warp-state and memory
-# sections (ncu's details page) and its SASS instructions ranked by warp stall samples (the source page), so
-# that a session's first GPU call shows where DASH's kernel body loses to FA3's. Clocks are left as they are
-# (--clock-control none), as in every DASH measurement.
+# Nsight Compute profile of one forward or backward call of DASH and FlashAttention-3 at one shape
+# (deterministic and not, for the backward), on a Hopper GPU: for each, the main kernel's duration,
+# throughput, warp-state and memory sections (ncu's details page) and its SASS instructions ranked by warp
+# stall samples (the source page), so that a session's first GPU call shows where DASH's kernel body loses to
+# FA3's. Clocks are left as they are (--clock-control none), as in every DASH measurement.
 #
-# usage: scripts/ncu_backward.sh OUT_DIR HEAD_DIM SEQLEN {causal,full} [IMPL ...]
-#        IMPL: dash-det dash-nondet fa3-det fa3-nondet (default: all four; fa3-* need flash_attn_interface,
-#        e.g. PYTHONPATH=$PWD/python:/tmp/peers/fa3up/hopper after ../shared/peers/build_peers.sh fa3)
+# usage: scripts/ncu_attention.sh {forward,backward} OUT_DIR HEAD_DIM SEQLEN {causal,full} [IMPL ...]
+#        IMPL: dash-det dash-nondet fa3-det fa3-nondet (default: all four for the backward, dash-det and
+#        fa3-det for the forward, where the flag changes nothing); fa3-* need flash_attn_interface, e.g.
+#        PYTHONPATH=$PWD/python:/tmp/peers/fa3up/hopper after ../shared/peers/build_peers.sh fa3
 # Writes OUT_DIR/<impl>.ncu-rep, <impl>_details.txt, <impl>_source.csv (the SASS source page, which
 # scripts/ncu_step_phases.py breaks into the step's phases) and <impl>_top_sass.txt, and prints the summaries.
 set -uo pipefail
-out=$1 head_dim=$2 seqlen=$3 mask=$4
-shift 4
+pass=$1 out=$2 head_dim=$3 seqlen=$4 mask=$5
+shift 5
+case $pass in
+  forward) default_impls=(dash-det fa3-det) ;;
+  backward) default_impls=(dash-det dash-nondet fa3-det fa3-nondet) ;;
+  *) echo "usage: $0 {forward,backward} OUT_DIR HEAD_DIM SEQLEN {causal,full} [IMPL ...]" >&2; exit 2 ;;
+esac
 impls=("$@")
-((${#impls[@]})) || impls=(dash-det dash-nondet fa3-det fa3-nondet)
+((${#impls[@]})) || impls=("${default_impls[@]}")
 repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 
-main_kernel() {  # the filter on the demangled name of an implementation's main backward kernel (FA3's
+main_kernel() {  # the filter on the demangled name of an implementation's main kernel of the pass (FA3's
                  # kernels are all cutlass::device_kernel<...>, so the plain function name cannot tell them apart)
-  case $1 in
-    dash-*) echo "regex:backward_kernel" ;;
-    fa3-*) echo "regex:FlashAttnBwdSm90" ;;
+  case $1-$pass in
+    dash-*-forward) echo "regex:forward_kernel" ;;
+    dash-*-backward) echo "regex:backward_kernel" ;;
+    fa3-*-forward) echo "regex:FlashAttnFwdSm90" ;;
+    fa3-*-backward) echo "regex:FlashAttnBwdSm90" ;;
   esac
 }
 
@@ -33,7 +41,7 @@ for impl in "${impls[@]}"; do
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section SchedulerStats --section SourceCounters \
     --export "$out/$impl" --force-overwrite \
-    python3 "$repo/python/benchmarks/profile_backward.py" "$impl" "$head_dim" "$seqlen" "$mask" \
+    python3 "$repo/python/benchmarks/profile_attention.py" "$pass" "$impl" "$head_dim" "$seqlen" "$mask" \
     > "$out/${impl}_ncu.log" 2>&1
   echo "== $impl: ncu rc=$?"
   ncu --import "$out/$impl.ncu-rep" --page details > "$out/${impl}_details.txt" 2>&1
