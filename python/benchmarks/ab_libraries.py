@@ -1,13 +1,14 @@
-"""Same-run A/B of two builds of libdash_attn_c.so: the way a kernel change is judged on a shared GPU, whose
+"""Same-run A/B of builds of libdash_attn_c.so: the way a kernel change is judged on a shared GPU, whose
 absolute numbers drift by 5-8% between calls while ratios within one call agree within about 1-2%.
 
-Runs compare.py (dash only, the schedules given) once per library per round, alternating A, B, A, B, ... in one
-process tree on one GPU, each in its own interpreter (a process loads one library), then prints per shape the
-ratio B / A of forward TFLOPS and of backward TFLOPS per schedule, averaged over the rounds, their geometric
-means over the shapes, and A's round-to-round ratio (the noise floor of the comparison). Needs a Hopper GPU.
+Runs compare.py (dash only, the schedules given) once per library per round, alternating A, B, C, ... in one
+process tree on one GPU, each in its own interpreter (a process loads one library), then prints, for each
+library after A, per shape the ratio to A of forward TFLOPS and of backward TFLOPS per schedule, averaged over
+the rounds, their geometric means over the shapes, and A's round-to-round ratio (the noise floor of the
+comparison). Several changes share one call this way, each judged against the same baseline. Needs a Hopper GPU.
 
-usage: python3 ab_libraries.py A.so B.so [--rounds 2] [--schedules auto] [--out DIR]
-       e.g. A = the commit before the change, B = after; both built on the CPU machine and carried.
+usage: python3 ab_libraries.py A.so B.so [C.so ...] [--rounds 2] [--schedules auto] [--out DIR]
+       e.g. A = the commit before the change, B = after; all built on the CPU machine and carried.
 """
 
 from __future__ import annotations
@@ -46,31 +47,44 @@ def mean_over_rounds(runs: list[dict], key: tuple[str, str], field: str) -> floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", type=Path, help="library A (the baseline)")
-    parser.add_argument("b", type=Path, help="library B (the change)")
+    parser.add_argument("changes", type=Path, nargs="+", help="libraries B, C, ... (the changes)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--schedules", default="auto", help="dash_attn schedules, as compare.py takes them")
     parser.add_argument("--out", type=Path, default=Path("ab_out"), help="where the per-run CSVs go")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict]] = {"a": [], "b": []}
+    libraries = {"a": args.a} | {chr(ord("b") + i): library for i, library in enumerate(args.changes)}
+    runs: dict[str, list[dict]] = {name: [] for name in libraries}
     for round_index in range(1, args.rounds + 1):
-        for name, library in (("a", args.a), ("b", args.b)):
+        for name, library in libraries.items():
             out_csv = args.out / f"{name}_{round_index}.csv"
             run_compare(library.resolve(), args.schedules, out_csv)
             runs[name].append(load(out_csv))
-    keys = list(runs["a"][0])
+    for name in list(libraries)[1:]:
+        print(f"\n{name.upper()} = {libraries[name]} against A = {args.a}\n")
+        print_ratios(runs["a"], runs[name], name.upper())
+    if args.rounds > 1:
+        first, last = runs["a"][0], runs["a"][-1]
+        for pass_name, field in (("forward", "fwd_tflops"), ("backward", "bwd_tflops")):
+            noise = [float(last[k][field]) / float(first[k][field])
+                     for k in first if k in last and first[k][field] and last[k][field]]
+            print(f"A's last round / first round, {pass_name}, geometric mean: {geomean(noise):.4f} (the noise floor)")
+
+
+def print_ratios(baseline: list[dict], change: list[dict], label: str) -> None:
+    keys = list(baseline[0])
     shapes = list(dict.fromkeys(shape for shape, _ in keys))
     impls = list(dict.fromkeys(impl for _, impl in keys))
     columns = [("fwd", "dash:auto", "fwd_tflops")] + [(f"bwd {impl.split(':', 1)[1]}", impl, "bwd_tflops")
                                                       for impl in impls]
-    print("| shape | " + " | ".join(f"{title} B/A" for title, _, _ in columns) + " |")
+    print("| shape | " + " | ".join(f"{title} {label}/A" for title, _, _ in columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
     ratios: dict[str, list[float]] = {title: [] for title, _, _ in columns}
     for shape in shapes:
         cells = []
         for title, impl, field in columns:
-            a = mean_over_rounds(runs["a"], (shape, impl), field)
-            b = mean_over_rounds(runs["b"], (shape, impl), field)
+            a = mean_over_rounds(baseline, (shape, impl), field)
+            b = mean_over_rounds(change, (shape, impl), field)
             if a and b:
                 ratios[title].append(b / a)
                 cells.append(f"{b / a:.3f}")
@@ -78,12 +92,6 @@ def main() -> None:
                 cells.append("-")
         print(f"| {shape} | " + " | ".join(cells) + " |")
     print("| geometric mean | " + " | ".join(f"{geomean(ratios[t]):.4f}" for t, _, _ in columns) + " |")
-    if args.rounds > 1:
-        first, last = runs["a"][0], runs["a"][-1]
-        noise = [float(last[k]["bwd_tflops"]) / float(first[k]["bwd_tflops"])
-                 for k in keys if k in last and first[k]["bwd_tflops"] and last[k]["bwd_tflops"]]
-        print(f"\nA's last round / first round, backward, geometric mean: {geomean(noise):.4f} (the noise floor)")
-
 
 if __name__ == "__main__":
     main()
