@@ -76,7 +76,7 @@ struct ForwardMainloop {
           warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_stage), tSrS);
           turns.pass();
           warpgroup_wait<0>();
-          smem.k_stages.consumer_release(kv_loads);
+          release_after_s(smem, tile, tiles, kv_loads, 0);
           softmax_tile(first_masked <= 0, scores, tScS, row_max, row_sum, correction, mask, q_row0, 0, p.scale_log2);
           convert(tSrS, operand_in_accumulator_layout(tOrP, tSrS));
         }
@@ -88,7 +88,7 @@ struct ForwardMainloop {
           warpgroup_gemm<false>(mma_o, tOrP, tOrVt(_, _, _, v_stage), tOrO);
           turns.pass();
           warpgroup_wait<1>();  // S_j is done; O += P_{j-1} V_{j-1} may still run
-          smem.k_stages.consumer_release(kv_loads + j);
+          release_after_s(smem, tile, tiles, kv_loads, j);
           softmax_tile(j >= first_masked, scores, tScS, row_max, row_sum, correction, mask, q_row0, j * kBlockN,
                        p.scale_log2);
           warpgroup_wait<0>();
@@ -103,12 +103,21 @@ struct ForwardMainloop {
         smem.v_stages.consumer_release(last);
       }
       kv_loads += tile.kv_tiles;
-      smem.q_stages.consumer_release(tiles);
+      if (tile.kv_tiles == 0) smem.q_stages.consumer_release(tiles);
       ForwardEpilogue<Config>::store(p, smem, tile, tOrO, row_max, row_sum, thread);
     }
   }
 
  private:
+  // S_j is complete: K_j is free, and after the tile's last S GEMM so is Q, which no other GEMM reads.
+  // Releasing Q here rather than after the tile lets the loader fetch the next tile's Q (and, ring stages
+  // permitting, its first K and V) under this tile's last O GEMM and its epilogue.
+  __device__ static void release_after_s(SharedStorage& smem, const ForwardTileRecord& tile, int tiles,
+                                         int kv_loads, int j) {
+    smem.k_stages.consumer_release(kv_loads + j);
+    if (j == tile.kv_tiles - 1) smem.q_stages.consumer_release(tiles);
+  }
+
   // online_softmax on the CTA-uniform path: masked only for tiles that cross the causal diagonal or the
   // key tail, so the other path has no mask code.
   template <class Scores, class Coords>
