@@ -139,13 +139,14 @@ class SweepShape:
 
 def draw_seqlen(rng: random.Random) -> int:
     """A length in [1, SEQLEN_MAX], biased towards what breaks tiled kernels: small lengths (less than one
-    tile), lengths one to three off a multiple of 64 or 128 (the tile sizes), ragged lengths that are no
+    tile), lengths one to three off a multiple of 64, 128 or 192 (the tile sizes), ragged lengths that are no
     multiple of 8; aligned multiples of 128 stay in as the easy case."""
     kind = rng.choices(("small", "near-tile", "ragged", "aligned"), weights=(2, 3, 4, 1))[0]
     if kind == "small":
         return rng.randint(1, 192)
     if kind == "near-tile":
-        boundary = rng.choice((64, 128)) * rng.randint(1, SEQLEN_MAX // 128)
+        tile = rng.choice((64, 128, 192))
+        boundary = tile * rng.randint(1, SEQLEN_MAX // tile)
         return min(max(boundary + rng.choice((-3, -2, -1, 1, 2, 3)), 1), SEQLEN_MAX)
     if kind == "aligned":
         return 128 * rng.randint(1, SEQLEN_MAX // 128)

@@ -31,11 +31,9 @@ inline constexpr int64_t kMaxKernelIndex = int64_t{1} << 31;
 // per (batch, head).
 inline constexpr int kMinBlockQ = 64;
 static_assert(
-    [] {
+    kForwardBlockQ >= kMinBlockQ && kForwardTallBlockQ >= kMinBlockQ && [] {
       for (int head_dim : kSupportedHeadDims) {
-        if (forward_tile_shape(head_dim).block_q < kMinBlockQ || backward_tile_shape(head_dim).block_q < kMinBlockQ) {
-          return false;
-        }
+        if (backward_tile_shape(head_dim).block_q < kMinBlockQ) return false;
       }
       return true;
     }(),

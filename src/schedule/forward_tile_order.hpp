@@ -1,11 +1,23 @@
 // The forward's tile order, one definition for the kernel's loader and the CPU tests: the t-th tile a
 // persistent CTA takes from the forward's global counter, and how many key/value tiles it visits.
 //
-// Invariants: tile_at is a bijection from [0, num_tiles()) onto (batch, head, query tile); heads come
-// in order, and within a head the query tiles that see the most keys come first (under the causal
-// mask the last ones), so the last wave holds the shortest tiles. A query tile visits the key/value
-// tiles up to the one holding its last row's last visible key (none for a tile whose rows see no key).
+// Heads are taken in groups of heads_per_group consecutive (batch, head) pairs. Within a group, tiles come
+// longest first across all of the group's heads (under the causal mask the last query tiles see the most
+// keys), head by head for each length. Under the causal mask, longest first over many heads is what
+// balances the CTAs: the last wave holds the shortest tiles of the last group, not a mix of one head's long
+// and another's short ones. A list-scheduling model of the grid put head-by-head order 3-6% behind at
+// 2k-8k tokens; measured, the grouped order gave +4.5-7.5% at d = 128, 2048-16384 tokens (docs/PERF.md,
+// 2026-12-02). The group bound keeps the K and V that the CTAs read at one time within L2: a group's
+// key/value heads fit kForwardL2Budget (forward_heads_per_group). Under a full mask every tile is equally
+// long, and groups of one head keep each head's K and V shared by the CTAs that run its tiles at once
+// (grouping lost 1-7% there at d = 128, 512-2048 tokens).
+//
+// Invariants: tile_at is a bijection from [0, num_tiles()) onto (batch, head, query tile); groups come in
+// order; within a group, kv_tiles never increases. A query tile visits the key/value tiles up to the one
+// holding its last row's last visible key (none for a tile whose rows see no key).
 #pragma once
+
+#include <cstdint>
 
 #include "schedule/host_device.hpp"
 #include "schedule/mask.hpp"
@@ -20,12 +32,29 @@ struct ForwardTile {
   int q_tile;
 };
 
+// Bytes of K and V that the CTAs of one head group may read at one time: about half of the H200's 60 MiB
+// L2, which leaves the rest to Q, O and the other group's tail.
+inline constexpr int64_t kForwardL2Budget = int64_t{32} << 20;
+
+// Consecutive (batch, query head) pairs whose tiles are ordered together: under the causal mask the query
+// heads of as many key/value heads as fit kForwardL2Budget, at least one and at most all of them; under a
+// full mask one.
+DASH_HOST_DEVICE constexpr int forward_heads_per_group(bool causal, int64_t seqlen_k, int head_dim,
+                                                       int element_bytes, int heads_q, int heads_kv, int batch) {
+  if (!causal) return 1;
+  const int64_t kv_head_bytes = 2 * seqlen_k * head_dim * element_bytes;  // K and V of one key/value head
+  const int64_t fitting = kv_head_bytes >= kForwardL2Budget ? 1 : kForwardL2Budget / kv_head_bytes;
+  const int64_t all = int64_t{heads_kv} * batch;
+  return static_cast<int>((fitting < all ? fitting : all) * (heads_q / heads_kv));
+}
+
 struct ForwardTileOrder {
   MaskShape mask;
   int block_q;
   int block_kv;
   int heads_q;
   int batch;
+  int heads_per_group;  // forward_heads_per_group; any value >= 1 gives a valid order
 
   DASH_HOST_DEVICE int q_tiles() const { return ceil_div(mask.seqlen_q, block_q); }
   DASH_HOST_DEVICE int num_tiles() const { return q_tiles() * heads_q * batch; }
@@ -38,9 +67,15 @@ struct ForwardTileOrder {
 
   DASH_HOST_DEVICE ForwardTile tile_at(int t) const {
     const int tiles_per_head = q_tiles();
-    const int within = t % tiles_per_head;
-    const int q_tile = mask.causal ? tiles_per_head - 1 - within : within;
-    const int bh = t / tiles_per_head;
+    const int heads = heads_q * batch;  // (batch, head) pairs, batch major
+    const int group_tiles = heads_per_group * tiles_per_head;
+    const int first_head = t / group_tiles * heads_per_group;
+    const int remaining = heads - first_head;
+    const int group_heads = remaining < heads_per_group ? remaining : heads_per_group;
+    const int within = t % group_tiles;
+    const int rank = within / group_heads;  // 0: the tiles that see the most keys
+    const int q_tile = mask.causal ? tiles_per_head - 1 - rank : rank;
+    const int bh = first_head + within % group_heads;
     return ForwardTile{kv_tiles_of(q_tile), bh / heads_q, bh % heads_q, q_tile};
   }
 };

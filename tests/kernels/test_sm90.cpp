@@ -1,8 +1,9 @@
 // GPU tests of the sm90 kernels through the public API: forward and backward against the float64 CPU
 // reference on fresh random inputs of many shapes (ragged lengths, seqlen_q != seqlen_k both ways,
-// GQA/MQA, full and causal) with poisoned outputs; bitwise determinism of every deterministic schedule
-// over 100 runs, alone and with a concurrent kernel on another stream, and the nondeterministic
-// schedule caught by the same comparison; a watchdog turns any hang into a failure.
+// GQA/MQA, full and causal) with poisoned outputs; every ragged remainder of the forward's tall d = 64
+// tiles; bitwise determinism of every deterministic schedule over 100 runs, alone and with a concurrent
+// kernel on another stream, and the nondeterministic schedule caught by the same comparison; a
+// watchdog turns any hang into a failure.
 // Without a Hopper GPU (or without compiled kernels) every test skips and says why.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "harness/device_harness.hpp"
+#include "schedule/tile_config.hpp"
 #include "sm90_test_support.hpp"
 
 namespace dash {
@@ -221,6 +223,64 @@ INSTANTIATE_TEST_SUITE_P(Remainders, Sm90RaggedSweep,
                          ::testing::Combine(::testing::Values(Instance{64, DType::kBF16}, Instance{128, DType::kFP16}),
                                             ::testing::Bool()),
                          ragged_sweep_name);
+
+// --- the forward's tall tiles: every remainder -----------------------------------------------------
+// At d = 64 the forward runs 192-row query tiles with three MMA warpgroups from kForwardTallFromFull query
+// rows (full mask) and kForwardTallFromCausal (causal); shorter shapes, which the tests above use, run
+// 128-row tiles. These run every remainder mod 192 of seqlen_q from those lengths, under the watchdog, and
+// check that every output element was written and, on samples, the values. seqlen_k is short to keep the
+// float64 reference cheap; under the causal mask the rows before seqlen_q - seqlen_k see no key, so the
+// tiles that visit no key/value tile run too.
+
+constexpr int64_t kTallKeys = 1500;
+constexpr int kTallReferenceEvery = 96;
+
+class Sm90TallForwardTiles : public ::testing::TestWithParam<std::tuple<Instance, bool>> {};
+
+TEST_P(Sm90TallForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatchesReferenceOnSamples) {
+  const auto& [inst, causal] = GetParam();
+  if (const std::string why = skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  const int64_t base = causal ? kForwardTallFromCausal : kForwardTallFromFull;
+  const auto tall_case = [&](int remainder, int64_t heads_q, int64_t heads_kv) {
+    return ShapeCase{2, base + remainder, kTallKeys, heads_q, heads_kv, causal};
+  };
+  Problem big = harness::make_problem(make_shape(tall_case(kForwardTallBlockQ - 1, 8, 2), inst), 0x7a11,
+                                      /*with_reference=*/false);
+  const AttentionShape largest = big.shape;
+  for (int remainder = 0; remainder < kForwardTallBlockQ; ++remainder) {
+    const ShapeCase c = tall_case(remainder, 8, 2);
+    ASSERT_EQ(forward_tile_shape(inst.head_dim, causal, c.seqlen_q).block_q, kForwardTallBlockQ)
+        << "the shape no longer runs the tall tiles this test is for";
+    big.shape = make_shape(c, inst);
+    run_forward(big);
+    const size_t rows = static_cast<size_t>(c.batch * c.heads_q * c.seqlen_q);
+    ASSERT_EQ(count_unwritten_halves(big.d_out, big.q_elements(), inst.dtype), 0u) << shape_name(c) << ": O";
+    ASSERT_EQ(count_nan_floats(big.d_lse, rows), 0u) << shape_name(c) << ": LSE";
+    if (remainder % kTallReferenceEvery != kTallReferenceEvery - 1) continue;
+    ShapeCase small = tall_case(remainder, 1, 1);
+    small.batch = 1;
+    Problem p = harness::make_problem(make_shape(small, inst), 0x7a11 + remainder);
+    run_forward(p);
+    const auto tol = harness::tolerance_for(inst.dtype);
+    const auto out = harness::compare(p.d_out, p.out, inst.dtype);
+    const auto lse = harness::compare(p.d_lse, p.lse, inst.dtype, /*is_float=*/true);
+    EXPECT_TRUE(harness::within(out, tol)) << shape_name(small) << " O: " << out.describe();
+    EXPECT_TRUE(harness::within(lse, tol)) << shape_name(small) << " LSE: " << lse.describe();
+  }
+  big.shape = largest;
+}
+
+std::string tall_tiles_name(const ::testing::TestParamInfo<std::tuple<Instance, bool>>& info) {
+  const auto& [inst, causal] = info.param;
+  return "hdim" + std::to_string(inst.head_dim) + "_" + std::string(dtype_name(inst.dtype)) +
+         (causal ? "_causal" : "_full");
+}
+
+INSTANTIATE_TEST_SUITE_P(Remainders, Sm90TallForwardTiles,
+                         ::testing::Combine(::testing::Values(Instance{64, DType::kBF16}, Instance{64, DType::kFP16}),
+                                            ::testing::Bool()),
+                         tall_tiles_name);
+static_assert(forward_has_tall_tiles(64), "Sm90TallForwardTiles runs the d = 64 instances");
 
 // --- determinism ----------------------------------------------------------------------------------
 

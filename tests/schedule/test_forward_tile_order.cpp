@@ -1,8 +1,10 @@
 // The forward's tile order (schedule/forward_tile_order.hpp), which the GPU loader runs: every (batch,
-// head, query tile) exactly once, heads in order with the longest causal tiles first, and each tile's
-// key/value count equal to a brute-force count over its rows from the mask.
+// head, query tile) exactly once; groups of heads_per_group heads in order, the longest tiles of a group
+// first across its heads; each tile's key/value count equal to a brute-force count over its rows from the
+// mask; and the group size the launch derives from the shape (forward_heads_per_group).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 #include <tuple>
@@ -21,31 +23,75 @@ int brute_force_kv_tiles(const ForwardTileOrder& order, int q_tile) {
   return (keys + order.block_kv - 1) / order.block_kv;
 }
 
-TEST(ForwardTileOrder, CoversEveryTileOnceLongestFirstWithTheMasksKeyCounts) {
+TEST(ForwardTileOrder, CoversEveryTileOnceGroupByGroupLongestFirstWithTheMasksKeyCounts) {
   std::mt19937 rng(20261201);
-  for (int trial = 0; trial < 300; ++trial) {
+  for (int trial = 0; trial < 400; ++trial) {
     const bool causal = trial % 2 == 1;
     const int seqlen_q = std::uniform_int_distribution<int>(1, 1200)(rng);
     const int seqlen_k = std::uniform_int_distribution<int>(1, 1200)(rng);
-    const ForwardTileOrder order{MaskShape{seqlen_q, seqlen_k, causal}, 128, 128,
-                                 std::uniform_int_distribution<int>(1, 5)(rng),
-                                 std::uniform_int_distribution<int>(1, 3)(rng)};
+    // The kernels' tile shapes: 128x128 and, at d = 64 from some length on, 192x128 (schedule/tile_config.hpp).
+    const TileShape shape = trial % 4 < 2 ? forward_tile_shape(64, causal, 1 << 20) : forward_tile_shape(128, causal, 1);
+    const int heads_q = std::uniform_int_distribution<int>(1, 5)(rng);
+    const int batch = std::uniform_int_distribution<int>(1, 3)(rng);
+    // Groups of one head, of some heads (the last one short), and of more heads than there are.
+    const int heads_per_group = std::uniform_int_distribution<int>(1, heads_q * batch + 1)(rng);
+    const ForwardTileOrder order{MaskShape{seqlen_q, seqlen_k, causal}, shape.block_q, shape.block_kv, heads_q,
+                                 batch, heads_per_group};
     std::set<std::tuple<int, int, int>> seen;
-    int previous_head = -1, previous_kv_tiles = 0;
+    int previous_group = -1, previous_kv_tiles = 0;
     for (int t = 0; t < order.num_tiles(); ++t) {
       const ForwardTile tile = order.tile_at(t);
       ASSERT_TRUE(seen.insert({tile.batch, tile.head, tile.q_tile}).second) << "tile " << t << " repeats";
       ASSERT_EQ(tile.kv_tiles, brute_force_kv_tiles(order, tile.q_tile)) << "tile " << t;
-      const int head = tile.batch * order.heads_q + tile.head;
-      ASSERT_GE(head, previous_head) << "heads in order";
-      if (head == previous_head) {
-        EXPECT_LE(tile.kv_tiles, previous_kv_tiles) << "longest tiles first within a head";
+      const int group = (tile.batch * heads_q + tile.head) / heads_per_group;
+      ASSERT_GE(group, previous_group) << "groups in order";
+      if (group == previous_group) {
+        EXPECT_LE(tile.kv_tiles, previous_kv_tiles) << "longest tiles first within a group, tile " << t;
       }
-      previous_head = head;
+      previous_group = group;
       previous_kv_tiles = tile.kv_tiles;
     }
-    EXPECT_EQ(static_cast<int>(seen.size()), order.q_tiles() * order.heads_q * order.batch);
+    EXPECT_EQ(static_cast<int>(seen.size()), order.q_tiles() * heads_q * batch);
   }
+}
+
+TEST(ForwardTileOrder, CausalHeadGroupsHoldWholeKeyValueHeadsWithinTheL2BudgetAndFullMasksGoHeadByHead) {
+  constexpr int kBytes = 2;
+  // One key/value head of K and V at d = 128, 8192 keys: 4 MiB, so 8 fit the budget; with 4 query heads
+  // per key/value head, 32 query heads.
+  EXPECT_EQ(forward_heads_per_group(true, 8192, 128, kBytes, 32, 8, 2), 32);
+  EXPECT_EQ(forward_heads_per_group(true, 8192, 128, kBytes, 16, 16, 2), 8);
+  // Never fewer than one key/value head's query heads, even when one head exceeds the budget.
+  EXPECT_EQ(forward_heads_per_group(true, int64_t{1} << 20, 128, kBytes, 28, 4, 1), 7);
+  // 128 KiB per key/value head at d = 64 and 512 keys: 256 would fit, but the launch has only 8 heads.
+  EXPECT_EQ(forward_heads_per_group(true, 512, 64, kBytes, 32, 32, 32), 256);
+  EXPECT_EQ(forward_heads_per_group(true, 512, 64, kBytes, 4, 4, 2), 8);
+  EXPECT_EQ(forward_heads_per_group(false, 8192, 128, kBytes, 32, 8, 2), 1);
+  for (int64_t seqlen_k : {int64_t{1}, int64_t{300}, int64_t{4096}, int64_t{1} << 20}) {
+    for (int heads_kv : {1, 2, 8}) {
+      const int heads_q = heads_kv * 4;
+      const int group = forward_heads_per_group(true, seqlen_k, 64, kBytes, heads_q, heads_kv, 3);
+      EXPECT_EQ(group % (heads_q / heads_kv), 0) << "whole key/value heads";
+      EXPECT_GE(group, heads_q / heads_kv);
+      EXPECT_LE(group, heads_q * 3);
+      const int64_t kv_heads = group / (heads_q / heads_kv);
+      EXPECT_TRUE(kv_heads == 1 || kv_heads * 2 * seqlen_k * 64 * kBytes <= kForwardL2Budget) << seqlen_k;
+    }
+  }
+}
+
+TEST(ForwardTileShape, TallTilesOnlyAtHeadDim64FromTheMeasuredLengths) {
+  for (bool causal : {false, true}) {
+    const int tall_from = causal ? kForwardTallFromCausal : kForwardTallFromFull;
+    for (int64_t seqlen_q : {int64_t{1}, int64_t{tall_from} - 1, int64_t{tall_from}, int64_t{1} << 20}) {
+      const TileShape d64 = forward_tile_shape(64, causal, seqlen_q);
+      EXPECT_EQ(d64.block_q, seqlen_q >= tall_from ? kForwardTallBlockQ : kForwardBlockQ) << seqlen_q;
+      EXPECT_EQ(forward_tile_shape(128, causal, seqlen_q).block_q, kForwardBlockQ) << seqlen_q;
+      EXPECT_EQ(d64.block_kv, kForwardBlockKv);
+    }
+  }
+  // One MMA warpgroup per 64 query rows (kernels/sm90/fwd_config.cuh).
+  static_assert(kForwardBlockQ % 64 == 0 && kForwardTallBlockQ % 64 == 0);
 }
 
 }  // namespace

@@ -38,8 +38,18 @@ struct StepRecord {
   int rank;      // its position in that tile's summation order, or kUnordered
 };
 
+// The backward's warp roles: one MMA warpgroup per 64 key/value rows.
+template <int kHeadDim>
+using BackwardWarpRoles = WarpRoles<backward_tile_shape(kHeadDim).block_kv / kMmaWarpGroupRows>;
+
 template <int kHeadDim_, class Element_>
-struct BackwardConfig : WarpRoles {
+struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
+  // The counts this configuration's own layouts use (names of a dependent base need declaring).
+  using Roles = BackwardWarpRoles<kHeadDim_>;
+  using Roles::kMmaThreads;
+  using Roles::kMmaWarpGroups;
+  using Roles::kThreads;
+  using Roles::kWarpGroupThreads;
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = backward_tile_shape(kHeadDim).block_q;
@@ -47,7 +57,7 @@ struct BackwardConfig : WarpRoles {
   static constexpr int kStages = 2;         // query/dO pipeline depth
   static constexpr int kStepRing = 8;       // step records in flight; must exceed kStages + 1 (bwd_loader.cuh)
   static constexpr int kJobSlots = 2;
-  static_assert(kBlockN == 64 * kMmaWarpGroups, "each MMA warpgroup owns 64 key/value rows");
+  static_assert(kBlockN == kMmaWarpGroupRows * kMmaWarpGroups, "each MMA warpgroup owns 64 key/value rows");
   static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
 
   using BlockM = Int<kBlockM>;

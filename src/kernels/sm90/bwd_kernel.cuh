@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (threadIdx.x == 0) init_backward_barriers<Config>(smem);
   __syncthreads();
 
-  run_warp_roles(
+  run_warp_roles<Config>(
       [&] {
         const int warp = warp_index();
         if (warp == 0 && lane_index() == 0) BackwardLoader<Config>::run(params, smem);

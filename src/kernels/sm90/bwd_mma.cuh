@@ -106,7 +106,7 @@ struct BackwardMma {
         copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
         warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
         fence_shared_for_async_proxy();
-        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kDsReadyBarrier);
+        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
 
         Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
         warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ);
@@ -228,12 +228,12 @@ struct BackwardMma {
     // all of dS) are done; the next job's first dS store waits until neither warpgroup reads it.
     static_assert(cosize_v<typename Config::SmemLayoutdS> >= kBlockN * kHeadDim, "dS holds a dK or dV tile");
     Element* staging = smem.ds.data();
-    cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kDsFreeBarrier);
-    store_accumulator_rows_staged<Element, kBlockN, kHeadDim>(mma_dkv, thread, dk, staging, dk_tile, p.dk_strides[1],
+    cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
+    store_accumulator_rows_staged<Config, Element, kBlockN, kHeadDim>(mma_dkv, thread, dk, staging, dk_tile, p.dk_strides[1],
                                                               valid_rows, scaled);
-    store_accumulator_rows_staged<Element, kBlockN, kHeadDim>(mma_dkv, thread, dv, staging, dv_tile, p.dv_strides[1],
+    store_accumulator_rows_staged<Config, Element, kBlockN, kHeadDim>(mma_dkv, thread, dv, staging, dv_tile, p.dv_strides[1],
                                                               valid_rows, unscaled);
-    cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kDsFreeBarrier);
+    cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
   }
 };
 

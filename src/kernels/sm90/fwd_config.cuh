@@ -1,8 +1,9 @@
-// Forward kernel configuration for one (head dim, element type): tile sizes, wgmma tilings, shared-
+// Forward kernel configuration for one (head dim, element type, query-tile height): tile sizes, wgmma tilings, shared-
 // memory layouts, shared storage, TMA types and device parameters.
 //
-// Warp roles (384 threads): warpgroup 0 warp 0 loads Q once per tile and streams K, V; warpgroups 1
-// and 2 each own 64 query rows of the 128-row tile and run the online softmax.
+// Warp roles: warpgroup 0 warp 0 loads Q once per tile and streams K, V; each MMA warpgroup owns 64
+// query rows of the tile and runs the online softmax (three MMA warpgroups and 512 threads on the 192-row
+// tiles, two and 384 on the 128-row ones; schedule/tile_config.hpp says which shapes take which).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -26,15 +27,26 @@ using namespace cute;
 using ForwardTileRecord = ForwardTile;
 inline constexpr int kEndOfTiles = -1;
 
-template <int kHeadDim_, class Element_>
-struct ForwardConfig : WarpRoles {
+// The forward's warp roles for query tiles of kBlockQ rows: one MMA warpgroup per 64 rows.
+template <int kBlockQ>
+using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows>;
+
+// kBlockQ_: one of the forward's query-tile heights (schedule/tile_config.hpp), chosen per shape at launch.
+template <int kHeadDim_, class Element_, int kBlockQ_>
+struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
+  // The counts this configuration's own layouts use (names of a dependent base need declaring).
+  using Roles = ForwardWarpRoles<kBlockQ_>;
+  using Roles::kMmaThreads;
+  using Roles::kMmaWarpGroups;
+  using Roles::kThreads;
+  using Roles::kWarpGroupThreads;
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = forward_tile_shape(kHeadDim).block_q;
-  static constexpr int kBlockN = forward_tile_shape(kHeadDim).block_kv;
+  static constexpr int kBlockM = kBlockQ_;
+  static constexpr int kBlockN = kForwardBlockKv;
   static constexpr int kStages = 2;  // key/value pipeline depth
   static constexpr int kTileSlots = 2;
-  static_assert(kBlockM == 64 * kMmaWarpGroups, "each MMA warpgroup owns 64 query rows");
+  static_assert(kBlockM == kMmaWarpGroupRows * kMmaWarpGroups, "each MMA warpgroup owns 64 query rows");
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;

@@ -39,7 +39,7 @@ struct ForwardEpilogue {
     const int row0 = tile.q_tile * kBlockM;
     const int valid_rows = p.tiles.mask.seqlen_q - row0;
     Element* o_tile = p.out + tile.batch * p.out_strides[0] + tile.head * p.out_strides[2] + row0 * p.out_strides[1];
-    store_accumulator_rows_staged<Element, kBlockM, Config::kHeadDim>(
+    store_accumulator_rows_staged<Config, Element, kBlockM, Config::kHeadDim>(
         mma_o, thread, out_frag, smem.o_staging, o_tile, p.out_strides[1], valid_rows,
         [&](int r) { return sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f; });
 

@@ -1,4 +1,4 @@
-// The forward kernel: persistent CTAs, a loader warp (fwd_loader.cuh) and two MMA warpgroups that run the
+// The forward kernel: persistent CTAs, a loader warp (fwd_loader.cuh) and the MMA warpgroups that run the
 // online softmax (fwd_mainloop.cuh) and write O and LSE (fwd_epilogue.cuh), in the tile order of
 // schedule/forward_tile_order.hpp. Reads top to bottom: set up barriers, give registers to the MMA
 // warpgroups, run each role until the tiles run out.
@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(shared_bytes);
   if (threadIdx.x == 0) init_forward_barriers<Config>(smem);
   __syncthreads();
-  run_warp_roles([&] { if (threadIdx.x == 0) ForwardLoader<Config>::run(params, smem); },
+  run_warp_roles<Config>([&] { if (threadIdx.x == 0) ForwardLoader<Config>::run(params, smem); },
                  [&](int thread) { ForwardMainloop<Config>::run(params, smem, thread); });
 }
 

@@ -1,5 +1,6 @@
-// Host side of the forward pass for one (head dim, element type): TMA descriptors, parameters, and
-// the launch (the tile counter is zeroed on the stream first). Returns a cudaError_t value.
+// Host side of the forward pass for one (head dim, element type): the query-tile height for the shape
+// (schedule/tile_config.hpp), TMA descriptors, parameters, and the launch (the tile counter is zeroed on
+// the stream first). Returns a cudaError_t value.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,10 +12,10 @@
 
 namespace dash::sm90 {
 
-template <int kHeadDim, class Element>
-int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
+template <int kHeadDim, class Element, int kBlockQ>
+int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stream) {
   const ForwardArgs& a = params.args;
-  using Config = ForwardConfig<kHeadDim, Element>;
+  using Config = ForwardConfig<kHeadDim, Element, kBlockQ>;
   const AttentionShape& shape = a.shape;
   typename Config::Params p{};
   p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), typename Config::SmemLayoutQ{});
@@ -26,8 +27,11 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   p.lse = a.lse;
   p.tile_counter = params.tile_counter;
   const MaskShape mask{static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k), shape.causal};
+  const int heads_per_group =
+      forward_heads_per_group(shape.causal, shape.seqlen_k, kHeadDim, static_cast<int>(sizeof(Element)), static_cast<int>(shape.heads_q),
+                              static_cast<int>(shape.heads_kv), static_cast<int>(shape.batch));
   p.tiles = ForwardTileOrder{mask, Config::kBlockM, Config::kBlockN, static_cast<int>(shape.heads_q),
-                             static_cast<int>(shape.batch)};
+                             static_cast<int>(shape.batch), heads_per_group};
   p.heads_kv = static_cast<int>(shape.heads_kv);
   p.scale_log2 = shape.softmax_scale * kLog2e;
 
@@ -40,6 +44,17 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   const int grid = tiles < params.num_sms ? tiles : params.num_sms;
   kernel<<<grid, Config::kThreads, Config::kSharedBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int kHeadDim, class Element>
+int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
+  const AttentionShape& shape = params.args.shape;
+  if constexpr (forward_has_tall_tiles(kHeadDim)) {
+    if (forward_tile_shape(kHeadDim, shape.causal, shape.seqlen_q).block_q == kForwardTallBlockQ) {
+      return launch_forward_tiles<kHeadDim, Element, kForwardTallBlockQ>(params, stream);
+    }
+  }
+  return launch_forward_tiles<kHeadDim, Element, kForwardBlockQ>(params, stream);
 }
 
 }  // namespace dash::sm90

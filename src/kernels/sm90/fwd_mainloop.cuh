@@ -1,7 +1,7 @@
-// Forward consumer warpgroups: each owns 64 query rows of the 128-row tile and, per key/value tile,
+// Forward consumer warpgroups: each owns 64 query rows of the query tile and, per key/value tile,
 // computes S = Q K^T (SS wgmma), the online softmax in registers and O += P V (RS wgmma, P converted
-// from the S accumulator), the O GEMM of tile j - 1 running under the softmax of tile j, and the two
-// warpgroups taking turns to issue their GEMMs (MmaTurns), so that one's softmax runs under the other's
+// from the S accumulator), the O GEMM of tile j - 1 running under the softmax of tile j, and the
+// warpgroups taking turns to issue their GEMMs (MmaTurns), so that one's softmax runs under the others'
 // GEMMs; then hands O, the running max and sum to the epilogue:
 //   m' = max(m, rowmax(S));  P = exp2((S - m') * c);  l' = l * exp2((m - m') * c) + rowsum(P)
 //   O = O * exp2((m - m') * c) + P V,   with c = scale * log2(e) and m in raw score units.
@@ -44,7 +44,7 @@ struct ForwardMainloop {
     constexpr int kRows = decltype(size<0>(tScS))::value;
 
     const MaskShape mask = p.tiles.mask;
-    const MmaTurns turns(warp_group);
+    const MmaTurns<Config> turns(warp_group);
     turns.start();
     int kv_loads = 0;  // key/value tiles visited so far: positions in the K and V rings
     for (int tiles = 0;; ++tiles) {

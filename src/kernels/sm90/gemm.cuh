@@ -140,21 +140,21 @@ __device__ __forceinline__ int staged_offset(int row, int column) {
   return row * kCols + (((column / kChunk) ^ (row % 8)) * kChunk) + column % kChunk;
 }
 
-template <class T, int kRows, int kCols, class TiledMma, class Accumulator, class RowScale>
+template <class Roles, class T, int kRows, int kCols, class TiledMma, class Accumulator, class RowScale>
 __device__ __forceinline__ void store_accumulator_rows_staged(const TiledMma& mma, int thread,
                                                               const Accumulator& acc_frag, T* staging, T* tile,
                                                               int64_t row_stride, int valid_rows, RowScale row_scale) {
   using Pair = cutlass::AlignedArray<T, 2>;
   using Vector = cutlass::AlignedArray<T, 16 / sizeof(T)>;
-  constexpr int kThreads = WarpRoles::kWarpGroupThreads;
-  constexpr int kWarpGroupRows = 64;
-  static_assert(kRows == kWarpGroupRows * WarpRoles::kMmaWarpGroups, "each MMA warpgroup owns 64 rows");
+  constexpr int kThreads = Roles::kWarpGroupThreads;
+  constexpr int kWarpGroupRows = kMmaWarpGroupRows;
+  static_assert(kRows == kWarpGroupRows * Roles::kMmaWarpGroups, "each MMA warpgroup owns 64 rows");
   static_assert(sizeof(T) == 2, "staged_offset swizzles 16-bit elements");
   const int warp_group = uniform_warp_group(thread, kThreads);
   Tensor coords_frag = mma.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kCols>>{}));
   Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
   Tensor acc = make_tensor(acc_frag.data(), accumulator_rows_by_columns(acc_frag.layout()));
-  cutlass::arch::NamedBarrier::sync(kThreads, kStagingBarrierBase + warp_group);
+  cutlass::arch::NamedBarrier::sync(kThreads, Roles::kStagingBarrierBase + warp_group);
   CUTE_UNROLL
   for (int r = 0; r < size<0>(acc); ++r) {
     const float scale = row_scale(r);
@@ -167,7 +167,7 @@ __device__ __forceinline__ void store_accumulator_rows_staged(const TiledMma& mm
       *reinterpret_cast<Pair*>(staging + staged_offset<kCols>(row, get<1>(coords(r, c)))) = pair;
     }
   }
-  cutlass::arch::NamedBarrier::sync(kThreads, kStagingBarrierBase + warp_group);
+  cutlass::arch::NamedBarrier::sync(kThreads, Roles::kStagingBarrierBase + warp_group);
   constexpr int kRowVectors = kCols / Vector::kElements;
   constexpr int kVectorsPerThread = kWarpGroupRows * kRowVectors / kThreads;
   static_assert(kVectorsPerThread * kThreads == kWarpGroupRows * kRowVectors, "rows split evenly over the threads");

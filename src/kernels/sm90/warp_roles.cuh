@@ -1,6 +1,7 @@
 // The warp-specialized CTA both kernels use: warpgroup 0 produces (loads, and in the backward writes
-// dQ), warpgroups 1 and 2 run the MMAs. One definition of the thread counts, of the register split
-// that setmaxnreg applies, and of the role dispatch at the top of each kernel.
+// dQ), warpgroups 1 .. kMmaWarpGroups run the MMAs, each on 64 rows of the tile. One definition, per
+// MMA warpgroup count, of the thread counts, of the register split that setmaxnreg applies, of the
+// named barrier ids, and of the role dispatch at the top of each kernel.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -10,47 +11,59 @@
 
 namespace dash::sm90 {
 
+// Rows of a tile that one MMA warpgroup owns: the M of one wgmma.
+inline constexpr int kMmaWarpGroupRows = 64;
+
+template <int kMmaWarpGroups_>
 struct WarpRoles {
-  static constexpr int kMmaWarpGroups = 2;
+  static constexpr int kMmaWarpGroups = kMmaWarpGroups_;
   static constexpr int kWarpGroupThreads = 128;
   static constexpr int kMmaThreads = kWarpGroupThreads * kMmaWarpGroups;
   static constexpr int kThreads = kMmaThreads + kWarpGroupThreads;
-  // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation (168 per thread
-  // for 384 threads); asking for more than the producer released would block the MMA warpgroups forever.
+  // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation (168 per thread for
+  // 384 threads, 128 for 512); asking for more than the producer released would block the MMA warpgroups
+  // forever. The MMA warpgroups take all the producer gives up, in setmaxnreg's steps of 8, at most 256:
+  // 240 with two MMA warpgroups, 160 with three.
   static constexpr int kProducerRegisters = 24;
-  static constexpr int kMmaRegisters = 240;
+  static constexpr int kRegisterStep = 8;
+  static constexpr int kMaxRegisters = 256;
+  static constexpr int kMmaRegisters = [] {
+    const int spare = launch_registers_per_thread(kThreads) * kThreads - kProducerRegisters * kWarpGroupThreads;
+    const int per_thread = spare / kMmaThreads / kRegisterStep * kRegisterStep;
+    return per_thread < kMaxRegisters ? per_thread : kMaxRegisters;
+  }();
   static_assert(kProducerRegisters * kWarpGroupThreads + kMmaRegisters * kMmaThreads <=
                     launch_registers_per_thread(kThreads) * kThreads,
                 "setmaxnreg budget exceeds the CTA's register allocation");
-};
 
-// Named barriers among MMA threads, one list for both kernels so that no two uses share an id. The ids
-// are CUTLASS NamedBarrier ids, which it offsets past the ones it reserves (id 0 there is not __syncthreads).
-enum NamedBarrierId : int {
-  kDsReadyBarrier = 1,      // backward: dS of a step is complete in shared memory (both MMA warpgroups)
-  kDsFreeBarrier = 2,       // backward: no MMA warpgroup reads the dS buffer, which stages dK and dV
-  kStagingBarrierBase = 3,  // kStagingBarrierBase + w: MMA warpgroup w's rows of a staging tile (gemm.cuh)
-  kMmaTurnBarrierBase = kStagingBarrierBase + WarpRoles::kMmaWarpGroups,  // + w: warpgroup w's GEMM turn (MmaTurns)
-  kNamedBarrierIdEnd = kMmaTurnBarrierBase + WarpRoles::kMmaWarpGroups,
+  // Named barriers among MMA threads. The ids are CUTLASS NamedBarrier ids, which it offsets past the ones
+  // it reserves (id 0 there is not __syncthreads). The forward and backward never share a CTA, so the ids
+  // only need to be distinct within one kernel.
+  static constexpr int kDsReadyBarrier = 0;      // backward: dS of a step is complete in shared memory
+  static constexpr int kDsFreeBarrier = 1;       // backward: no MMA warpgroup reads the dS buffer, which stages dK and dV
+  static constexpr int kStagingBarrierBase = 2;  // + w: MMA warpgroup w's rows of a staging tile (gemm.cuh)
+  static constexpr int kMmaTurnBarrierBase = kStagingBarrierBase + kMmaWarpGroups;  // + w: warpgroup w's GEMM turn
+  static constexpr int kNamedBarrierIdEnd = kMmaTurnBarrierBase + kMmaWarpGroups;
+  static_assert(kNamedBarrierIdEnd + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <=
+                    cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
+                "more named barriers than the SM has");
 };
-static_assert(kNamedBarrierIdEnd + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <=
-                  cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
-              "more named barriers than the SM has");
 
 // Ping-pong of the MMA warpgroups (FlashAttention-3's "warp scheduler barrier"): a warpgroup issues the
 // GEMMs of a step only on its turn and passes the turn to the next warpgroup right after issuing them, so
 // the warpgroups' GEMMs reach the tensor cores one after the other and one warpgroup's elementwise work
-// (the softmax) runs under the other's GEMMs instead of all of them idling the tensor cores at once.
+// (the softmax) runs under the others' GEMMs instead of all of them idling the tensor cores at once.
 // Warpgroup w's turn is named barrier kMmaTurnBarrierBase + w, completed by its own 128 threads waiting
 // and the previous warpgroup's 128 passing; warpgroup 0 passes itself the first turn in start().
 // Invariant: every MMA warpgroup calls start() once, then wait() and pass() in pairs, equally often (the
 // forward's warpgroups walk the same tiles and key/value tiles). The one turn left passed at the end is
 // never waited for, which a barrier at kernel exit allows.
+template <class Roles>
 class MmaTurns {
  public:
   __device__ explicit MmaTurns(int warp_group)
-      : own_(kMmaTurnBarrierBase + warp_group),
-        next_(kMmaTurnBarrierBase + (warp_group + 1) % WarpRoles::kMmaWarpGroups),
+      : own_(Roles::kMmaTurnBarrierBase + warp_group),
+        next_(Roles::kMmaTurnBarrierBase + (warp_group + 1) % Roles::kMmaWarpGroups),
         first_(warp_group == 0) {}
   __device__ void start() const {
     if (first_) cutlass::arch::NamedBarrier::arrive(kThreads, own_);
@@ -59,7 +72,7 @@ class MmaTurns {
   __device__ void pass() const { cutlass::arch::NamedBarrier::arrive(kThreads, next_); }
 
  private:
-  static constexpr int kThreads = 2 * WarpRoles::kWarpGroupThreads;  // the waiting and the passing warpgroup
+  static constexpr int kThreads = 2 * Roles::kWarpGroupThreads;  // the waiting and the passing warpgroup
   int own_;
   int next_;
   bool first_;
@@ -67,15 +80,15 @@ class MmaTurns {
 
 // Moves registers from the producer warpgroup to the MMA warpgroups, then runs `produce()` in the
 // producer and `consume(thread)` in the MMA warpgroups, thread numbered from 0 across them.
-template <class Produce, class Consume>
+template <class Roles, class Produce, class Consume>
 __device__ __forceinline__ void run_warp_roles(Produce&& produce, Consume&& consume) {
-  const int warp_group = static_cast<int>(threadIdx.x) / WarpRoles::kWarpGroupThreads;
+  const int warp_group = static_cast<int>(threadIdx.x) / Roles::kWarpGroupThreads;
   if (warp_group == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<WarpRoles::kProducerRegisters>();
+    cutlass::arch::warpgroup_reg_dealloc<Roles::kProducerRegisters>();
     produce();
   } else {
-    cutlass::arch::warpgroup_reg_alloc<WarpRoles::kMmaRegisters>();
-    consume(static_cast<int>(threadIdx.x) - WarpRoles::kWarpGroupThreads);
+    cutlass::arch::warpgroup_reg_alloc<Roles::kMmaRegisters>();
+    consume(static_cast<int>(threadIdx.x) - Roles::kWarpGroupThreads);
   }
 }
 
