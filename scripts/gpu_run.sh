@@ -40,19 +40,22 @@ for step in "${steps[@]}"; do
       # Ragged lengths (130, 77, 300: rows end inside a warp), Sq != Sk both ways, GQA. synccheck reports
       # warp-synchronous calls that some lanes of the warp skip (the cause of the forward's ragged hang).
       filter='Shapes/Sm90Correctness.*hdim128_bf16_B1_Sq130_Sk130*:Shapes/Sm90Correctness.*hdim64_bf16_B1_Sq77_Sk300*causal:Shapes/Sm90Correctness.*hdim128_fp16_B2_Sq300_Sk77_Hq4_Hkv1_causal'
-      # The forward's tall d = 64 tiles (three MMA warpgroups) run only from 2048 query rows (8192 causal):
-      # one ragged forward of each through the CLI, with short key lengths to keep the tools' time down.
-      tall_shapes=("--seqlen-q 2100 --seqlen-k 333" "--seqlen-q 8200 --seqlen-k 517 --causal")
+      # The forward's other tile shapes: tall d = 64 tiles (three MMA warpgroups) from 2048 query rows (8192
+      # causal), wide d = 128 tiles under a full mask from 4096 keys (O staged in the V ring): one ragged
+      # forward of each through the CLI, with short other lengths to keep the tools' time down.
+      tile_shapes=("--head-dim 64 --seqlen-q 2100 --seqlen-k 333" "--head-dim 64 --seqlen-q 8200 --seqlen-k 517 --causal"
+                   "--head-dim 128 --seqlen-q 130 --seqlen-k 4100")
       for tool in memcheck racecheck synccheck; do
         timeout 600 compute-sanitizer --tool "$tool" "$bin/test_sm90" --gtest_filter="$filter" > "$out/sanitize_$tool.log" 2>&1
         echo "== compute-sanitizer $tool rc=$?"
         summary "$out/sanitize_$tool.log" 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED)' 6
-        for shape in "${tall_shapes[@]}"; do
+        for i in "${!tile_shapes[@]}"; do
+          shape=${tile_shapes[$i]}
           # shellcheck disable=SC2086  # $shape is a list of flags
           timeout 300 compute-sanitizer --tool "$tool" "$bin/dash-attn" bench --fwd --batch 1 --heads 2 --heads-kv 1 \
-            --head-dim 64 $shape --warmup 0 --iters 1 > "$out/sanitize_${tool}_tall.log" 2>&1
-          echo "== compute-sanitizer $tool, forward tall tiles $shape rc=$?"
-          summary "$out/sanitize_${tool}_tall.log" 'ERROR SUMMARY|RACECHECK SUMMARY' 2
+            $shape --warmup 0 --iters 1 > "$out/sanitize_${tool}_forward_$i.log" 2>&1
+          echo "== compute-sanitizer $tool, forward $shape rc=$?"
+          summary "$out/sanitize_${tool}_forward_$i.log" 'ERROR SUMMARY|RACECHECK SUMMARY' 2
         done
       done ;;
     check)

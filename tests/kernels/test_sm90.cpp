@@ -1,7 +1,7 @@
 // GPU tests of the sm90 kernels through the public API: forward and backward against the float64 CPU
 // reference on fresh random inputs of many shapes (ragged lengths, seqlen_q != seqlen_k both ways,
-// GQA/MQA, full and causal) with poisoned outputs; every ragged remainder of the forward's tall d = 64
-// tiles; bitwise determinism of every deterministic schedule over 100 runs, alone and with a concurrent
+// GQA/MQA, full and causal) with poisoned outputs; every ragged remainder of the forward's other tile
+// shapes; bitwise determinism of every deterministic schedule over 100 runs, alone and with a concurrent
 // kernel on another stream, and the nondeterministic schedule caught by the same comparison; a
 // watchdog turns any hang into a failure.
 // Without a Hopper GPU (or without compiled kernels) every test skips and says why.
@@ -224,40 +224,34 @@ INSTANTIATE_TEST_SUITE_P(Remainders, Sm90RaggedSweep,
                                             ::testing::Bool()),
                          ragged_sweep_name);
 
-// --- the forward's tall tiles: every remainder -----------------------------------------------------
-// At d = 64 the forward runs 192-row query tiles with three MMA warpgroups from kForwardTallFromFull query
-// rows (full mask) and kForwardTallFromCausal (causal); shorter shapes, which the tests above use, run
-// 128-row tiles. These run every remainder mod 192 of seqlen_q from those lengths, under the watchdog, and
-// check that every output element was written and, on samples, the values. seqlen_k is short to keep the
-// float64 reference cheap; under the causal mask the rows before seqlen_q - seqlen_k see no key, so the
-// tiles that visit no key/value tile run too.
+// --- the forward's other tile shapes: every remainder --------------------------------------------
+// Besides 128x128, the forward runs 192x128 tiles with three MMA warpgroups at d = 64 from
+// kForwardTallFromFull query rows (full mask) and kForwardTallFromCausal (causal), and 128x176 tiles at
+// d = 128 under a full mask from kForwardWideFromKeys keys, which stage O in the V ring. These run every remainder of the tile's length
+// (seqlen_q mod 192, seqlen_k mod 176), under the watchdog, and check that every output element was written
+// and, on samples, the values against the float64 reference. The other length stays short to keep the
+// reference cheap; under the causal mask the rows before seqlen_q - seqlen_k see no key, so the tiles that
+// visit no key/value tile run too.
 
-constexpr int64_t kTallKeys = 1500;
-constexpr int kTallReferenceEvery = 96;
-
-class Sm90TallForwardTiles : public ::testing::TestWithParam<std::tuple<Instance, bool>> {};
-
-TEST_P(Sm90TallForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatchesReferenceOnSamples) {
-  const auto& [inst, causal] = GetParam();
-  if (const std::string why = skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
-  const int64_t base = causal ? kForwardTallFromCausal : kForwardTallFromFull;
-  const auto tall_case = [&](int remainder, int64_t heads_q, int64_t heads_kv) {
-    return ShapeCase{2, base + remainder, kTallKeys, heads_q, heads_kv, causal};
-  };
-  Problem big = harness::make_problem(make_shape(tall_case(kForwardTallBlockQ - 1, 8, 2), inst), 0x7a11,
-                                      /*with_reference=*/false);
+// Runs the forward for remainder 0 .. count - 1 of shape_for(remainder, heads_q, heads_kv) (batch 2, 8 query
+// heads on 2 key/value heads), then on every reference_every-th remainder one head against the reference.
+template <class ShapeFor>
+void sweep_forward_remainders(const Instance& inst, int count, int reference_every, int expected_block_q,
+                              int expected_block_kv, ShapeFor shape_for) {
+  Problem big = harness::make_problem(make_shape(shape_for(count - 1, 8, 2), inst), 0x7a11, /*with_reference=*/false);
   const AttentionShape largest = big.shape;
-  for (int remainder = 0; remainder < kForwardTallBlockQ; ++remainder) {
-    const ShapeCase c = tall_case(remainder, 8, 2);
-    ASSERT_EQ(forward_tile_shape(inst.head_dim, causal, c.seqlen_q).block_q, kForwardTallBlockQ)
-        << "the shape no longer runs the tall tiles this test is for";
+  for (int remainder = 0; remainder < count; ++remainder) {
+    const ShapeCase c = shape_for(remainder, 8, 2);
+    const TileShape tile = forward_tile_shape(inst.head_dim, c.causal, c.seqlen_q, c.seqlen_k);
+    ASSERT_TRUE(tile.block_q == expected_block_q && tile.block_kv == expected_block_kv)
+        << shape_name(c) << ": the shape no longer runs the tiles this test is for";
     big.shape = make_shape(c, inst);
     run_forward(big);
     const size_t rows = static_cast<size_t>(c.batch * c.heads_q * c.seqlen_q);
     ASSERT_EQ(count_unwritten_halves(big.d_out, big.q_elements(), inst.dtype), 0u) << shape_name(c) << ": O";
     ASSERT_EQ(count_nan_floats(big.d_lse, rows), 0u) << shape_name(c) << ": LSE";
-    if (remainder % kTallReferenceEvery != kTallReferenceEvery - 1) continue;
-    ShapeCase small = tall_case(remainder, 1, 1);
+    if (remainder % reference_every != reference_every - 1) continue;
+    ShapeCase small = shape_for(remainder, 1, 1);
     small.batch = 1;
     Problem p = harness::make_problem(make_shape(small, inst), 0x7a11 + remainder);
     run_forward(p);
@@ -270,17 +264,51 @@ TEST_P(Sm90TallForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatche
   big.shape = largest;
 }
 
+constexpr int64_t kShortKeys = 1500;
+constexpr int64_t kShortQueries = 1031;
+
+class Sm90TallForwardTiles : public ::testing::TestWithParam<std::tuple<Instance, bool>> {};
+
+TEST_P(Sm90TallForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatchesReferenceOnSamples) {
+  const auto& [inst, causal] = GetParam();
+  if (const std::string why = skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  const int64_t base = causal ? kForwardTallFromCausal : kForwardTallFromFull;
+  sweep_forward_remainders(inst, kForwardTallBlockQ, /*reference_every=*/96, kForwardTallBlockQ, kForwardBlockKv,
+                           [&](int remainder, int64_t heads_q, int64_t heads_kv) {
+                             return ShapeCase{2, base + remainder, kShortKeys, heads_q, heads_kv, causal};
+                           });
+}
+
+class Sm90WideForwardTiles : public ::testing::TestWithParam<Instance> {};
+
+TEST_P(Sm90WideForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatchesReferenceOnSamples) {
+  const Instance inst = GetParam();
+  if (const std::string why = skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  sweep_forward_remainders(inst, kForwardWideBlockKv, /*reference_every=*/88, kForwardBlockQ, kForwardWideBlockKv,
+                           [&](int remainder, int64_t heads_q, int64_t heads_kv) {
+                             return ShapeCase{2, kShortQueries, kForwardWideFromKeys + remainder, heads_q, heads_kv,
+                                              false};
+                           });
+}
+
 std::string tall_tiles_name(const ::testing::TestParamInfo<std::tuple<Instance, bool>>& info) {
   const auto& [inst, causal] = info.param;
   return "hdim" + std::to_string(inst.head_dim) + "_" + std::string(dtype_name(inst.dtype)) +
          (causal ? "_causal" : "_full");
 }
 
+std::string instance_name(const ::testing::TestParamInfo<Instance>& info) {
+  return "hdim" + std::to_string(info.param.head_dim) + "_" + std::string(dtype_name(info.param.dtype));
+}
+
 INSTANTIATE_TEST_SUITE_P(Remainders, Sm90TallForwardTiles,
                          ::testing::Combine(::testing::Values(Instance{64, DType::kBF16}, Instance{64, DType::kFP16}),
                                             ::testing::Bool()),
                          tall_tiles_name);
-static_assert(forward_has_tall_tiles(64), "Sm90TallForwardTiles runs the d = 64 instances");
+INSTANTIATE_TEST_SUITE_P(Remainders, Sm90WideForwardTiles,
+                         ::testing::Values(Instance{128, DType::kBF16}, Instance{128, DType::kFP16}), instance_name);
+static_assert(forward_has_tall_tiles(64) && forward_has_wide_tiles(128),
+              "the remainder tests above run the d = 64 and d = 128 instances");
 
 // --- determinism ----------------------------------------------------------------------------------
 

@@ -29,8 +29,12 @@ TEST(ForwardTileOrder, CoversEveryTileOnceGroupByGroupLongestFirstWithTheMasksKe
     const bool causal = trial % 2 == 1;
     const int seqlen_q = std::uniform_int_distribution<int>(1, 1200)(rng);
     const int seqlen_k = std::uniform_int_distribution<int>(1, 1200)(rng);
-    // The kernels' tile shapes: 128x128 and, at d = 64 from some length on, 192x128 (schedule/tile_config.hpp).
-    const TileShape shape = trial % 4 < 2 ? forward_tile_shape(64, causal, 1 << 20) : forward_tile_shape(128, causal, 1);
+    // The kernels' tile shapes (schedule/tile_config.hpp): 192x128 (d = 64, long), 128x176 (d = 128, full)
+    // and 128x128.
+    const int64_t long_enough = 1 << 20;
+    const TileShape shape = trial % 4 == 0   ? forward_tile_shape(64, causal, long_enough, long_enough)
+                            : trial % 4 == 1 ? forward_tile_shape(128, causal, long_enough, long_enough)
+                                             : forward_tile_shape(128, causal, 1, 1);
     const int heads_q = std::uniform_int_distribution<int>(1, 5)(rng);
     const int batch = std::uniform_int_distribution<int>(1, 3)(rng);
     // Groups of one head, of some heads (the last one short), and of more heads than there are.
@@ -80,18 +84,25 @@ TEST(ForwardTileOrder, CausalHeadGroupsHoldWholeKeyValueHeadsWithinTheL2BudgetAn
   }
 }
 
-TEST(ForwardTileShape, TallTilesOnlyAtHeadDim64FromTheMeasuredLengths) {
+TEST(ForwardTileShape, TallTilesAtHeadDim64AndWideOnesAtHeadDim128UnderAFullMaskFromTheMeasuredLengths) {
   for (bool causal : {false, true}) {
     const int tall_from = causal ? kForwardTallFromCausal : kForwardTallFromFull;
     for (int64_t seqlen_q : {int64_t{1}, int64_t{tall_from} - 1, int64_t{tall_from}, int64_t{1} << 20}) {
-      const TileShape d64 = forward_tile_shape(64, causal, seqlen_q);
-      EXPECT_EQ(d64.block_q, seqlen_q >= tall_from ? kForwardTallBlockQ : kForwardBlockQ) << seqlen_q;
-      EXPECT_EQ(forward_tile_shape(128, causal, seqlen_q).block_q, kForwardBlockQ) << seqlen_q;
-      EXPECT_EQ(d64.block_kv, kForwardBlockKv);
+      for (int64_t seqlen_k : {int64_t{1}, int64_t{kForwardWideFromKeys} - 1, int64_t{kForwardWideFromKeys}}) {
+        const TileShape d64 = forward_tile_shape(64, causal, seqlen_q, seqlen_k);
+        EXPECT_EQ(d64.block_q, seqlen_q >= tall_from ? kForwardTallBlockQ : kForwardBlockQ) << seqlen_q;
+        EXPECT_EQ(d64.block_kv, kForwardBlockKv);
+        const TileShape d128 = forward_tile_shape(128, causal, seqlen_q, seqlen_k);
+        EXPECT_EQ(d128.block_q, kForwardBlockQ) << seqlen_q;
+        const bool wide = !causal && seqlen_k >= kForwardWideFromKeys;
+        EXPECT_EQ(d128.block_kv, wide ? kForwardWideBlockKv : kForwardBlockKv) << seqlen_k;
+      }
     }
   }
-  // One MMA warpgroup per 64 query rows (kernels/sm90/fwd_config.cuh).
+  // One MMA warpgroup per 64 query rows (kernels/sm90/fwd_config.cuh); wgmma's N and the P V GEMM's K are
+  // multiples of 16.
   static_assert(kForwardBlockQ % 64 == 0 && kForwardTallBlockQ % 64 == 0);
+  static_assert(kForwardBlockKv % 16 == 0 && kForwardWideBlockKv % 16 == 0);
 }
 
 }  // namespace

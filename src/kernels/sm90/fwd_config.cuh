@@ -9,6 +9,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include <type_traits>
+
 #include "kernels/kernel_params.hpp"
 #include "kernels/sm90/gemm.cuh"
 #include "kernels/sm90/gmem_tensors.cuh"
@@ -31,8 +33,9 @@ inline constexpr int kEndOfTiles = -1;
 template <int kBlockQ>
 using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows>;
 
-// kBlockQ_: one of the forward's query-tile heights (schedule/tile_config.hpp), chosen per shape at launch.
-template <int kHeadDim_, class Element_, int kBlockQ_>
+// kBlockQ_ x kBlockKv_: one of the forward's tile shapes (schedule/tile_config.hpp), chosen per shape at
+// launch.
+template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_>
 struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   // The counts this configuration's own layouts use (names of a dependent base need declaring).
   using Roles = ForwardWarpRoles<kBlockQ_>;
@@ -43,7 +46,7 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockQ_;
-  static constexpr int kBlockN = kForwardBlockKv;
+  static constexpr int kBlockN = kBlockKv_;
   static constexpr int kStages = 2;  // key/value pipeline depth
   static constexpr int kTileSlots = 2;
   static_assert(kBlockM == kMmaWarpGroupRows * kMmaWarpGroups, "each MMA warpgroup owns 64 query rows");
@@ -68,18 +71,41 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   using SmemLayoutVt = decltype(composition(
       SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN, Stages>{}, Stride<BlockN, _1, Int<kBlockN * kHeadDim>>{})));
 
-  struct SharedStorage {
+  // O leaves through a staging tile (store_accumulator_rows_staged) of its own where shared memory allows,
+  // and otherwise through the V ring's bytes (128x176 at d = 128: Q, K and V take 208 KiB). Then the
+  // epilogue first waits until no MMA warpgroup reads V (kVRingFreeBarrier) and, once done, hands the bytes
+  // back to the loader (o_staging_done), which loads the next tile's first V only after that.
+  static constexpr int kStagingElements = kBlockM * kHeadDim;
+  struct NoOwnStaging {};
+
+  template <bool kOwnStaging>
+  struct Storage {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
-    alignas(16) Element o_staging[kBlockM * kHeadDim];  // O on its way out (store_accumulator_rows_staged)
+    std::conditional_t<kOwnStaging, array_aligned<Element, kStagingElements, 16>, NoOwnStaging> own_staging;
     RecordRing<ForwardTileRecord, kTileSlots> tiles;  // loader -> MMA warpgroups
     PipelineRing<1> q_stages;        // loader -> MMA warpgroups: Q (per query tile)
     // K and V of each key/value tile visited, in rings of their own: K_j is free once S_j is done, while
     // V_j is read until O += P_j V_j, which the mainloop issues one tile later (fwd_mainloop.cuh).
     PipelineRing<kStages> k_stages;  // loader -> MMA warpgroups
     PipelineRing<kStages> v_stages;  // loader -> MMA warpgroups
+    // Without own staging: MMA warpgroups -> loader, position t: tile t's epilogue is done with the V
+    // ring's bytes. Every MMA thread commits it after each tile; the loader waits before the next tile's V.
+    PipelineRing<1> o_staging_done;
+
+    // O on its way out.
+    __device__ Element* o_staging() {
+      if constexpr (kOwnStaging) {
+        return own_staging.data();
+      } else {
+        return v.data();
+      }
+    }
   };
+  static constexpr bool kStagingInVRing = sizeof(Storage<true>) > kMaxSharedBytesPerBlock;
+  static_assert(!kStagingInVRing || cosize_v<SmemLayoutKV> >= kStagingElements, "O's staging tile must fit the V ring");
+  using SharedStorage = Storage<!kStagingInVRing>;
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);

@@ -12,10 +12,10 @@
 
 namespace dash::sm90 {
 
-template <int kHeadDim, class Element, int kBlockQ>
+template <int kHeadDim, class Element, int kBlockQ, int kBlockKv>
 int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stream) {
   const ForwardArgs& a = params.args;
-  using Config = ForwardConfig<kHeadDim, Element, kBlockQ>;
+  using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv>;
   const AttentionShape& shape = a.shape;
   typename Config::Params p{};
   p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), typename Config::SmemLayoutQ{});
@@ -49,12 +49,18 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
 template <int kHeadDim, class Element>
 int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   const AttentionShape& shape = params.args.shape;
+  const TileShape tile = forward_tile_shape(kHeadDim, shape.causal, shape.seqlen_q, shape.seqlen_k);
   if constexpr (forward_has_tall_tiles(kHeadDim)) {
-    if (forward_tile_shape(kHeadDim, shape.causal, shape.seqlen_q).block_q == kForwardTallBlockQ) {
-      return launch_forward_tiles<kHeadDim, Element, kForwardTallBlockQ>(params, stream);
+    if (tile.block_q == kForwardTallBlockQ) {
+      return launch_forward_tiles<kHeadDim, Element, kForwardTallBlockQ, kForwardBlockKv>(params, stream);
     }
   }
-  return launch_forward_tiles<kHeadDim, Element, kForwardBlockQ>(params, stream);
+  if constexpr (forward_has_wide_tiles(kHeadDim)) {
+    if (tile.block_kv == kForwardWideBlockKv) {
+      return launch_forward_tiles<kHeadDim, Element, kForwardBlockQ, kForwardWideBlockKv>(params, stream);
+    }
+  }
+  return launch_forward_tiles<kHeadDim, Element, kForwardBlockQ, kForwardBlockKv>(params, stream);
 }
 
 }  // namespace dash::sm90

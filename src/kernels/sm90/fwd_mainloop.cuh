@@ -104,7 +104,7 @@ struct ForwardMainloop {
       }
       kv_loads += tile.kv_tiles;
       if (tile.kv_tiles == 0) smem.q_stages.consumer_release(tiles);
-      ForwardEpilogue<Config>::store(p, smem, tile, tOrO, row_max, row_sum, thread);
+      ForwardEpilogue<Config>::store(p, smem, tile, tiles, tOrO, row_max, row_sum, thread);
     }
   }
 
