@@ -166,6 +166,26 @@ ShapeCase ragged_case(int remainder, bool vary_keys, bool causal) {
   return vary_keys ? ShapeCase{3, kRaggedBase, ragged, 16, 4, causal} : ShapeCase{3, ragged, kRaggedBase, 16, 4, causal};
 }
 
+// Whether the forward of shape c wrote every element of O and LSE (outputs start poisoned with NaN).
+::testing::AssertionResult forward_wrote_everything(const Problem& p, const ShapeCase& c, DType dtype) {
+  const size_t rows = static_cast<size_t>(c.batch * c.heads_q * c.seqlen_q);
+  const size_t out = count_unwritten_halves(p.d_out, p.q_elements(), dtype);
+  const size_t lse = count_nan_floats(p.d_lse, rows);
+  if (out == 0 && lse == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << shape_name(c) << ": " << out << " elements of O and " << lse
+                                       << " of LSE not written";
+}
+
+// Runs the forward on p (made with its reference, of shape c) and compares O and LSE with the reference.
+void expect_forward_matches_reference(Problem& p, const ShapeCase& c, DType dtype) {
+  run_forward(p);
+  const auto tol = harness::tolerance_for(dtype);
+  const auto out = harness::compare(p.d_out, p.out, dtype);
+  const auto lse = harness::compare(p.d_lse, p.lse, dtype, /*is_float=*/true);
+  EXPECT_TRUE(harness::within(out, tol)) << shape_name(c) << " O: " << out.describe();
+  EXPECT_TRUE(harness::within(lse, tol)) << shape_name(c) << " LSE: " << lse.describe();
+}
+
 class Sm90RaggedSweep : public ::testing::TestWithParam<std::tuple<Instance, bool>> {};
 
 TEST_P(Sm90RaggedSweep, EveryRemainderTerminatesWritesEveryElementAndMatchesReferenceOnSamples) {
@@ -180,9 +200,7 @@ TEST_P(Sm90RaggedSweep, EveryRemainderTerminatesWritesEveryElementAndMatchesRefe
       const ShapeCase c = ragged_case(remainder, vary_keys, causal);
       big.shape = make_shape(c, inst);
       run_forward(big);
-      const size_t rows = static_cast<size_t>(c.batch * c.heads_q * c.seqlen_q);
-      ASSERT_EQ(count_unwritten_halves(big.d_out, big.q_elements(), inst.dtype), 0u) << shape_name(c) << ": O";
-      ASSERT_EQ(count_nan_floats(big.d_lse, rows), 0u) << shape_name(c) << ": LSE";
+      ASSERT_TRUE(forward_wrote_everything(big, c, inst.dtype));
       harness::use_forward_outputs_for_backward(big);
       big.d_dq.poison();
       big.d_dk.poison();
@@ -197,13 +215,9 @@ TEST_P(Sm90RaggedSweep, EveryRemainderTerminatesWritesEveryElementAndMatchesRefe
       small.heads_q = 2;
       small.heads_kv = 1;
       Problem p = harness::make_problem(make_shape(small, inst), 0x4a66ed + remainder);
-      run_forward(p);
-      const auto tol = harness::tolerance_for(inst.dtype);
-      const auto out = harness::compare(p.d_out, p.out, inst.dtype);
-      const auto lse = harness::compare(p.d_lse, p.lse, inst.dtype, /*is_float=*/true);
-      EXPECT_TRUE(harness::within(out, tol)) << shape_name(small) << " O: " << out.describe();
-      EXPECT_TRUE(harness::within(lse, tol)) << shape_name(small) << " LSE: " << lse.describe();
+      expect_forward_matches_reference(p, small, inst.dtype);
       ASSERT_TRUE(run_backward(p, Schedule::kAuto));
+      const auto tol = harness::tolerance_for(inst.dtype);
       const auto dq = harness::compare(p.d_dq, p.dq, inst.dtype);
       const auto dk = harness::compare(p.d_dk, p.dk, inst.dtype);
       EXPECT_TRUE(harness::within(dq, tol)) << shape_name(small) << " dQ: " << dq.describe();
@@ -247,19 +261,12 @@ void sweep_forward_remainders(const Instance& inst, int count, int reference_eve
         << shape_name(c) << ": the shape no longer runs the tiles this test is for";
     big.shape = make_shape(c, inst);
     run_forward(big);
-    const size_t rows = static_cast<size_t>(c.batch * c.heads_q * c.seqlen_q);
-    ASSERT_EQ(count_unwritten_halves(big.d_out, big.q_elements(), inst.dtype), 0u) << shape_name(c) << ": O";
-    ASSERT_EQ(count_nan_floats(big.d_lse, rows), 0u) << shape_name(c) << ": LSE";
+    ASSERT_TRUE(forward_wrote_everything(big, c, inst.dtype));
     if (remainder % reference_every != reference_every - 1) continue;
     ShapeCase small = shape_for(remainder, 1, 1);
     small.batch = 1;
     Problem p = harness::make_problem(make_shape(small, inst), 0x7a11 + remainder);
-    run_forward(p);
-    const auto tol = harness::tolerance_for(inst.dtype);
-    const auto out = harness::compare(p.d_out, p.out, inst.dtype);
-    const auto lse = harness::compare(p.d_lse, p.lse, inst.dtype, /*is_float=*/true);
-    EXPECT_TRUE(harness::within(out, tol)) << shape_name(small) << " O: " << out.describe();
-    EXPECT_TRUE(harness::within(lse, tol)) << shape_name(small) << " LSE: " << lse.describe();
+    expect_forward_matches_reference(p, small, inst.dtype);
   }
   big.shape = largest;
 }
