@@ -291,13 +291,18 @@ def count_opcodes(instructions):
 
 
 def short_kernel_name(demangled):
-    """`backward_kernel<hd128,bf16>` from `void dash::sm90::backward_kernel<...<128, ...bfloat16_t>>(...)`."""
+    """`backward_kernel<hd128,bf16>` from `void dash::sm90::backward_kernel<...<128, ...bfloat16_t>>(...)`, and
+    `forward_kernel<hd128,bf16,128x176>` from `...forward_kernel<...ForwardConfig<128, ...bfloat16_t, 128, 176>>`:
+    a configuration's numbers after the head dim are its tile shape, which tells one head dim's kernels apart."""
     head = demangled.split("(")[0].removeprefix("void ")
     if "<" not in head:
         return head.split("::")[-1]
     name, arguments = head.split("<", 1)
-    parts = ["hd" + n for n in re.findall(r"\b(\d+)\b", arguments)[:1]]
+    numbers = re.findall(r"\b(\d+)\b", arguments)
+    parts = ["hd" + n for n in numbers[:1]]
     parts += [DTYPE_NAMES[word] for word in re.findall(r"\w+", arguments) if word in DTYPE_NAMES]
+    if len(numbers) > 1:
+        parts.append("x".join(numbers[1:]))
     return "%s<%s>" % (name.split("::")[-1], ",".join(parts))
 
 
