@@ -3,14 +3,15 @@
 //
 // Heads are taken in groups of heads_per_group consecutive (batch, head) pairs. Within a group, tiles come
 // longest first across all of the group's heads (under the causal mask the last query tiles see the most
-// keys), head by head for each length. Under the causal mask, longest first over many heads is what
-// balances the CTAs: the last wave holds the shortest tiles of the last group, not a mix of one head's long
-// and another's short ones. A list-scheduling model of the grid put head-by-head order 3-6% behind at
-// 2k-8k tokens; measured, the grouped order gave +4.5-7.5% at d = 128, 2048-16384 tokens (docs/PERF.md,
-// 2026-12-02). The group bound keeps the K and V that the CTAs read at one time within L2: a group's
-// key/value heads fit kForwardL2Budget (forward_heads_per_group). Under a full mask every tile is equally
-// long, and groups of one head keep each head's K and V shared by the CTAs that run its tiles at once
-// (grouping lost 1-7% there at d = 128, 512-2048 tokens).
+// keys), head by head for each length. Under the causal mask, longest first over many heads is what balances
+// the CTAs: the last wave holds the shortest tiles of the last group, not a mix of one head's long and
+// another's short ones. A list-scheduling model of the grid put head-by-head order 3-6% behind at 2k-8k
+// tokens; measured (same-run A/B on the H200, bf16, paper grid, fd2049d's order against 7c08e11's,
+// docs/PERF.md, 2026-12-02), the grouped order gave +4.5-7.5% at d = 128, 2048-16384 tokens. The group bound
+// keeps the K and V that the CTAs read at one time within L2: a group's key/value heads fit kForwardL2Budget
+// (forward_heads_per_group). Under a full mask every tile is equally long, and groups of one head keep each
+// head's K and V shared by the CTAs that run its tiles at once (grouping lost 1-7% there at d = 128, 512-2048
+// tokens).
 //
 // Invariants: tile_at is a bijection from [0, num_tiles()) onto (batch, head, query tile); groups come in
 // order; within a group, kv_tiles never increases. A query tile visits the key/value tiles up to the one

@@ -26,20 +26,22 @@ DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
 // Forward: one MMA warpgroup per 64 query rows, 128 keys per tile. Query tiles are 128 rows (two MMA
 // warpgroups of 240 registers) or, at d = 64, 192 rows (three of 160: the O and S accumulators, 32 + 64
 // registers per thread, still fit), which gives the tensor cores 1.5x the GEMM work per key/value tile to
-// overlap with each warpgroup's softmax. The taller tile pays where the sequence is long enough that the
-// work it adds past the causal diagonal and past seqlen_q is small. Same-run A/B on the H200, d = 64, bf16
-// (docs/PERF.md, 2026-12-02): full mask +6-9% from 2048 tokens, -4 to -5% at 512-1024; causal +2-4% from
-// 8192 tokens, -4 to -28% below (at 512 the 192-row tiles compute 35% more of the masked triangle).
+// overlap with each warpgroup's softmax. The taller tile pays where the sequence is long enough that the work
+// it adds past the causal diagonal and past seqlen_q is small. Same-run A/B on the H200, d = 64, bf16, the
+// paper grid (16384 tokens per batch, hidden 2048; fd2049d's kernel at every length against 7c08e11,
+// docs/PERF.md, 2026-12-02): full mask +6-9% from 2048 tokens, -4 to -5% at 512-1024; causal +2-4% from 8192
+// tokens, -4 to -28% below (at 512 the 192-row tiles compute 35% more of the masked triangle).
 //
 // At d = 128 under a full mask, key/value tiles are 176 keys wide instead (128x176): the per-tile work that
 // does not grow with the keys (rescaling O's 64 registers per thread, the row max and sum shuffles, the
 // barriers) is spread over 1.375x the keys. Nsight Compute on the H200 (2026-12-02, d = 128, full, 16384
-// tokens): FA3's step loop at 128x176 issues 3.3 instructions per key and thread, DASH's at 128x128 3.7,
-// and DASH's at 128x176 3.4 (unmasked path, scripts/sass_report.sh). The wide tiles stage O in the V ring
+// tokens): FA3's step loop at 128x176 issues 3.3 instructions per key and thread, DASH's at 128x128 3.7, and
+// DASH's at 128x176 3.4 (unmasked path, scripts/sass_report.sh). The wide tiles stage O in the V ring
 // (kernels/sm90/fwd_config.cuh), so the next tile's first V waits for the epilogue: that costs more than the
-// loop saves when a tile visits few key/value tiles. Same-run A/B on the H200, d = 128, full, bf16
-// (2026-12-02): +2.5-3.8% from 4096 keys, -2.5% at 2048, -10% at 1024, -17% at 512. The causal mask keeps
-// 128 keys: wider tiles would compute more of the masked triangle.
+// loop saves when a tile visits few key/value tiles. Same-run A/B on the H200, d = 128, full, bf16, the paper
+// grid (7a5a8da's kernel at every length against fd2049d, 2026-12-02): +2.5-3.8% from 4096 keys, -2.5% at
+// 2048, -10% at 1024, -17% at 512. The causal mask keeps 128 keys: wider tiles would compute more of the
+// masked triangle.
 inline constexpr int kForwardBlockQ = 128;
 inline constexpr int kForwardTallBlockQ = 192;
 inline constexpr int kForwardBlockKv = 128;

@@ -229,10 +229,10 @@ struct BackwardMma {
     static_assert(cosize_v<typename Config::SmemLayoutdS> >= kBlockN * kHeadDim, "dS holds a dK or dV tile");
     Element* staging = smem.ds.data();
     cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
-    store_accumulator_rows_staged<Config, Element, kBlockN, kHeadDim>(mma_dkv, thread, dk, staging, dk_tile, p.dk_strides[1],
-                                                              valid_rows, scaled);
-    store_accumulator_rows_staged<Config, Element, kBlockN, kHeadDim>(mma_dkv, thread, dv, staging, dv_tile, p.dv_strides[1],
-                                                              valid_rows, unscaled);
+    store_accumulator_rows_staged<Config, Element, kBlockN, kHeadDim>(mma_dkv, thread, dk, staging, dk_tile,
+                                                                      p.dk_strides[1], valid_rows, scaled);
+    store_accumulator_rows_staged<Config, Element, kBlockN, kHeadDim>(mma_dkv, thread, dv, staging, dv_tile,
+                                                                      p.dv_strides[1], valid_rows, unscaled);
     cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
   }
 };

@@ -1,5 +1,5 @@
-// Forward kernel configuration for one (head dim, element type, query-tile height): tile sizes, wgmma tilings, shared-
-// memory layouts, shared storage, TMA types and device parameters.
+// Forward kernel configuration for one (head dim, element type, tile shape): wgmma tilings, shared-memory
+// layouts, shared storage, TMA types and device parameters.
 //
 // Warp roles: warpgroup 0 warp 0 loads Q once per tile and streams K, V; each MMA warpgroup owns 64
 // query rows of the tile and runs the online softmax (three MMA warpgroups and 512 threads on the 192-row

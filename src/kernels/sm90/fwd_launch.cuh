@@ -1,4 +1,4 @@
-// Host side of the forward pass for one (head dim, element type): the query-tile height for the shape
+// Host side of the forward pass for one (head dim, element type): the tile shape for the problem's shape
 // (schedule/tile_config.hpp), TMA descriptors, parameters, and the launch (the tile counter is zeroed on
 // the stream first). Returns a cudaError_t value.
 #pragma once
@@ -27,9 +27,9 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
   p.lse = a.lse;
   p.tile_counter = params.tile_counter;
   const MaskShape mask{static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k), shape.causal};
-  const int heads_per_group =
-      forward_heads_per_group(shape.causal, shape.seqlen_k, kHeadDim, static_cast<int>(sizeof(Element)), static_cast<int>(shape.heads_q),
-                              static_cast<int>(shape.heads_kv), static_cast<int>(shape.batch));
+  const int heads_per_group = forward_heads_per_group(
+      shape.causal, shape.seqlen_k, kHeadDim, static_cast<int>(sizeof(Element)), static_cast<int>(shape.heads_q),
+      static_cast<int>(shape.heads_kv), static_cast<int>(shape.batch));
   p.tiles = ForwardTileOrder{mask, Config::kBlockM, Config::kBlockN, static_cast<int>(shape.heads_q),
                              static_cast<int>(shape.batch), heads_per_group};
   p.heads_kv = static_cast<int>(shape.heads_kv);

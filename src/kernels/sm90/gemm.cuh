@@ -147,8 +147,7 @@ __device__ __forceinline__ void store_accumulator_rows_staged(const TiledMma& mm
   using Pair = cutlass::AlignedArray<T, 2>;
   using Vector = cutlass::AlignedArray<T, 16 / sizeof(T)>;
   constexpr int kThreads = Roles::kWarpGroupThreads;
-  constexpr int kWarpGroupRows = kMmaWarpGroupRows;
-  static_assert(kRows == kWarpGroupRows * Roles::kMmaWarpGroups, "each MMA warpgroup owns 64 rows");
+  static_assert(kRows == kMmaWarpGroupRows * Roles::kMmaWarpGroups, "each MMA warpgroup owns 64 rows");
   static_assert(sizeof(T) == 2, "staged_offset swizzles 16-bit elements");
   const int warp_group = uniform_warp_group(thread, kThreads);
   Tensor coords_frag = mma.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kCols>>{}));
@@ -169,13 +168,13 @@ __device__ __forceinline__ void store_accumulator_rows_staged(const TiledMma& mm
   }
   cutlass::arch::NamedBarrier::sync(kThreads, Roles::kStagingBarrierBase + warp_group);
   constexpr int kRowVectors = kCols / Vector::kElements;
-  constexpr int kVectorsPerThread = kWarpGroupRows * kRowVectors / kThreads;
-  static_assert(kVectorsPerThread * kThreads == kWarpGroupRows * kRowVectors, "rows split evenly over the threads");
+  constexpr int kVectorsPerThread = kMmaWarpGroupRows * kRowVectors / kThreads;
+  static_assert(kVectorsPerThread * kThreads == kMmaWarpGroupRows * kRowVectors, "rows split evenly over the threads");
   const int lane = thread % kThreads;
   CUTE_UNROLL
   for (int k = 0; k < kVectorsPerThread; ++k) {
     const int i = k * kThreads + lane;
-    const int r = warp_group * kWarpGroupRows + i / kRowVectors;
+    const int r = warp_group * kMmaWarpGroupRows + i / kRowVectors;
     const int column = i % kRowVectors * Vector::kElements;
     if (r < valid_rows) {
       *reinterpret_cast<Vector*>(tile + r * row_stride + column) =
