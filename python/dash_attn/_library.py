@@ -13,7 +13,8 @@ refuses a margin outside [0, SM count).
 
 The launch functions, which run at every attention call, pass their structs as themselves: where argtypes say
 POINTER(T), ctypes passes a T instance by reference and checks its type, as it does a byref() of one, in about
-half the time, and _call hands every call its thread's one message buffer instead of a new one.
+half the time, and they call their C functions directly rather than through _call. Every call gets its thread's
+one message buffer instead of a new one.
 
 A dash_backward_plan handle is owned by exactly one BackwardPlan object, which frees it once: when the
 object is collected, at interpreter exit, or at close(), whichever comes first; a closed plan refuses to
@@ -228,11 +229,16 @@ def _message_buffer() -> ctypes.Array:
 
 def _call(what: str, function_name: str, *args: object) -> None:
     """Calls a status-returning function; a non-zero status becomes LibraryError with the library's message."""
-    lib = load()
     buffer = _message_buffer()
-    code = getattr(lib, function_name)(*args, buffer, _MESSAGE_BYTES)
+    _check_status(what, getattr(load(), function_name)(*args, buffer, _MESSAGE_BYTES), buffer)
+
+
+def _check_status(what: str, code: int, buffer: ctypes.Array) -> None:
+    """Raises LibraryError with the message the library wrote into `buffer` unless `code` is STATUS_OK. The
+    launches, which run at every attention call, call their functions themselves and then this, a frame and an
+    argument tuple fewer than _call."""
     if code != STATUS_OK:
-        raise LibraryError(what, lib.dash_status_name(code).decode(), buffer.value.decode(errors="replace"))
+        raise LibraryError(what, load().dash_status_name(code).decode(), buffer.value.decode(errors="replace"))
 
 
 def kernel_available(head_dim: int, dtype: int) -> bool:
@@ -303,20 +309,11 @@ def forward(
 ) -> None:
     """Enqueues the forward on `stream`, leaving `sm_margin` SMs to other work; `lse` and `workspace` are device
     addresses."""
-    _call(
-        "forward",
-        "dash_forward",
-        shape,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        sm_margin,
-        workspace,
-        workspace_bytes,
-        stream,
+    buffer = _message_buffer()
+    code = load().dash_forward(
+        shape, q, k, v, out, lse, sm_margin, workspace, workspace_bytes, stream, buffer, _MESSAGE_BYTES
     )
+    _check_status("forward", code, buffer)
 
 
 def backward(
@@ -415,21 +412,9 @@ class BackwardPlan:
         """Enqueues the planned backward on `stream`; `shape` must be the plan's."""
         if self.closed:
             raise ValueError("this BackwardPlan is closed; make a new one")
-        _call(
-            "backward",
-            "dash_backward_plan_run",
-            self._handle,
-            shape,
-            q,
-            k,
-            v,
-            out,
-            dout,
-            lse,
-            dq,
-            dk,
-            dv,
-            workspace,
-            workspace_bytes,
-            stream,
+        buffer = _message_buffer()
+        code = load().dash_backward_plan_run(
+            self._handle, shape, q, k, v, out, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream, buffer,
+            _MESSAGE_BYTES,
         )
+        _check_status("backward", code, buffer)
