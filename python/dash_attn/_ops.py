@@ -14,18 +14,26 @@ the LSE non-differentiable; no zero gradient materialized for it) and the backwa
 Both ops take (B, S, H, D) tensors that passed the checks in _arguments.py; they fix only what the kernels cannot
 take but a caller may legitimately pass (odd strides, misaligned views, broadcast gradients) by copying. The
 backward runs the plan of its device, shape, schedule and SM margin from _plans, so a training loop plans and
-proves each shape once. In front of that cache, each distinct call shape builds its C struct once and asks the
-loaded library for the forward's workspace size once, and each (shape, strides) pair has its layout judged once
-(bounded LRU caches; a refusal caches nothing), since every call of a loop repeats them. The launches run on
-torch's current stream of the tensors' device, made current only when it is not. sm_margin (SMs left to other
-work, as in FlashAttention-3) is an input of the forward op, so that autograd hands the backward the same margin.
+proves each shape once. The launches run on torch's current stream of the tensors' device, made current only when
+it is not. sm_margin (SMs left to other work, as in FlashAttention-3) is an input of the forward op, so that
+autograd hands the backward the same margin.
+
+Call descriptors (_ForwardCall, _BackwardCall): every call of a training loop repeats a handful of signatures
+(the tensors' shapes and strides, dtype, device, scale, mask, schedule, margin), so each signature is worked out
+once, on its first call: its C shape, the forward's workspace size (asked of the loaded library, which keys the
+forward's descriptors), the backward's plan key, whether the kernels read its tensors' strides in place, and its
+dash_tensor structs with their strides filled in. A later call of the signature checks only what its key cannot
+hold (the data pointers' alignment, the LSE's contiguity), writes its data pointers into the structs and launches.
+The descriptors are kept in bounded LRU caches (a refusal caches nothing); a scale that is not positive is never
+a key (0.0 == -0.0 and nan != nan as keys, and the library must see the value the caller passed), so such calls
+build a descriptor of their own and the library refuses them.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
@@ -44,6 +52,9 @@ _Result = TypeVar("_Result")
 
 # Distinct (shape, strides) pairs whose layout verdict is kept: several tensors per call shape.
 _LAYOUT_CACHE_CAPACITY = 4 * _plans.PLAN_CACHE_CAPACITY
+
+# Call signatures whose descriptors are kept, per direction: as many as backward plans.
+_CALL_CACHE_CAPACITY = _plans.PLAN_CACHE_CAPACITY
 
 _DTYPE_CODES = {torch.bfloat16: _library.DTYPE_BF16, torch.float16: _library.DTYPE_FP16}
 
@@ -83,15 +94,30 @@ def _kernel_ready(t: Tensor) -> Tensor:
     return t if _layout_ok(t) else t.clone(memory_format=torch.contiguous_format)
 
 
-def _c_tensor(t: Tensor) -> _library.Tensor:
+def _c_tensor_at(data: int, strides: Sequence[int]) -> _library.Tensor:
     c = _library.Tensor()
-    c.data = t.data_ptr()
-    c.strides[:] = t.stride()
+    c.data = data
+    c.strides[:] = strides
     return c
 
 
+def _c_tensor(t: Tensor) -> _library.Tensor:
+    return _c_tensor_at(t.data_ptr(), t.stride())
+
+
+def _packed_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a packed (row-major) tensor of `shape` as torch gives them (_packed_like), read from a meta
+    tensor, which allocates nothing."""
+    return torch.empty(shape, device="meta").stride()
+
+
+def _c_shape(q: Tensor, k: Tensor, softmax_scale: float, causal: bool) -> _library.Shape:
+    """A new C shape of a call, the caller's own."""
+    return _make_c_shape(q.shape, k.shape, q.dtype, softmax_scale, causal)
+
+
 def _make_c_shape(
-    q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, softmax_scale: float, causal: bool
+    q_shape: Sequence[int], k_shape: Sequence[int], dtype: torch.dtype, softmax_scale: float, causal: bool
 ) -> _library.Shape:
     batch, seqlen_q, heads_q, head_dim = q_shape
     _, seqlen_k, heads_kv, _ = k_shape
@@ -108,36 +134,125 @@ def _make_c_shape(
     )
 
 
-def _c_shape(q: Tensor, k: Tensor, softmax_scale: float, causal: bool) -> _library.Shape:
-    """A new C shape of a call, the caller's own."""
-    return _make_c_shape(q.shape, k.shape, q.dtype, softmax_scale, causal)
+class _TensorStructs:
+    """The dash_tensor structs of one call signature, their strides filled in once, which its calls reuse: a call
+    takes them, writes its data pointers and gives them back after its C call. Taking is a non-blocking lock, so a
+    call that finds them taken (by another thread, whose C call may be reading them with the GIL released, or by
+    a call re-entered from a finalizer) fills structs of its own instead of overwriting ones in use."""
+
+    __slots__ = ("_lock", "_shared", "_strides")
+
+    def __init__(self, strides: tuple[tuple[int, ...], ...]) -> None:
+        self._strides = strides
+        self._shared = tuple(_c_tensor_at(0, s) for s in strides)
+        self._lock = threading.Lock()
+
+    def take(self, *pointers: int) -> tuple[_library.Tensor, ...]:
+        """Structs holding `pointers` (one per stride tuple, in order), to hand back to give_back()."""
+        if self._lock.acquire(False):  # non-blocking
+            structs = self._shared
+            for struct, pointer in zip(structs, pointers):
+                struct.data = pointer
+            return structs
+        return tuple(_c_tensor_at(pointer, strides) for pointer, strides in zip(pointers, self._strides))
+
+    def give_back(self, structs: tuple[_library.Tensor, ...]) -> None:
+        if structs is self._shared:
+            self._lock.release()
 
 
-# A training loop repeats a handful of shapes, so the ops build each once; as many are kept as backward plans.
-@functools.lru_cache(maxsize=_plans.PLAN_CACHE_CAPACITY)
-def _cached_c_shape(
-    q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, softmax_scale: float, causal: bool
-) -> tuple[_library.Shape, tuple]:
-    shape = _make_c_shape(q_shape, k_shape, dtype, softmax_scale, causal)
-    return shape, _plans.shape_fields(shape)
+class _ForwardCall:
+    """What every forward of one signature shares: its C shape, its workspace size, whether the kernels read q, k
+    and v in place (their strides; each call checks its pointers), and the structs of q, k, v and out."""
+
+    __slots__ = ("in_place", "shape", "structs", "workspace_bytes")
+
+    def __init__(
+        self,
+        library: object,
+        dtype: torch.dtype,
+        softmax_scale: float,
+        causal: bool,
+        q_shape: torch.Size,
+        q_strides: tuple[int, ...],
+        k_shape: torch.Size,
+        k_strides: tuple[int, ...],
+        v_shape: torch.Size,
+        v_strides: tuple[int, ...],
+    ) -> None:
+        # `library`, the loaded library, is only part of the key: forward_workspace_size asks it.
+        self.shape = _make_c_shape(q_shape, k_shape, dtype, softmax_scale, causal)
+        # The library validates the shape here, so a refused one raises before anything is cached.
+        self.workspace_bytes = _library.forward_workspace_size(self.shape)
+        layouts = ((q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides))
+        self.in_place = all(_strides_ok(shape, strides) for shape, strides in layouts)
+        self.structs = _TensorStructs((q_strides, k_strides, v_strides, _packed_strides(q_shape)))
 
 
-def _shared_c_shape(q: Tensor, k: Tensor, softmax_scale: float, causal: bool) -> tuple[_library.Shape, tuple]:
-    """The C shape of a call, shared by all calls with the same arguments (the library only reads it: never
-    modify it), and its fields as the library reads them, which key the backward plan. Only a positive scale
-    keys the cache: positive floats are equal exactly when their bits are, where 0.0 == -0.0 and nan != nan;
-    the library refuses the others."""
-    if softmax_scale > 0:
-        return _cached_c_shape(q.shape, k.shape, q.dtype, softmax_scale, causal)
-    shape = _c_shape(q, k, softmax_scale, causal)
-    return shape, _plans.shape_fields(shape)
+# The loaded library is part of the key (the first argument), so a library loaded anew is asked again.
+_cached_forward_call = functools.lru_cache(maxsize=_CALL_CACHE_CAPACITY)(_ForwardCall)
 
 
-@functools.lru_cache(maxsize=_plans.PLAN_CACHE_CAPACITY)
-def _forward_workspace_bytes(library: ctypes.CDLL, shape_fields: tuple) -> int:
-    """The forward's workspace size for a shape, queried once per loaded library (the key holds it, so a library
-    loaded anew is asked again). A refused shape raises and caches nothing."""
-    return _library.forward_workspace_size(_library.Shape(*shape_fields))
+def _forward_call(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> _ForwardCall:
+    make = _cached_forward_call if softmax_scale > 0 else _ForwardCall
+    return make(_library.load(), q.dtype, softmax_scale, causal, q.shape, q.stride(), k.shape, k.stride(), v.shape,
+                v.stride())
+
+
+class _BackwardCall:
+    """What every backward of one signature shares: its C shape, its plan's key in _plans, whether the kernels read
+    dout, q, k, v and out in place (their strides; each call checks its pointers), and the structs of q, k, v, out,
+    dout, dq, dk and dv, in the C call's order. The plan itself is looked up at every call, so the plan cache's
+    recency and eviction stay its own."""
+
+    __slots__ = ("in_place", "plan_key", "shape", "structs")
+
+    def __init__(
+        self,
+        device: int,
+        dtype: torch.dtype,
+        softmax_scale: float,
+        causal: bool,
+        schedule: str,
+        sm_margin: int,
+        dout_shape: torch.Size,
+        dout_strides: tuple[int, ...],
+        q_shape: torch.Size,
+        q_strides: tuple[int, ...],
+        k_shape: torch.Size,
+        k_strides: tuple[int, ...],
+        v_shape: torch.Size,
+        v_strides: tuple[int, ...],
+        out_shape: torch.Size,
+        out_strides: tuple[int, ...],
+    ) -> None:
+        self.shape = _make_c_shape(q_shape, k_shape, dtype, softmax_scale, causal)
+        self.plan_key = _plans.plan_key(device, _plans.shape_fields(self.shape), schedule, sm_margin)
+        layouts = ((dout_shape, dout_strides), (q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides),
+                   (out_shape, out_strides))
+        self.in_place = all(_strides_ok(shape, strides) for shape, strides in layouts)
+        gradient_strides = (_packed_strides(q_shape), _packed_strides(k_shape), _packed_strides(v_shape))
+        self.structs = _TensorStructs((q_strides, k_strides, v_strides, out_strides, dout_strides, *gradient_strides))
+
+
+_cached_backward_call = functools.lru_cache(maxsize=_CALL_CACHE_CAPACITY)(_BackwardCall)
+
+
+def _backward_call(
+    device: int,
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+    sm_margin: int,
+) -> _BackwardCall:
+    make = _cached_backward_call if softmax_scale > 0 else _BackwardCall
+    return make(device, q.dtype, softmax_scale, causal, schedule, sm_margin, dout.shape, dout.stride(), q.shape,
+                q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride())
 
 
 def _workspace(nbytes: int, device: torch.device) -> Tensor:
@@ -154,7 +269,8 @@ def _packed_like(t: Tensor) -> Tensor:
 def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
     """Packed (B, Sq, Hq, D) output and (B, Hq, Sq) fp32 LSE; the fake kernel uses it too, so metadata agree."""
     batch, seqlen_q, heads_q, _ = q.shape
-    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    # Sizes as separate arguments: torch parses them faster than one tuple.
+    lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
     return _packed_like(q), lse
 
 
@@ -173,66 +289,73 @@ def _on_device(index: int, launch: Callable[..., _Result], *args: object) -> _Re
 
 
 def _launch_forward(
-    index: int,
-    shape: _library.Shape,
-    shape_fields: tuple,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    sm_margin: int,
+    index: int, call: _ForwardCall, pointers: tuple[int, int, int], out: Tensor, lse: Tensor, sm_margin: int
 ) -> None:
-    workspace_bytes = _forward_workspace_bytes(_library.load(), shape_fields)
-    workspace = _workspace(workspace_bytes, q.device)
-    _library.forward(
-        shape,
-        _c_tensor(q),
-        _c_tensor(k),
-        _c_tensor(v),
-        _c_tensor(out),
-        lse.data_ptr(),
-        workspace.data_ptr(),
-        workspace_bytes,
-        torch._C._cuda_getCurrentRawStream(index),
-        sm_margin,
-    )
+    workspace = _workspace(call.workspace_bytes, out.device)
+    structs = call.structs.take(*pointers, out.data_ptr())
+    try:
+        _library.forward(
+            call.shape,
+            *structs,
+            lse.data_ptr(),
+            workspace.data_ptr(),
+            call.workspace_bytes,
+            torch._C._cuda_getCurrentRawStream(index),
+            sm_margin,
+        )
+    finally:
+        call.structs.give_back(structs)
 
 
 def _forward_body(
     q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, sm_margin: int
 ) -> tuple[Tensor, Tensor]:
     """What the forward op runs, and the eager path too: out, lse on the current stream of q's device."""
-    q, k, v = _kernel_ready(q), _kernel_ready(k), _kernel_ready(v)
+    call = _forward_call(q, k, v, softmax_scale, causal)
+    pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    aligned = (pointers[0] | pointers[1] | pointers[2]) % _TMA_ALIGNMENT_BYTES == 0  # one test for the three
+    if not (call.in_place and aligned):
+        q, k, v = _kernel_ready(q), _kernel_ready(k), _kernel_ready(v)
+        call = _forward_call(q, k, v, softmax_scale, causal)
+        pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
     out, lse = _forward_outputs(q)
-    shape, shape_fields = _shared_c_shape(q, k, softmax_scale, causal)
     index = q.get_device()
-    _on_device(index, _launch_forward, index, shape, shape_fields, q, k, v, out, lse, sm_margin)
+    _on_device(index, _launch_forward, index, call, pointers, out, lse, sm_margin)
     return out, lse
 
 
 def _launch_backward(
-    index: int, shape: _library.Shape, shape_fields: tuple, schedule: str, sm_margin: int, tensors: tuple[Tensor, ...]
+    index: int,
+    call: _BackwardCall,
+    pointers: tuple[int, int, int, int, int],
+    lse: Tensor,
+    gradients: tuple[Tensor, Tensor, Tensor],
 ) -> None:
-    dout, q, k, v, out, lse, dq, dk, dv = tensors
     # Planned and proven once per (device, shape, schedule, margin); the plan sizes the workspace and runs.
-    plan = _plans.backward_plan_of_fields(index, shape_fields, schedule, sm_margin)
-    workspace = _workspace(plan.workspace_bytes, q.device)
-    plan.backward(
-        shape,
-        _c_tensor(q),
-        _c_tensor(k),
-        _c_tensor(v),
-        _c_tensor(out),
-        _c_tensor(dout),
-        lse.data_ptr(),
-        _c_tensor(dq),
-        _c_tensor(dk),
-        _c_tensor(dv),
-        workspace.data_ptr(),
-        plan.workspace_bytes,
-        torch._C._cuda_getCurrentRawStream(index),
-    )
+    plan = _plans.backward_plans.get(call.plan_key)
+    workspace = _workspace(plan.workspace_bytes, lse.device)
+    dout, q, k, v, out = pointers
+    dq, dk, dv = gradients
+    structs = call.structs.take(q, k, v, out, dout, dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+    q_c, k_c, v_c, out_c, dout_c, dq_c, dk_c, dv_c = structs
+    try:
+        plan.backward(
+            call.shape,
+            q_c,
+            k_c,
+            v_c,
+            out_c,
+            dout_c,
+            lse.data_ptr(),
+            dq_c,
+            dk_c,
+            dv_c,
+            workspace.data_ptr(),
+            plan.workspace_bytes,
+            torch._C._cuda_getCurrentRawStream(index),
+        )
+    finally:
+        call.structs.give_back(structs)
 
 
 def _backward_body(
@@ -248,14 +371,18 @@ def _backward_body(
     sm_margin: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """What the backward op runs, and the eager path too: dq, dk, dv on the current stream of q's device."""
-    dout, q, k, v, out = _kernel_ready(dout), _kernel_ready(q), _kernel_ready(k), _kernel_ready(v), _kernel_ready(out)
-    lse = lse.contiguous()
-    dq, dk, dv = _backward_outputs(q, k, v)
-    shape, shape_fields = _shared_c_shape(q, k, softmax_scale, causal)
     index = q.get_device()
-    tensors = (dout, q, k, v, out, lse, dq, dk, dv)
-    _on_device(index, _launch_backward, index, shape, shape_fields, schedule, sm_margin, tensors)
-    return dq, dk, dv
+    call = _backward_call(index, dout, q, k, v, out, softmax_scale, causal, schedule, sm_margin)
+    pointers = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    aligned = (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4]) % _TMA_ALIGNMENT_BYTES == 0
+    if not (call.in_place and aligned):
+        dout, q, k, v, out = (_kernel_ready(t) for t in (dout, q, k, v, out))
+        call = _backward_call(index, dout, q, k, v, out, softmax_scale, causal, schedule, sm_margin)
+        pointers = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    lse = lse.contiguous()
+    gradients = _backward_outputs(q, k, v)
+    _on_device(index, _launch_backward, index, call, pointers, lse, gradients)
+    return gradients
 
 
 @torch.library.custom_op("dash_attn::forward", mutates_args=(), device_types="cuda")
@@ -315,14 +442,19 @@ def _traced(*tensors: Tensor) -> bool:
     FlopCounterMode, ...), a functorch transform (vmap, grad), torch.jit.trace, forward-mode AD (the op refuses
     dual tensors rather than drop their tangents), or with a tensor subclass (FakeTensor, DTensor, ...) that
     must see the op through its __torch_dispatch__. Each query costs tens of nanoseconds."""
-    return (
+    if (
         torch.compiler.is_compiling()
         or torch._C._len_torch_dispatch_stack() > 0
         or torch._C._are_functorch_transforms_active()
         or torch._C._get_tracing_state() is not None
         or torch.autograd.forward_ad._current_level >= 0
-        or any(type(t) is not Tensor for t in tensors)
-    )
+    ):
+        return True
+    # A loop rather than any() over a generator, which costs more than the queries above together.
+    for t in tensors:
+        if type(t) is not Tensor:
+            return True
+    return False
 
 
 def _save_for_backward(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:

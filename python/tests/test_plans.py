@@ -1,7 +1,7 @@
 """Tests of the backward plans: the plan cache of dash_attn._plans (hits, least-recently-used eviction, a
 failed planning caching nothing, threads, the key holding every field that decides a plan, the SM margin
-included) with a fake maker; the ops' per-shape caches in front of it (the C shape and the forward's workspace
-size: keyed by every argument, bounded, a refused shape caching nothing); BackwardPlan handles of the real library made for a device described by hand, which
+included) with a fake maker (the ops' call descriptors in front of it are test_call_descriptors.py's);
+BackwardPlan handles of the real library made for a device described by hand, which
 needs no GPU (workspace size, the SM count planned for with a margin, refusals, a call whose shape is not the
 plan's, freeing on close, on eviction and at exit); and on a Hopper GPU, the backward op running one cached plan
 with the bits of the entry point that plans every call.
@@ -167,74 +167,6 @@ def test_the_key_holds_the_device_every_shape_field_the_schedule_and_the_sm_marg
     nearby = _library.Shape(*SHAPE_FIELDS)
     nearby.softmax_scale = 128**-0.5 + 1e-12
     assert _plans.backward_plan(0, nearby, "auto") is plan
-
-
-# --- the ops' per-shape caches in front of the plan cache (C shape, forward workspace size) ----------------
-
-
-def test_the_ops_share_one_c_shape_per_call_arguments_keyed_by_every_one_of_them() -> None:
-    torch = pytest.importorskip("torch", reason="dash_attn's ops need PyTorch")
-    from dash_attn import _ops
-
-    _ops._cached_c_shape.cache_clear()
-    q, k = torch.empty(2, 256, 8, 128, dtype=torch.bfloat16), torch.empty(2, 384, 2, 128, dtype=torch.bfloat16)
-    shape, fields = _ops._shared_c_shape(q, k, 128**-0.5, True)
-    assert fields == _plans.shape_fields(_ops._c_shape(q, k, 128**-0.5, True))
-    assert fields[:7] == SHAPE_FIELDS[:7] and fields[8] == 1
-    assert _ops._shared_c_shape(q.clone(), k.clone(), 128**-0.5, True)[0] is shape
-    variants = [
-        (q.half(), k.half(), 128**-0.5, True),
-        (q, k[:, :128], 128**-0.5, True),
-        (q[:1], k[:1], 128**-0.5, True),
-        (q, k, 0.5, True),
-        (q, k, 128**-0.5, False),
-    ]
-    for args in variants:
-        other, other_fields = _ops._shared_c_shape(*args)
-        assert other is not shape and other_fields == _plans.shape_fields(_ops._c_shape(*args))
-    assert _ops._cached_c_shape.cache_info().maxsize == _plans.PLAN_CACHE_CAPACITY
-
-
-def test_a_scale_that_is_not_positive_never_meets_a_cached_shape() -> None:
-    torch = pytest.importorskip("torch", reason="dash_attn's ops need PyTorch")
-    from dash_attn import _ops
-
-    q = torch.empty(1, 128, 1, 64, dtype=torch.bfloat16)
-    # 0.0 == -0.0 as keys, but the library must see the sign the caller passed.
-    for scale in (0.0, -0.0, float("nan"), -1.0):
-        shape, fields = _ops._shared_c_shape(q, q, scale, False)
-        assert repr(fields[7]) == repr(_ops._c_shape(q, q, scale, False).softmax_scale)
-    assert _ops._shared_c_shape(q, q, -0.0, False)[0] is not _ops._shared_c_shape(q, q, -0.0, False)[0]
-
-
-def test_the_forward_workspace_size_is_asked_once_per_library_and_shape(monkeypatch) -> None:
-    pytest.importorskip("torch", reason="dash_attn's ops need PyTorch")
-    from dash_attn import _library, _ops
-
-    asked = []
-
-    def forward_workspace_size(shape):
-        asked.append(_plans.shape_fields(shape))
-        if shape.batch == 0:
-            raise _library.LibraryError("forward workspace query", "invalid-argument", "batch must be >= 1")
-        return 256 * shape.batch
-
-    monkeypatch.setattr(_library, "forward_workspace_size", forward_workspace_size)
-    _ops._forward_workspace_bytes.cache_clear()
-    first_library, second_library = object(), object()
-    other_fields = (3,) + SHAPE_FIELDS[1:]
-    assert _ops._forward_workspace_bytes(first_library, SHAPE_FIELDS) == 512
-    assert _ops._forward_workspace_bytes(first_library, SHAPE_FIELDS) == 512
-    assert _ops._forward_workspace_bytes(first_library, other_fields) == 768
-    assert _ops._forward_workspace_bytes(second_library, SHAPE_FIELDS) == 512
-    assert len(asked) == 3
-    refused = (0,) + SHAPE_FIELDS[1:]
-    for _ in range(2):
-        with pytest.raises(_library.LibraryError, match="batch must be >= 1"):
-            _ops._forward_workspace_bytes(first_library, refused)
-    assert len(asked) == 5
-    assert _ops._forward_workspace_bytes.cache_info().maxsize == _plans.PLAN_CACHE_CAPACITY
-    _ops._forward_workspace_bytes.cache_clear()
 
 
 # --- handles of the real library, for a device described by hand (no GPU needed) ---------------------------
