@@ -73,7 +73,7 @@ def check_flags(**flags: object) -> None:
     """Raises TypeError naming the first flag that is not a Python bool. numpy and tensor bools are refused
     too: a flag picks the mask or the summation order, which must not depend on how a value converts to truth."""
     for name, value in flags.items():
-        if not isinstance(value, bool):
+        if type(value) is not bool:  # bool has no subclasses: isinstance's answer, faster
             raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
 
 
@@ -96,9 +96,11 @@ def check_is_tensor(value: object, name: str) -> None:
 
 def check_tensors(tensors: tuple[object, object, object], layout: Layout) -> None:
     """Raises TypeError (not a tensor, dtype) or ValueError (shape) naming the argument."""
-    for t, name in zip(tensors, layout.names):
-        check_is_tensor(t, name)
     q, k, v = tensors
+    # Plain tensors, the common case, skip the isinstance tests (a subclass takes them).
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+        for t, name in zip(tensors, layout.names):
+            check_is_tensor(t, name)
     qn, kn, vn = layout.names
     # Each shape is read once: every call runs these checks, and each .shape builds a new torch.Size.
     q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
@@ -110,9 +112,11 @@ def check_tensors(tensors: tuple[object, object, object], layout: Layout) -> Non
     dtype = q.dtype
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{qn}.dtype must be torch.bfloat16 or torch.float16, got {dtype}")
-    for t, name in ((k, kn), (v, vn)):
-        if t.dtype != dtype:
-            raise TypeError(f"{name}.dtype ({t.dtype}) must equal {qn}.dtype ({dtype})")
+    # torch.dtype objects are singletons, so identity is equality.
+    if k.dtype is not dtype:
+        raise TypeError(f"{kn}.dtype ({k.dtype}) must equal {qn}.dtype ({dtype})")
+    if v.dtype is not dtype:
+        raise TypeError(f"{vn}.dtype ({v.dtype}) must equal {qn}.dtype ({dtype})")
 
     batch, head_dim = q_shape[0], q_shape[3]
     if head_dim not in HEAD_DIMS:
@@ -169,6 +173,11 @@ def _is_value(value: object, accepted: object) -> bool:
 def refuse_unsupported(name: str, value: object, accepted: tuple[object, ...], reason: str) -> None:
     """Raises NotImplementedError naming `name` and `value` unless the value is one of `accepted`, the values
     that leave attention unchanged. `reason` says what DASH lacks."""
+    # The common case, the first accepted value itself, without the general test: a value of its exact type
+    # (None, a bool, an int or a float, whose == is the plain one) that equals it.
+    first = accepted[0]
+    if type(value) is type(first) and value == first:
+        return
     for candidate in accepted:
         if _is_value(value, candidate):
             return
@@ -204,6 +213,9 @@ def check_devices(tensors: tuple[Tensor, Tensor, Tensor], layout: Layout) -> Non
     """Raises ValueError unless the tensors share one CUDA device. It runs after every other check, so those
     can be exercised with CPU tensors on a machine without a GPU."""
     q, k, v = tensors
+    # Three CUDA tensors with one device index pass without a torch.device built per tensor.
+    if q.is_cuda and k.is_cuda and v.is_cuda and k.get_device() == q.get_device() == v.get_device():
+        return
     qn, kn, vn = layout.names
     for t, name in ((k, kn), (v, vn)):
         if t.device != q.device:
@@ -300,13 +312,18 @@ def attend(
     switch, checks the device, calls the op (_ops.attention). `entry` is the public name the caller used, for the
     determinism switch's message, and `scale_name` the name of its softmax scale argument. The forward and, through autograd,
     the backward leave `sm_margin` SMs to other work; the backward's plan is keyed by it."""
-    q, k, v = (_contiguous_last_dim(t) for t in tensors)
-    scale = resolve_scale(softmax_scale, q.shape[-1], scale_name)
+    q, k, v = tensors
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = _contiguous_last_dim(q), _contiguous_last_dim(k), _contiguous_last_dim(v)
+    scale = resolve_scale(softmax_scale, q.size(-1), scale_name)
     resolved = resolve_schedule(schedule, deterministic)
     margin = check_sm_margin(sm_margin)
     _check_determinism_switch(resolved, (q, k, v), entry)
     check_devices((q, k, v), layout)
-    out, lse = _ops.attention(*(layout.to_bshd(t) for t in (q, k, v)), scale, causal, resolved, margin)
+    if layout.seq == 1:  # (B, S, H, D) already: no views to make
+        return _ops.attention(q, k, v, scale, causal, resolved, margin)
+    to_bshd = layout.to_bshd
+    out, lse = _ops.attention(to_bshd(q), to_bshd(k), to_bshd(v), scale, causal, resolved, margin)
     return layout.from_bshd(out), lse
 
 

@@ -144,6 +144,31 @@ def test_mismatched_devices_are_named() -> None:
         flash_attn_func(bshd(), bshd(device="meta"), bshd())
 
 
+def test_cuda_tensors_pass_the_device_check_only_on_one_device() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dash_attn._arguments import BSHD, check_devices
+
+    # Fake CUDA tensors need no GPU; the check reads only their devices.
+    with FakeTensorMode():
+        first, second = bshd(device="cuda:0"), bshd(device="cuda:1")
+        check_devices((first, first, first), BSHD)
+        check_devices((second, second, second), BSHD)
+        with raises(ValueError, "v is on cuda:1 but q is on cuda:0"):
+            check_devices((first, first, second), BSHD)
+        with raises(ValueError, "k is on cuda:0 but q is on cuda:1"):
+            check_devices((second, first, second), BSHD)
+    with raises(ValueError, "k is on cpu but q is on cuda:0"):
+        check_devices((first, bshd(), first), BSHD)
+
+
+def test_a_tensor_subclass_passes_the_tensor_checks() -> None:
+    with raises(ValueError, "q, k and v must be CUDA tensors"):
+        flash_attn_func(torch.nn.Parameter(bshd()), bshd(), bshd())
+    with raises(TypeError, "v.dtype (torch.float16) must equal q.dtype (torch.bfloat16)"):
+        flash_attn_func(torch.nn.Parameter(bshd()), bshd(), bshd(dtype=torch.float16))
+
+
 # --- scaled_dot_product_attention: (B, H, S, D), SDPA's names ------------------------------------------
 
 

@@ -257,6 +257,7 @@ def test_sdpa_takes_scale_and_enable_gqa_as_keywords(forward_calls) -> None:
 FA2_NO_OPS = [
     {"dropout_p": 0.0},
     {"dropout_p": 0},
+    {"dropout_p": -0.0},
     {"window_size": (-1, -1)},
     {"window_size": [-1, -1]},
     {"window_size": (None, None)},
@@ -307,6 +308,8 @@ def test_fa3_no_op_values_are_accepted(forward_calls, no_op: dict) -> None:
 
 FA2_UNSUPPORTED = [
     ({"dropout_p": 0.1}, "dropout_p=0.1", "dropout"),
+    # False == 0.0, but a bool is no dropout probability: refused, by the fast path's exact-type test too.
+    ({"dropout_p": False}, "dropout_p=False", "dropout"),
     ({"window_size": (128, 0)}, "window_size=(128, 0)", "sliding-window"),
     ({"window_size": (-1, 0)}, "window_size=(-1, 0)", "pass causal=True"),
     ({"window_size": 4}, "window_size=4", "sliding-window"),
