@@ -67,15 +67,16 @@ def main() -> None:
     # The C calls alone, with every argument built once.
     with torch.no_grad():
         out, lse = torch.ops.dash_attn.forward(qd, kd, vd, SCALE, True, SCHEDULE, 0)
-    shape, fields = _ops._shared_c_shape(qd, kd, SCALE, True)
+    forward_call = _ops._forward_call(qd, kd, vd, SCALE, True)
+    shape, forward_bytes = forward_call.shape, forward_call.workspace_bytes
     stream = torch.cuda.current_stream().cuda_stream
-    forward_bytes = _ops._forward_workspace_bytes(_library.load(), fields)
     forward_workspace = torch.empty(max(forward_bytes, 1), dtype=torch.uint8, device="cuda")
     forward_tensors = [_ops._c_tensor(t) for t in (qd, kd, vd, out)]
     row("ctypes forward (prebuilt args)",
         lambda: _library.forward(shape, *forward_tensors, lse.data_ptr(), forward_workspace.data_ptr(), forward_bytes,
                                  stream, 0))
-    plan = _plans.backward_plan_of_fields(q.device.index, fields, SCHEDULE, 0)
+    backward_call = _ops._backward_call(q.device.index, dout, qd, kd, vd, out, SCALE, True, SCHEDULE, 0)
+    plan = _plans.backward_plans.get(backward_call.plan_key)
     backward_workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
     grads = [torch.empty_like(t) for t in (qd, kd, vd)]
     backward_tensors = ([_ops._c_tensor(t) for t in (qd, kd, vd, out, dout)] + [lse.data_ptr()]

@@ -78,15 +78,10 @@ def backward_plan(device: int, shape: _library.Shape, schedule: str, sm_margin: 
     """The backward plan of `shape` and `schedule` on CUDA device `device`, which must be the current device
     (a plan is made for the current device; the library refuses to run it on another), for its SMs less
     `sm_margin`."""
-    return backward_plan_of_fields(device, shape_fields(shape), schedule, sm_margin)
+    return backward_plans.get(plan_key(device, shape_fields(shape), schedule, sm_margin))
 
 
 def plan_key(device: int, fields: tuple, schedule: str, sm_margin: int = 0) -> tuple:
     """The key of backward_plans for a shape given by shape_fields(shape), which a caller that keeps its calls'
     keys (the ops' call descriptors) computes once."""
     return (device, fields, schedule, sm_margin)
-
-
-def backward_plan_of_fields(device: int, fields: tuple, schedule: str, sm_margin: int = 0) -> _library.BackwardPlan:
-    """backward_plan for a shape given by shape_fields(shape)."""
-    return backward_plans.get(plan_key(device, fields, schedule, sm_margin))
