@@ -457,16 +457,20 @@ def _traced(*tensors: Tensor) -> bool:
     return False
 
 
-def _save_for_backward(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+# The non-tensor inputs of the forward op, which the backward repeats: softmax_scale, causal, schedule, sm_margin.
+_Arguments = tuple[float, bool, str, int]
+
+
+def _save_for_backward(
+    ctx: torch.autograd.function.FunctionCtx, tensors: tuple, arguments: _Arguments, output: tuple
+) -> None:
     """The autograd context of both paths: the inputs and outputs (save_for_backward, so an input modified in
-    place before the backward makes it raise), the arguments the backward repeats, and no gradient for the LSE."""
-    q, k, v, softmax_scale, causal, schedule, sm_margin = inputs
+    place before the backward makes it raise), the arguments the backward repeats (one tuple: one attribute to
+    set and read), and no gradient for the LSE."""
+    q, k, v = tensors
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.softmax_scale = softmax_scale
-    ctx.causal = causal
-    ctx.schedule = schedule
-    ctx.sm_margin = sm_margin
+    ctx.arguments = arguments
     # The backward does not differentiate through the LSE; marking it keeps a loss that uses it from
     # silently getting a wrong gradient.
     ctx.mark_non_differentiable(lse)
@@ -475,25 +479,31 @@ def _save_for_backward(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, 
     ctx.set_materialize_grads(False)
 
 
+def _op_setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+    _save_for_backward(ctx, inputs[:3], inputs[3:], output)
+
+
 def _gradients(
     ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None, run_backward: Callable[..., tuple]
-) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None, None]:
-    """The backward formula of both paths around `run_backward`, which has the backward op's signature."""
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """dq, dk, dv: the backward formula of both paths around `run_backward`, which has the backward op's
+    signature."""
     if grad_out is None:
-        return None, None, None, None, None, None, None
+        return None, None, None
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = run_backward(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.schedule, ctx.sm_margin)
-    return dq, dk, dv, None, None, None, None
+    return run_backward(grad_out, q, k, v, out, lse, *ctx.arguments)
 
 
 def _op_gradients(
     ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None, grad_lse: Tensor | None
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None, None]:
-    """The forward op's autograd formula: the backward op, whatever the tensors (meta ones run its fake kernel)."""
-    return _gradients(ctx, grad_out, torch.ops.dash_attn.backward)
+    """The forward op's autograd formula: the backward op, whatever the tensors (meta ones run its fake kernel);
+    no gradient for its four other inputs."""
+    dq, dk, dv = _gradients(ctx, grad_out, torch.ops.dash_attn.backward)
+    return dq, dk, dv, None, None, None, None
 
 
-forward.register_autograd(_op_gradients, setup_context=_save_for_backward)
+forward.register_autograd(_op_gradients, setup_context=_op_setup_context)
 
 
 def attention_backward(
@@ -518,8 +528,10 @@ def attention_backward(
 
 def _eager_gradients(
     ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None, grad_lse: Tensor | None
-) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None, None]:
-    return _gradients(ctx, grad_out, attention_backward)
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
+    """_EagerAttention's gradients: dq, dk, dv, and none for its argument tuple."""
+    dq, dk, dv = _gradients(ctx, grad_out, attention_backward)
+    return dq, dk, dv, None
 
 
 # A double backward of the eager path raises when it runs, as through the backward op, which has no autograd
@@ -530,27 +542,21 @@ _eager_gradients_once_differentiable = torch.autograd.function.once_differentiab
 class _EagerAttention(torch.autograd.Function):
     """The custom ops' autograd formula as a torch.autograd.Function over their bodies: the same kernels, plans
     and saved tensors without the custom-op dispatch, which costs more host time than the kernels' launches on
-    small shapes."""
+    small shapes. Its non-tensor inputs come as one tuple, which apply() parses faster than four arguments."""
 
     @staticmethod
     def forward(
-        ctx: torch.autograd.function.FunctionCtx,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        softmax_scale: float,
-        causal: bool,
-        schedule: str,
-        sm_margin: int,
+        ctx: torch.autograd.function.FunctionCtx, q: Tensor, k: Tensor, v: Tensor, arguments: _Arguments
     ) -> tuple[Tensor, Tensor]:
+        softmax_scale, causal, _schedule, sm_margin = arguments
         output = _forward_body(q, k, v, softmax_scale, causal, sm_margin)
-        _save_for_backward(ctx, (q, k, v, softmax_scale, causal, schedule, sm_margin), output)
+        _save_for_backward(ctx, (q, k, v), arguments, output)
         return output
 
     @staticmethod
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None, grad_lse: Tensor | None
-    ) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None, None]:
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
         if torch.is_grad_enabled():
             return _eager_gradients_once_differentiable(ctx, grad_out, grad_lse)
         return _eager_gradients(ctx, grad_out, grad_lse)
@@ -565,6 +571,6 @@ def attention(
     if _traced(q, k, v):
         return torch.ops.dash_attn.forward(q, k, v, softmax_scale, causal, schedule, sm_margin)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _EagerAttention.apply(q, k, v, softmax_scale, causal, schedule, sm_margin)
+        return _EagerAttention.apply(q, k, v, (softmax_scale, causal, schedule, sm_margin))
     return _forward_body(q, k, v, softmax_scale, causal, sm_margin)
 

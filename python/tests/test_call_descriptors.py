@@ -142,6 +142,25 @@ def test_a_repeat_call_reuses_its_descriptor_and_hands_the_library_its_own_point
     assert [fields for _, fields, _ in launches.calls] == [_plans.shape_fields(_ops._c_shape(q, k, SCALE, True))] * 6
 
 
+def test_the_eager_autograd_path_hands_the_backward_the_saved_tensors_and_the_forward_arguments(
+    launches: Launches,
+) -> None:
+    q, k, v = (t.requires_grad_() for t in qkv())
+    for _ in range(2):
+        out = flash_attn_func(q, k, v, causal=True, softmax_scale=0.25, schedule="descending", sm_margin=4)
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        (_, forward_fields, forward), (_, backward_fields, backward) = launches.calls[-2:]
+        for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
+            assert backward[name] == CStruct(t.data_ptr(), t.stride()), name
+        assert forward["out"] == backward["out"]
+        assert backward_fields == forward_fields
+        plan_key = _plans.plan_key(-1, forward_fields, "descending", 4)
+        assert _ops._backward_call(-1, dout, q, k, v, out, 0.25, True, "descending", 4).plan_key == plan_key
+    assert forward_fields[7] == 0.25 and forward_fields[8] == 1
+    assert _ops._cached_backward_call.cache_info().misses == 1
+
+
 def test_every_field_of_the_forward_key_makes_a_descriptor_of_its_own(launches: Launches, monkeypatch) -> None:
     q, k, v = qkv()
     base = _ops._forward_call(q, k, v, SCALE, True)
