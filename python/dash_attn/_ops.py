@@ -136,29 +136,28 @@ def _make_c_shape(
 
 class _TensorStructs:
     """The dash_tensor structs of one call signature, their strides filled in once, which its calls reuse: a call
-    takes them, writes its data pointers and gives them back after its C call. Taking is a non-blocking lock, so a
-    call that finds them taken (by another thread, whose C call may be reading them with the GIL released, or by
-    a call re-entered from a finalizer) fills structs of its own instead of overwriting ones in use."""
+    that takes them writes its data pointers into them and gives them back after its C call. Taking is a
+    non-blocking lock, so a call that finds them taken (by another thread, whose C call may be reading them with
+    the GIL released, or by a call re-entered from a finalizer) writes into fresh ones instead of into ones in use.
+    The callers write the pointers themselves, one attribute each: a loop over the structs costs twice as much."""
 
-    __slots__ = ("_lock", "_shared", "_strides")
+    __slots__ = ("_lock", "_strides", "shared")
 
     def __init__(self, strides: tuple[tuple[int, ...], ...]) -> None:
         self._strides = strides
-        self._shared = tuple(_c_tensor_at(0, s) for s in strides)
+        self.shared = tuple(_c_tensor_at(0, s) for s in strides)
         self._lock = threading.Lock()
 
-    def take(self, *pointers: int) -> tuple[_library.Tensor, ...]:
-        """Structs holding `pointers` (one per stride tuple, in order), to hand back to give_back()."""
-        if self._lock.acquire(False):  # non-blocking
-            structs = self._shared
-            for struct, pointer in zip(structs, pointers):
-                struct.data = pointer
-            return structs
-        return tuple(_c_tensor_at(pointer, strides) for pointer, strides in zip(pointers, self._strides))
+    def take(self) -> bool:
+        """Whether the caller has `shared` to itself, until it calls give_back()."""
+        return self._lock.acquire(False)  # non-blocking
 
-    def give_back(self, structs: tuple[_library.Tensor, ...]) -> None:
-        if structs is self._shared:
-            self._lock.release()
+    def give_back(self) -> None:
+        self._lock.release()
+
+    def fresh(self) -> tuple[_library.Tensor, ...]:
+        """New structs with the strides of `shared`, for a call that could not take them."""
+        return tuple(_c_tensor_at(0, strides) for strides in self._strides)
 
 
 class _ForwardCall:
@@ -292,11 +291,18 @@ def _launch_forward(
     index: int, call: _ForwardCall, pointers: tuple[int, int, int], out: Tensor, lse: Tensor, sm_margin: int
 ) -> None:
     workspace = _workspace(call.workspace_bytes, out.device)
-    structs = call.structs.take(*pointers, out.data_ptr())
+    structs = call.structs
+    taken = structs.take()
     try:
+        q_c, k_c, v_c, out_c = structs.shared if taken else structs.fresh()
+        q_c.data, k_c.data, v_c.data = pointers
+        out_c.data = out.data_ptr()
         _library.forward(
             call.shape,
-            *structs,
+            q_c,
+            k_c,
+            v_c,
+            out_c,
             lse.data_ptr(),
             workspace.data_ptr(),
             call.workspace_bytes,
@@ -304,7 +310,8 @@ def _launch_forward(
             sm_margin,
         )
     finally:
-        call.structs.give_back(structs)
+        if taken:
+            structs.give_back()
 
 
 def _forward_body(
@@ -334,11 +341,13 @@ def _launch_backward(
     # Planned and proven once per (device, shape, schedule, margin); the plan sizes the workspace and runs.
     plan = _plans.backward_plans.get(call.plan_key)
     workspace = _workspace(plan.workspace_bytes, lse.device)
-    dout, q, k, v, out = pointers
     dq, dk, dv = gradients
-    structs = call.structs.take(q, k, v, out, dout, dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
-    q_c, k_c, v_c, out_c, dout_c, dq_c, dk_c, dv_c = structs
+    structs = call.structs
+    taken = structs.take()
     try:
+        q_c, k_c, v_c, out_c, dout_c, dq_c, dk_c, dv_c = structs.shared if taken else structs.fresh()
+        dout_c.data, q_c.data, k_c.data, v_c.data, out_c.data = pointers
+        dq_c.data, dk_c.data, dv_c.data = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         plan.backward(
             call.shape,
             q_c,
@@ -355,7 +364,8 @@ def _launch_backward(
             torch._C._cuda_getCurrentRawStream(index),
         )
     finally:
-        call.structs.give_back(structs)
+        if taken:
+            structs.give_back()
 
 
 def _backward_body(

@@ -312,19 +312,19 @@ def test_a_changed_dtype_shape_or_stride_after_a_cached_call_is_still_checked_by
 # --- the reused structs are never overwritten while in use --------------------------------------------------
 
 
-def test_structs_in_use_are_never_written_by_another_call() -> None:
+def test_structs_in_use_are_never_handed_to_another_call() -> None:
     strides = ((8, 4, 2, 1), (16, 8, 4, 1))
     structs = _ops._TensorStructs(strides)
-    held = structs.take(1, 2)
-    other = structs.take(3, 4)  # another thread, or a call re-entered before the first gave its structs back
-    assert other is not held
-    assert [seen(s) for s in held] == [CStruct(1, strides[0]), CStruct(2, strides[1])]
-    assert [seen(s) for s in other] == [CStruct(3, strides[0]), CStruct(4, strides[1])]
-    structs.give_back(other)
-    assert structs.take(5, 6) is not held  # still held
-    structs.give_back(held)
-    assert structs.take(7, 8) is held
-    assert [seen(s) for s in held] == [CStruct(7, strides[0]), CStruct(8, strides[1])]
+    assert [seen(s) for s in structs.shared] == [CStruct(0, strides[0]), CStruct(0, strides[1])]
+    assert structs.take() is True
+    # Another thread, or a call re-entered before the first gave its structs back, gets fresh ones.
+    assert structs.take() is False
+    fresh = structs.fresh()
+    assert all(a is not b for a, b in zip(fresh, structs.shared))
+    assert [seen(s) for s in fresh] == [CStruct(0, strides[0]), CStruct(0, strides[1])]
+    structs.give_back()
+    assert structs.take() is True
+    structs.give_back()
 
 
 def test_threads_of_one_signature_each_hand_the_library_their_own_pointers(launches: Launches, monkeypatch) -> None:
