@@ -36,19 +36,18 @@ DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
 // does not grow with the keys (rescaling O's 64 registers per thread, the row max and sum shuffles, the
 // barriers) is spread over 1.375x the keys. Nsight Compute on the H200 (2026-12-02, d = 128, full, 16384
 // tokens): FA3's step loop at 128x176 issues 3.3 instructions per key and thread, DASH's at 128x128 3.7, and
-// DASH's at 128x176 3.4 (unmasked path, scripts/sass_report.sh). The wide tiles stage O in the V ring
-// (kernels/sm90/fwd_config.cuh), so the next tile's first V waits for the epilogue: that costs more than the
-// loop saves when a tile visits few key/value tiles. Same-run A/B on the H200, d = 128, full, bf16, the paper
-// grid (7a5a8da's kernel at every length against fd2049d, 2026-12-02): +2.5-3.8% from 4096 keys, -2.5% at
-// 2048, -10% at 1024, -17% at 512. The causal mask keeps 128 keys: wider tiles would compute more of the
-// masked triangle.
+// DASH's at 128x176 3.4 (unmasked path, scripts/sass_report.sh). The wide tiles store O without a staging
+// tile (kernels/sm90/fwd_config.cuh: none fits beside Q, K and V), which costs more than the loop saves
+// when a tile visits few key/value tiles. Same-run A/B on the H200, d = 128, full, bf16, the paper grid
+// (2026-12-02, docs/PERF.md): against 128x128, -3% at 512 keys, +3.7-4.1% at 1024-2048, +3-13% from 4096.
+// The causal mask keeps 128 keys: wider tiles would compute more of the masked triangle.
 inline constexpr int kForwardBlockQ = 128;
 inline constexpr int kForwardTallBlockQ = 192;
 inline constexpr int kForwardBlockKv = 128;
 inline constexpr int kForwardWideBlockKv = 176;
 inline constexpr int kForwardTallFromFull = 2048;     // seqlen_q from which a full mask takes tall tiles
 inline constexpr int kForwardTallFromCausal = 8192;   // the same under the causal mask
-inline constexpr int kForwardWideFromKeys = 4096;     // seqlen_k from which a full mask at d = 128 takes wide tiles
+inline constexpr int kForwardWideFromKeys = 1024;     // seqlen_k from which a full mask at d = 128 takes wide tiles
 
 DASH_HOST_DEVICE constexpr bool forward_has_tall_tiles(int head_dim) { return head_dim <= 64; }
 DASH_HOST_DEVICE constexpr bool forward_has_wide_tiles(int head_dim) { return head_dim > 64; }

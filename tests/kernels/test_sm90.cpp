@@ -241,7 +241,7 @@ INSTANTIATE_TEST_SUITE_P(Remainders, Sm90RaggedSweep,
 // --- the forward's other tile shapes: every remainder --------------------------------------------
 // Besides 128x128, the forward runs 192x128 tiles with three MMA warpgroups at d = 64 from
 // kForwardTallFromFull query rows (full mask) and kForwardTallFromCausal (causal), and 128x176 tiles at d =
-// 128 under a full mask from kForwardWideFromKeys keys, which stage O in the V ring. These run every
+// 128 under a full mask from kForwardWideFromKeys keys, which store O without a staging tile. These run every
 // remainder of the tile's length (seqlen_q mod 192, seqlen_k mod 176), under the watchdog, and check that
 // every output element was written and, on samples, the values against the float64 reference. The other
 // length stays short to keep the reference cheap; under the causal mask the rows before seqlen_q - seqlen_k

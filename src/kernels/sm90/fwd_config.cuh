@@ -71,41 +71,28 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   using SmemLayoutVt = decltype(composition(
       SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN, Stages>{}, Stride<BlockN, _1, Int<kBlockN * kHeadDim>>{})));
 
-  // O leaves through a staging tile (store_accumulator_rows_staged) of its own where shared memory allows,
-  // and otherwise through the V ring's bytes (128x176 at d = 128: Q, K and V take 208 KiB). Then the
-  // epilogue first waits until no MMA warpgroup reads V (kVRingFreeBarrier) and, once done, hands the bytes
-  // back to the loader (o_staging_done), which loads the next tile's first V only after that.
+  // O leaves through a staging tile (store_accumulator_rows_staged) where shared memory allows it, and
+  // otherwise straight from the accumulator fragment (128x176 at d = 128: Q, K and V take 208 KiB). Staging
+  // it in the V ring instead, as FA3 does, made the next tile's first V wait for the epilogue and all MMA
+  // warpgroups meet before it: 3-10% slower at 1024-16384 keys (A/B, 2026-12-02, docs/PERF.md).
   static constexpr int kStagingElements = kBlockM * kHeadDim;
-  struct NoOwnStaging {};
+  struct NoStaging {};
 
-  template <bool kOwnStaging>
+  template <bool kStaged>
   struct Storage {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
-    std::conditional_t<kOwnStaging, array_aligned<Element, kStagingElements, 16>, NoOwnStaging> own_staging;
+    std::conditional_t<kStaged, array_aligned<Element, kStagingElements, 16>, NoStaging> o_staging;
     RecordRing<ForwardTileRecord, kTileSlots> tiles;  // loader -> MMA warpgroups
     PipelineRing<1> q_stages;        // loader -> MMA warpgroups: Q (per query tile)
     // K and V of each key/value tile visited, in rings of their own: K_j is free once S_j is done, while
     // V_j is read until O += P_j V_j, which the mainloop issues one tile later (fwd_mainloop.cuh).
     PipelineRing<kStages> k_stages;  // loader -> MMA warpgroups
     PipelineRing<kStages> v_stages;  // loader -> MMA warpgroups
-    // Without own staging: MMA warpgroups -> loader, position t: tile t's epilogue is done with the V
-    // ring's bytes. Every MMA thread commits it after each tile; the loader waits before the next tile's V.
-    PipelineRing<1> o_staging_done;
-
-    // O on its way out.
-    __device__ Element* o_staging() {
-      if constexpr (kOwnStaging) {
-        return own_staging.data();
-      } else {
-        return v.data();
-      }
-    }
   };
-  static constexpr bool kStagingInVRing = sizeof(Storage<true>) > kMaxSharedBytesPerBlock;
-  static_assert(!kStagingInVRing || cosize_v<SmemLayoutKV> >= kStagingElements, "O's staging tile must fit the V ring");
-  using SharedStorage = Storage<!kStagingInVRing>;
+  static constexpr bool kStagedO = sizeof(Storage<true>) <= kMaxSharedBytesPerBlock;
+  using SharedStorage = Storage<kStagedO>;
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);

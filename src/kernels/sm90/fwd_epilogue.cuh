@@ -22,12 +22,8 @@ struct ForwardEpilogue {
   // Invariant: the quad shuffles run in every lane, before any lane leaves its row. A row past
   // seqlen_q can share a warp with rows before it (seqlen_q need not be a multiple of 8), and a
   // full-mask shuffle that some lanes skip is undefined behaviour: on the H200 it hung the kernel.
-  //
-  // Where O is staged in the V ring's bytes (Config::kStagingInVRing), every MMA warpgroup must be done with
-  // the tile's V first, and the loader may refill the ring once every MMA thread has committed position
-  // `tiles` (the CTA's tile count so far) of o_staging_done.
   template <class Out>
-  __device__ static void store(const Params& p, SharedStorage& smem, const ForwardTileRecord& tile, int tiles,
+  __device__ static void store(const Params& p, SharedStorage& smem, const ForwardTileRecord& tile,
                                const Out& out_frag, const float* row_max, const float* row_sum, int thread) {
     typename Config::TiledMmaO mma_o;
     constexpr int kRows = decltype(size<0>(accumulator_rows_by_columns(out_frag.layout())))::value;
@@ -43,17 +39,13 @@ struct ForwardEpilogue {
     const int row0 = tile.q_tile * kBlockM;
     const int valid_rows = p.tiles.mask.seqlen_q - row0;
     Element* o_tile = p.out + tile.batch * p.out_strides[0] + tile.head * p.out_strides[2] + row0 * p.out_strides[1];
-    if constexpr (Config::kStagingInVRing) {
-      cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kVRingFreeBarrier);
-    }
-    store_accumulator_rows_staged<Config, Element, kBlockM, Config::kHeadDim>(
-        mma_o, thread, out_frag, smem.o_staging(), o_tile, p.out_strides[1], valid_rows,
-        [&](int r) { return sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f; });
-    if constexpr (Config::kStagingInVRing) {
-      // Immediate but for a tile that loads no V, whose epilogue can end before the loader has taken the
-      // previous commit: the acquire keeps the barrier from completing two phases ahead of its waiter.
-      smem.o_staging_done.producer_acquire(tiles, "o_staging_done empty");
-      smem.o_staging_done.producer_commit(tiles);
+    const auto inverse_sum = [&](int r) { return sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f; };
+    if constexpr (Config::kStagedO) {
+      store_accumulator_rows_staged<Config, Element, kBlockM, Config::kHeadDim>(
+          mma_o, thread, out_frag, smem.o_staging.data(), o_tile, p.out_strides[1], valid_rows, inverse_sum);
+    } else {
+      store_accumulator_rows<Element, kBlockM, Config::kHeadDim>(mma_o, thread, out_frag, o_tile, p.out_strides[1],
+                                                                 valid_rows, inverse_sum);
     }
 
     // LSE: written by the thread that holds column 0 of the row.

@@ -20,7 +20,6 @@ __device__ void init_forward_barriers(typename Config::SharedStorage& smem) {
   smem.k_stages.init(kLoaderThreads, Config::kMmaThreads);
   smem.v_stages.init(kLoaderThreads, Config::kMmaThreads);
   smem.tiles.init(Config::kMmaThreads);
-  smem.o_staging_done.init(Config::kMmaThreads, kLoaderThreads);
   cutlass::arch::fence_barrier_init();
 }
 

@@ -38,28 +38,14 @@ struct ForwardLoader {
         const int k_stage = smem.k_stages.producer_acquire(kv_loads, "k_empty");
         tma_load_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, j,
                       smem.k_stages.producer_expect(kv_loads, Config::kKVTileBytes), sK(_, _, k_stage));
-        if (j == 0) wait_for_previous_epilogue(smem, tiles);
         const int v_stage = smem.v_stages.producer_acquire(kv_loads, "v_empty");
         tma_load_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, j,
                       smem.v_stages.producer_expect(kv_loads, Config::kKVTileBytes), sV(_, _, v_stage));
       }
-      if (tile.kv_tiles == 0) wait_for_previous_epilogue(smem, tiles);
     }
     smem.tiles.publish(ForwardTileRecord{kEndOfTiles, 0, 0, 0}, tiles);
   }
 
- private:
-  // Where O is staged in the V ring (Config::kStagingInVRing): before tile `tiles` loads its first V, the
-  // previous tile's epilogue must be done with those bytes. Every tile waits once, those that load no V
-  // too, so that the MMA threads never commit o_staging_done two positions ahead of this wait.
-  __device__ static void wait_for_previous_epilogue(SharedStorage& smem, int tiles) {
-    if constexpr (Config::kStagingInVRing) {
-      if (tiles > 0) {
-        smem.o_staging_done.consumer_wait(tiles - 1, "o_staging_done");
-        smem.o_staging_done.consumer_release(tiles - 1);
-      }
-    }
-  }
 };
 
 }  // namespace dash::sm90

@@ -40,7 +40,6 @@ struct WarpRoles {
   // it reserves (id 0 there is not __syncthreads). The forward and backward never share a CTA, so the ids
   // only need to be distinct within one kernel.
   static constexpr int kDsReadyBarrier = 0;      // backward: dS of a step is complete in shared memory
-  static constexpr int kVRingFreeBarrier = 0;    // forward: no MMA warpgroup reads the V ring, which stages O
   static constexpr int kDsFreeBarrier = 1;       // backward: no MMA warpgroup reads dS, which stages dK and dV
   static constexpr int kStagingBarrierBase = 2;  // + w: MMA warpgroup w's rows of a staging tile (gemm.cuh)
   static constexpr int kMmaTurnBarrierBase = kStagingBarrierBase + kMmaWarpGroups;  // + w: warpgroup w's GEMM turn
