@@ -162,9 +162,10 @@ class _TensorStructs:
 
 class _ForwardCall:
     """What every forward of one signature shares: its C shape, its workspace size, whether the kernels read q, k
-    and v in place (their strides; each call checks its pointers), and the structs of q, k, v and out."""
+    and v in place (their strides; each call checks its pointers), whether q is packed, and the structs of q, k, v
+    and out."""
 
-    __slots__ = ("in_place", "shape", "structs", "workspace_bytes")
+    __slots__ = ("in_place", "q_packed", "shape", "structs", "workspace_bytes")
 
     def __init__(
         self,
@@ -185,7 +186,9 @@ class _ForwardCall:
         self.workspace_bytes = _library.forward_workspace_size(self.shape)
         layouts = ((q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides))
         self.in_place = all(_strides_ok(shape, strides) for shape, strides in layouts)
-        self.structs = _TensorStructs((q_strides, k_strides, v_strides, _packed_strides(q_shape)))
+        out_strides = _packed_strides(q_shape)
+        self.q_packed = q_strides == out_strides
+        self.structs = _TensorStructs((q_strides, k_strides, v_strides, out_strides))
 
 
 # The loaded library is part of the key (the first argument), so a library loaded anew is asked again.
@@ -200,11 +203,11 @@ def _forward_call(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal:
 
 class _BackwardCall:
     """What every backward of one signature shares: its C shape, its plan's key in _plans, whether the kernels read
-    dout, q, k, v and out in place (their strides; each call checks its pointers), and the structs of q, k, v, out,
-    dout, dq, dk and dv, in the C call's order. The plan itself is looked up at every call, so the plan cache's
-    recency and eviction stay its own."""
+    dout, q, k, v and out in place (their strides; each call checks its pointers), whether q, k and v are packed,
+    and the structs of q, k, v, out, dout, dq, dk and dv, in the C call's order. The plan itself is looked up at
+    every call, so the plan cache's recency and eviction stay its own."""
 
-    __slots__ = ("in_place", "plan_key", "shape", "structs")
+    __slots__ = ("in_place", "inputs_packed", "plan_key", "shape", "structs")
 
     def __init__(
         self,
@@ -231,6 +234,7 @@ class _BackwardCall:
                    (out_shape, out_strides))
         self.in_place = all(_strides_ok(shape, strides) for shape, strides in layouts)
         gradient_strides = (_packed_strides(q_shape), _packed_strides(k_shape), _packed_strides(v_shape))
+        self.inputs_packed = (q_strides, k_strides, v_strides) == gradient_strides
         self.structs = _TensorStructs((q_strides, k_strides, v_strides, out_strides, dout_strides, *gradient_strides))
 
 
@@ -259,22 +263,25 @@ def _workspace(nbytes: int, device: torch.device) -> Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
-def _packed_like(t: Tensor) -> Tensor:
+def _packed_like(t: Tensor, packed: bool = False) -> Tensor:
     """A packed (row-major) uninitialized tensor of `t`'s shape, dtype and device. empty_like parses one tensor
-    where torch.empty(shape, dtype=, device=) parses three arguments: half the host time, on every output."""
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+    where torch.empty(shape, dtype=, device=) parses three arguments: half the host time, on every output. When
+    `t` is `packed` already (a descriptor knows), empty_like keeps its strides without being asked for the
+    contiguous format, which costs a sixth more."""
+    return torch.empty_like(t) if packed else torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
-def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
+def _forward_outputs(q: Tensor, q_packed: bool = False) -> tuple[Tensor, Tensor]:
     """Packed (B, Sq, Hq, D) output and (B, Hq, Sq) fp32 LSE; the fake kernel uses it too, so metadata agree."""
     batch, seqlen_q, heads_q, _ = q.shape
     # Sizes as separate arguments: torch parses them faster than one tuple.
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
-    return _packed_like(q), lse
+    return _packed_like(q, q_packed), lse
 
 
-def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return _packed_like(q), _packed_like(k), _packed_like(v)
+def _backward_outputs(q: Tensor, k: Tensor, v: Tensor, packed: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """Packed dq, dk, dv; `packed`: q, k and v are packed already."""
+    return _packed_like(q, packed), _packed_like(k, packed), _packed_like(v, packed)
 
 
 def _on_device(index: int, launch: Callable[..., _Result], *args: object) -> _Result:
@@ -325,7 +332,7 @@ def _forward_body(
         q, k, v = _kernel_ready(q), _kernel_ready(k), _kernel_ready(v)
         call = _forward_call(q, k, v, softmax_scale, causal)
         pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
-    out, lse = _forward_outputs(q)
+    out, lse = _forward_outputs(q, call.q_packed)
     index = q.get_device()
     _on_device(index, _launch_forward, index, call, pointers, out, lse, sm_margin)
     return out, lse
@@ -390,7 +397,7 @@ def _backward_body(
         call = _backward_call(index, dout, q, k, v, out, softmax_scale, causal, schedule, sm_margin)
         pointers = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
     lse = lse.contiguous()
-    gradients = _backward_outputs(q, k, v)
+    gradients = _backward_outputs(q, k, v, call.inputs_packed)
     _on_device(index, _launch_backward, index, call, pointers, lse, gradients)
     return gradients
 

@@ -161,6 +161,23 @@ def test_the_eager_autograd_path_hands_the_backward_the_saved_tensors_and_the_fo
     assert _ops._cached_backward_call.cache_info().misses == 1
 
 
+@pytest.mark.parametrize("layout", ["packed", "heads first in memory"])
+def test_the_outputs_are_packed_whatever_the_layout_of_the_inputs(launches: Launches, layout: str) -> None:
+    q, k, v = qkv()
+    if layout != "packed":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    for _ in range(2):
+        out, lse = _ops._forward_body(q, k, v, SCALE, True, 0)
+        assert out.stride() == PACKED and lse.stride() == (HEADS * SEQLEN, SEQLEN, 1)
+        dq, dk, dv = run_backward(torch.randn_like(out), q, k, v, out, lse)
+        assert dq.stride() == PACKED
+        assert dk.stride() == dv.stride() == (SEQLEN * KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, HEAD_DIM, 1)
+        assert launches.last()["dq"] == CStruct(dq.data_ptr(), PACKED)
+    packed = layout == "packed"
+    assert _ops._forward_call(q, k, v, SCALE, True).q_packed is packed
+    assert _ops._backward_call(-1, out, q, k, v, out, SCALE, True, "auto", 0).inputs_packed is packed
+
+
 def test_every_field_of_the_forward_key_makes_a_descriptor_of_its_own(launches: Launches, monkeypatch) -> None:
     q, k, v = qkv()
     base = _ops._forward_call(q, k, v, SCALE, True)
