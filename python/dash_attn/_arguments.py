@@ -104,11 +104,14 @@ def check_tensors(tensors: tuple[object, object, object], layout: Layout) -> Non
     qn, kn, vn = layout.names
     # Each shape is read once: every call runs these checks, and each .shape builds a new torch.Size.
     q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
-    for shape, name in ((q_shape, qn), (k_shape, kn), (v_shape, vn)):
-        if len(shape) != 4:
-            raise ValueError(f"{name} must be 4-D {layout.spelled}, got shape {tuple(shape)}")
-        if 0 in shape:  # no elements
-            raise ValueError(f"{name} must not be empty, got shape {tuple(shape)}")
+    # Each group of checks tests the common case at once and names the culprit only when it fails.
+    if not (len(q_shape) == len(k_shape) == len(v_shape) == 4 and 0 not in q_shape and 0 not in k_shape
+            and 0 not in v_shape):
+        for shape, name in ((q_shape, qn), (k_shape, kn), (v_shape, vn)):
+            if len(shape) != 4:
+                raise ValueError(f"{name} must be 4-D {layout.spelled}, got shape {tuple(shape)}")
+            if 0 in shape:  # no elements
+                raise ValueError(f"{name} must not be empty, got shape {tuple(shape)}")
     dtype = q.dtype
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{qn}.dtype must be torch.bfloat16 or torch.float16, got {dtype}")
@@ -121,11 +124,12 @@ def check_tensors(tensors: tuple[object, object, object], layout: Layout) -> Non
     batch, head_dim = q_shape[0], q_shape[3]
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim ({qn}.shape[3]) must be one of {HEAD_DIMS}, got {head_dim}")
-    for shape, name in ((k_shape, kn), (v_shape, vn)):
-        if shape[0] != batch:
-            raise ValueError(f"{name}.shape[0] (batch) = {shape[0]} must equal {qn}.shape[0] = {batch}")
-        if shape[3] != head_dim:
-            raise ValueError(f"{name}.shape[3] (head_dim) = {shape[3]} must equal {qn}.shape[3] = {head_dim}")
+    if not (k_shape[0] == v_shape[0] == batch and k_shape[3] == v_shape[3] == head_dim):
+        for shape, name in ((k_shape, kn), (v_shape, vn)):
+            if shape[0] != batch:
+                raise ValueError(f"{name}.shape[0] (batch) = {shape[0]} must equal {qn}.shape[0] = {batch}")
+            if shape[3] != head_dim:
+                raise ValueError(f"{name}.shape[3] (head_dim) = {shape[3]} must equal {qn}.shape[3] = {head_dim}")
     s, h = layout.seq, layout.heads
     if v_shape[s] != k_shape[s]:
         raise ValueError(f"{vn}.shape[{s}] (seqlen) = {v_shape[s]} must equal {kn}.shape[{s}] = {k_shape[s]}")

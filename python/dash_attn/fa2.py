@@ -33,7 +33,12 @@ def _refuse_fa2_options(dropout_p: object, window_size: object, softcap: object,
 
 
 def _check_fa2_flags(causal: object, deterministic: object, return_attn_probs: object, return_lse: object) -> None:
-    check_flags(causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs, return_lse=return_lse)
+    # Four bools, the common case, pass without check_flags' keyword dict; it names the first that is not one.
+    if not (type(causal) is bool and type(deterministic) is bool and type(return_attn_probs) is bool
+            and type(return_lse) is bool):
+        check_flags(
+            causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs, return_lse=return_lse
+        )
     if return_attn_probs and return_lse:
         raise ValueError(
             "return_attn_probs=True and return_lse=True ask for different tuples, (out, softmax_lse, S_dmask) "
