@@ -221,11 +221,21 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
     def backward_descriptor():
         _ops._backward_call(-1, dout, qd, kd, vd, out, scale, True, schedule, 0)
 
+    forward_pointers, backward_pointers = tuple(pointers[:4]), tuple(pointers)
+
     def structs_forward():
-        forward_call.structs.give_back(forward_call.structs.take(*pointers[:4]))
+        structs = forward_call.structs
+        structs.take()
+        q_c, k_c, v_c, out_c = structs.shared
+        q_c.data, k_c.data, v_c.data, out_c.data = forward_pointers
+        structs.give_back()
 
     def structs_backward():
-        backward_call.structs.give_back(backward_call.structs.take(*pointers))
+        structs = backward_call.structs
+        structs.take()
+        q_c, k_c, v_c, out_c, dout_c, dq_c, dk_c, dv_c = structs.shared
+        q_c.data, k_c.data, v_c.data, out_c.data, dout_c.data, dq_c.data, dk_c.data, dv_c.data = backward_pointers
+        structs.give_back()
 
     def allocation_forward():
         _ops._forward_outputs(qd)
