@@ -145,9 +145,8 @@ def test_mismatched_devices_are_named() -> None:
 
 
 def test_cuda_tensors_pass_the_device_check_only_on_one_device() -> None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from dash_attn._arguments import BSHD, check_devices
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     # Fake CUDA tensors need no GPU; the check reads only their devices.
     with FakeTensorMode():
