@@ -98,9 +98,15 @@ std::string ValidationReport::summary() const {
 }
 
 ValidationReport validate_schedule(const ExpandedSchedule& s) {
+  const std::string coverage_error = check_coverage(s);
+  if (coverage_error.empty()) return validate_orders(s);
   ValidationReport report;
-  report.coverage_error = check_coverage(s);
-  if (!report.coverage_error.empty()) return report;
+  report.coverage_error = coverage_error;
+  return report;
+}
+
+ValidationReport validate_orders(const ExpandedSchedule& s) {
+  ValidationReport report;
   report.ordered = sums_in_order(s.plan);
   if (report.ordered) report.rank_error = check_ranks(s);
   if (!report.rank_error.empty()) return report;

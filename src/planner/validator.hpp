@@ -65,4 +65,9 @@ struct ValidationReport {
 
 ValidationReport validate_schedule(const ExpandedSchedule& schedule);
 
+// The checks after coverage (ranks, deadlock freedom, the lemma), for a caller that checked coverage itself
+// against a problem other than schedule.plan.problem: a varlen batch, whose sequences each have their own
+// (planner/varlen_plan.hpp). They read only the steps, contributions, dispatch and CTA count.
+ValidationReport validate_orders(const ExpandedSchedule& schedule);
+
 }  // namespace dash
