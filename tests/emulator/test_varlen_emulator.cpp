@@ -1,0 +1,179 @@
+// Tests of the emulator on varlen batches (emulate_varlen): every schedule, its plan made from the maximum lengths
+// alone, runs adversarial length vectors (all empty, one long among empty ones, lengths one past tile multiples,
+// random) with bitwise-identical gradients across timings that match the float64 reference per sequence; a
+// sequence at the maximum lengths gives the dense emulation's bits; the nondeterministic schedule and a plan
+// missing a unit are caught; inputs outside the plan are refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "emulator/emulator.hpp"
+#include "planner/schedule_plan.hpp"
+#include "planner/varlen_plan.hpp"
+
+namespace dash {
+namespace {
+
+// As in test_emulator.cpp: float32 tiles over inputs in [-1, 1] with at most a few hundred keys per row.
+constexpr double kFloat32Tolerance = 1e-5;
+constexpr int kHeadDim = 16;
+constexpr TileShape kSmallTiles{16, 32};
+constexpr int kRuns = 4;
+constexpr int kMaxLen = 160;
+
+AttentionShape max_shape(int sequences, bool causal) {
+  AttentionShape s;
+  s.batch = sequences;
+  s.heads_q = 4;
+  s.heads_kv = 2;
+  s.seqlen_q = kMaxLen;
+  s.seqlen_k = kMaxLen;
+  s.head_dim = kHeadDim;
+  s.causal = causal;
+  s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  return s;
+}
+
+EmulatorOptions options(int delay_us) {
+  EmulatorOptions o;
+  o.runs = kRuns;
+  o.max_delay_us = delay_us;
+  return o;
+}
+
+struct LengthCase {
+  const char* name;
+  std::vector<SequenceLengths> lengths;  // seqlen_k <= seqlen_q: admitted by every plan
+};
+
+std::vector<LengthCase> length_cases() {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> length(0, kMaxLen);
+  std::vector<SequenceLengths> random;
+  for (int b = 0; b < 5; ++b) {
+    const int q = length(rng);
+    random.push_back({q, std::uniform_int_distribution<int>(0, q)(rng)});
+  }
+  return {
+      {"all_empty", {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}}},
+      {"one_long_many_empty", {{0, 0}, {0, 0}, {kMaxLen, kMaxLen}, {0, 0}, {0, 0}}},
+      {"one_past_tile_multiples", {{1, 1}, {17, 17}, {33, 33}, {65, 33}, {129, 97}}},
+      {"shorter_than_a_tile", {{1, 1}, {15, 3}, {2, 0}, {31, 31}, {5, 5}}},
+      {"random", random},
+  };
+}
+
+class VarlenSchedules : public testing::TestWithParam<bool> {};  // causal or full
+
+TEST_P(VarlenSchedules, AdversarialLengthsAreBitwiseIdenticalAndMatchTheReference) {
+  const bool causal = GetParam();
+  const AttentionShape shape = max_shape(5, causal);
+  const TiledProblem problem = make_emulator_problem(shape, kSmallTiles, /*group_splits=*/2);
+  int emulated = 0;
+  for (const LengthCase& lengths : length_cases()) {
+    const EmulatorInputs inputs = make_varlen_emulator_inputs(shape, lengths.lengths, /*seed=*/5);
+    for (const Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
+                                    Schedule::kShift, Schedule::kSymmetricShift}) {
+      const VarlenPlanResult planned = plan_varlen_schedule(problem, /*keys_within_queries=*/true, schedule, 5);
+      if (!planned.ok()) continue;  // shift under the causal mask, symmetric shift under the full one
+      ASSERT_TRUE(prove_varlen_plan(planned.plan).ok());
+      SCOPED_TRACE(std::string(lengths.name) + " " + std::string(schedule_name(schedule)));
+      const EmulationResult r = emulate_varlen(inputs, planned.plan, options(20));
+      ASSERT_TRUE(r.completed) << r.error;
+      EXPECT_TRUE(r.bitwise_identical);
+      EXPECT_LT(r.max_rel_error(), kFloat32Tolerance)
+          << "dq " << r.error_vs_reference.dq << " dk " << r.error_vs_reference.dk << " dv " << r.error_vs_reference.dv;
+      ++emulated;
+    }
+  }
+  EXPECT_EQ(emulated, 4 * static_cast<int>(length_cases().size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Masks, VarlenSchedules, testing::Values(false, true),
+                         [](const testing::TestParamInfo<bool>& param) { return param.param ? "causal" : "full"; });
+
+// The dynamic schedules take any lengths: keys past queries, under the causal mask and a sliding window.
+TEST(VarlenEmulator, DynamicSchedulesTakeKeysLongerThanQueries) {
+  const AttentionShape shape = max_shape(3, true);
+  const SlidingWindow window{40, -1};
+  const std::vector<SequenceLengths> lengths{{20, 150}, {0, 33}, {160, 1}};
+  const EmulatorInputs inputs = make_varlen_emulator_inputs(shape, lengths, 3, window);
+  const TiledProblem problem = make_emulator_problem(shape, kSmallTiles, 1, window);
+  for (const Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst}) {
+    const VarlenPlanResult planned = plan_varlen_schedule(problem, false, schedule, 4);
+    ASSERT_TRUE(planned.ok()) << planned.rejected;
+    const EmulationResult r = emulate_varlen(inputs, planned.plan, options(20));
+    ASSERT_TRUE(r.completed) << r.error;
+    EXPECT_TRUE(r.bitwise_identical);
+    EXPECT_LT(r.max_rel_error(), kFloat32Tolerance) << schedule_name(schedule);
+  }
+}
+
+// A batch of sequences at the maximum lengths is the dense batch: the same bits, every schedule.
+TEST(VarlenEmulator, FullLengthSequencesGiveTheDenseBits) {
+  for (const bool causal : {false, true}) {
+    const AttentionShape shape = max_shape(2, causal);
+    const std::vector<SequenceLengths> full(2, SequenceLengths{kMaxLen, kMaxLen});
+    const EmulatorInputs dense = make_emulator_inputs(shape, 9);
+    const EmulatorInputs varlen = make_varlen_emulator_inputs(shape, full, 9);
+    const TiledProblem problem = make_emulator_problem(shape, kSmallTiles, 1);
+    for (const Schedule schedule : {Schedule::kAscending, Schedule::kShortestFirst, Schedule::kShift,
+                                    Schedule::kSymmetricShift}) {
+      const VarlenPlanResult planned = plan_varlen_schedule(problem, true, schedule, 3);
+      if (!planned.ok()) continue;
+      const EmulationResult a = emulate(dense, planned.plan.plan, options(0));
+      const EmulationResult b = emulate_varlen(varlen, planned.plan, options(0));
+      ASSERT_TRUE(a.completed && b.completed) << a.error << b.error;
+      EXPECT_EQ(a.run_hashes[0], b.run_hashes[0]) << schedule_name(schedule);
+    }
+  }
+}
+
+TEST(VarlenEmulator, NondeterministicScheduleIsCaught) {
+  // As in test_emulator.cpp: eight key/value tiles per sequence on eight CTAs, long random delays.
+  AttentionShape shape = max_shape(2, false);
+  shape.seqlen_q = shape.seqlen_k = 256;
+  const std::vector<SequenceLengths> lengths{{256, 256}, {3, 250}};
+  const EmulatorInputs inputs = make_varlen_emulator_inputs(shape, lengths, 1);
+  const VarlenPlanResult planned =
+      plan_varlen_schedule(make_emulator_problem(shape, kSmallTiles), false, Schedule::kNondeterministic, 8);
+  ASSERT_TRUE(planned.ok());
+  const EmulationResult r = emulate_varlen(inputs, planned.plan, options(200));
+  ASSERT_TRUE(r.completed) << r.error;
+  EXPECT_FALSE(r.bitwise_identical);
+  EXPECT_LT(r.max_rel_error(), kFloat32Tolerance);
+}
+
+TEST(VarlenEmulator, BrokenPlanIsReported) {
+  // Shift with its last unit dropped: the lanes of its wave wait for a rank that never comes.
+  const AttentionShape shape = max_shape(2, false);
+  const std::vector<SequenceLengths> lengths{{70, 70}, {kMaxLen, kMaxLen}};
+  const EmulatorInputs inputs = make_varlen_emulator_inputs(shape, lengths, 2);
+  VarlenPlanResult planned = plan_varlen_schedule(make_emulator_problem(shape, kSmallTiles), true, Schedule::kShift, 4);
+  ASSERT_TRUE(planned.ok()) << planned.rejected;
+  planned.plan.plan.num_units -= 1;
+  EmulatorOptions o = options(0);
+  o.wait_timeout_s = 0.2;
+  const EmulationResult r = emulate_varlen(inputs, planned.plan, o);
+  EXPECT_FALSE(r.completed);
+  EXPECT_NE(r.error.find("deadlock"), std::string::npos) << r.error;
+}
+
+TEST(VarlenEmulator, RefusesInputsOutsideThePlan) {
+  const AttentionShape shape = max_shape(2, true);
+  const TiledProblem problem = make_emulator_problem(shape, kSmallTiles);
+  const VarlenPlanResult planned = plan_varlen_schedule(problem, true, Schedule::kSymmetricShift, 4);
+  ASSERT_TRUE(planned.ok()) << planned.rejected;
+  const EmulatorInputs keys_past_queries = make_varlen_emulator_inputs(shape, {{10, 20}, {5, 5}}, 1);
+  EXPECT_THROW(emulate_varlen(keys_past_queries, planned.plan, options(0)), std::invalid_argument);
+  EXPECT_THROW(emulate(keys_past_queries, planned.plan.plan, options(0)), std::invalid_argument);
+  EXPECT_THROW(emulate_varlen(make_emulator_inputs(shape, 1), planned.plan, options(0)), std::invalid_argument);
+  EXPECT_THROW(make_varlen_emulator_inputs(shape, {{1, 1}}, 1), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace dash
