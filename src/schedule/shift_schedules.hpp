@@ -207,17 +207,24 @@ struct SymmetricShiftSchedule {
 
   DASH_HOST_DEVICE static Job make_job(const SchedulePlan& plan, int unit, int sub) {
     if (kBandFoldCompiled && plan.problem.windowed()) return BandSymmetricShift::make_job(plan, unit, sub);
-    const TiledProblem& p = plan.problem;
-    const int n = p.num_kv_tiles();
-    const int pairs = units_per_head(p);
+    const int pairs = units_per_head(plan.problem);
     const int head = unit / pairs;
-    const int pair = unit % pairs;
+    return pair_job(plan.problem, plan.num_ctas, unit, head, unit % pairs, head * pairs, sub);
+  }
+
+  // Job `sub` (0: the pair's long tile, 1: its short one) of unit `unit`, which holds pair `pair` of problem p's
+  // head `head`, whose (n + 1) / 2 units start at `first_unit` (unit = first_unit + pair; varlen plans place a
+  // sequence's pairs at the start of the maximum problem's units: schedule/varlen.hpp).
+  DASH_HOST_DEVICE static Job pair_job(const TiledProblem& p, int num_ctas, int unit, int head, int pair, int first_unit,
+                                       int sub) {
+    const int n = p.num_kv_tiles();
+    const int pairs = (n + 1) / 2;
     const bool is_short = sub == 1;
     const int kv = is_short ? n - 1 - pair : pair;
     Job job = make_plain_job(p, head, kv);
     job.is_short = is_short;
     job.valid = !(is_short && kv == pair);
-    const WaveSlot slot = wave_slot(unit, head * pairs, pairs, plan.num_ctas);
+    const WaveSlot slot = wave_slot(unit, first_unit, pairs, num_ctas);
     job.lane = slot.lane;
     job.wave_size = slot.size;
     job.earlier = slot.earlier;

@@ -98,24 +98,10 @@ DASH_HOST_DEVICE Job make_varlen_job(const SchedulePlan& plan, int unit, int sub
       job.earlier = slot.earlier;
       return job;
     }
-    case Schedule::kSymmetricShift: {
-      // SymmetricShiftSchedule::make_job on the sequence's pairs, its head's units starting where the plan's do.
-      const int pairs = (n + 1) / 2;
-      if (a >= pairs) return Job{};
-      const bool is_short = sub == 1;
-      const int kv = is_short ? n - 1 - a : a;
-      Job job = make_plain_job(seq, head, kv);
-      job.is_short = is_short;
-      job.valid = !(is_short && kv == a);
-      const WaveSlot slot = wave_slot(unit, head * units, pairs, plan.num_ctas);
-      job.lane = slot.lane;
-      job.wave_size = slot.size;
-      job.earlier = slot.earlier;
-      const bool wave_has_middle = (n % 2 == 1) && slot.earlier + slot.size == pairs;
-      job.wave_shorts = slot.size - (wave_has_middle ? 1 : 0);
-      job.rect_begin = seq.q_begin(slot.earlier + slot.size - 1);
-      return job;
-    }
+    case Schedule::kSymmetricShift:
+      // The sequence's own pairs, its head's units starting where the plan's do.
+      if (a >= (n + 1) / 2) return Job{};
+      return SymmetricShiftSchedule::pair_job(seq, plan.num_ctas, unit, head, a, head * units, sub);
     case Schedule::kAuto: break;
   }
   return Job{};  // a plan of kAuto has no jobs (schedule.hpp)
