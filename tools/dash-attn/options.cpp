@@ -15,9 +15,6 @@ namespace {
 
 // Width of the "--flag VALUE" column of the usage text.
 constexpr size_t kFlagColumn = 26;
-// Bounds that keep every tile count and index of the schedule model inside int.
-constexpr int64_t kMaxBatchOrHeads = 1 << 16;
-constexpr int64_t kMaxSeqlen = 1 << 24;
 constexpr int64_t kMaxHeadDim = 1024;
 constexpr int64_t kMaxSms = 4096;
 // Tile visits the planner expands (12 bytes each, plus the DAG): ~16 M stays within a few GiB.
@@ -80,6 +77,37 @@ void FlagParser::add_string(const std::string& name, const std::string& value_na
 void FlagParser::add_switch(const std::string& name, const std::string& help, bool* target) {
   Flag f{name, "", help, "", nullptr};
   f.set = [target](const std::string&) { *target = true; };
+  flags_.push_back(std::move(f));
+}
+
+void FlagParser::add_int_list(const std::string& name, const std::string& value_name, const std::string& help,
+                              std::vector<int64_t>* target, int64_t min_value, int64_t max_value,
+                              const std::string& default_text) {
+  Flag f{name, value_name, help, default_text, nullptr};
+  f.set = [this, name, target, min_value, max_value](const std::string& text) {
+    const auto trimmed = [](const std::string& entry) {
+      const size_t first = entry.find_first_not_of(' ');
+      return first == std::string::npos ? std::string() : entry.substr(first, entry.find_last_not_of(' ') + 1 - first);
+    };
+    if (trimmed(text).empty()) fail("--" + name + ": the list is empty");
+    std::vector<int64_t> values;
+    for (size_t begin = 0;;) {
+      const size_t comma = text.find(',', begin);
+      const std::string entry = trimmed(text.substr(begin, comma == std::string::npos ? comma : comma - begin));
+      const std::string where = "entry " + std::to_string(values.size()) + " of '" + text + "'";
+      int64_t value = 0;
+      if (entry.empty()) fail("--" + name + ": " + where + " is empty");
+      if (!parse_number(entry, &value)) fail("--" + name + ": '" + entry + "' (" + where + ") is not an integer");
+      if (value < min_value || value > max_value) {
+        fail("--" + name + ": " + entry + " (" + where + ") is outside [" + std::to_string(min_value) + ", " +
+             std::to_string(max_value) + "]");
+      }
+      values.push_back(value);
+      if (comma == std::string::npos) break;
+      begin = comma + 1;
+    }
+    *target = std::move(values);
+  };
   flags_.push_back(std::move(f));
 }
 
@@ -175,7 +203,7 @@ void add_window_flags(FlagParser& parser, WindowFlags* flags) {
 std::vector<std::string> given_shape_flags(const FlagParser& parser) {
   std::vector<std::string> given;
   for (const char* name : {"batch", "heads", "heads-kv", "seqlen", "seqlen-q", "seqlen-k", "head-dim", "causal",
-                           "window-left", "window-right"}) {
+                           "window-left", "window-right", "cu-seqlens", "cu-seqlens-k", "keys-within-queries"}) {
     if (parser.given(name)) given.push_back(std::string("--") + name);
   }
   return given;

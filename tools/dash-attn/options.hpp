@@ -20,6 +20,10 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;  // the command ran and found a problem (or could not write a file)
 inline constexpr int kExitUsage = 2;
 
+// Bounds of the shape flags that keep every tile count and index of the schedule model inside int.
+inline constexpr int64_t kMaxBatchOrHeads = 1 << 16;
+inline constexpr int64_t kMaxSeqlen = 1 << 24;
+
 // A bad command line; `usage` is the usage text of the command it was meant for.
 class UsageError : public std::runtime_error {
  public:
@@ -45,6 +49,11 @@ class FlagParser {
   void add_string(const std::string& name, const std::string& value_name, const std::string& help,
                   std::string* target, const std::string& default_text = {});
   void add_switch(const std::string& name, const std::string& help, bool* target);
+  // A comma-separated list of integers, each in [min_value, max_value] (spaces around an entry are ignored); an
+  // empty list or entry is refused.
+  void add_int_list(const std::string& name, const std::string& value_name, const std::string& help,
+                    std::vector<int64_t>* target, int64_t min_value, int64_t max_value,
+                    const std::string& default_text);
 
   // Parses `args` (the words after the subcommand). Returns false when --help was given: the usage
   // text is then printed on stdout and nothing else should happen.
@@ -101,8 +110,8 @@ struct WindowFlags {
 };
 void add_window_flags(FlagParser& parser, WindowFlags* flags);
 
-// The shape flags given on the command line other than --sms, e.g. {"--batch", "--causal"}, the window flags
-// included: a preset replaces the shape and refuses them.
+// The shape flags given on the command line other than --sms, e.g. {"--batch", "--causal"}, the window and varlen
+// flags (varlen.hpp) included: a preset replaces the shape and refuses them.
 std::vector<std::string> given_shape_flags(const FlagParser& parser);
 // Checks the flags together (heads divisible by heads-kv) and builds the shape, with softmax scale
 // 1/sqrt(head_dim) and bf16 as dtype (the planner and emulator do not depend on it).

@@ -1,0 +1,58 @@
+// The varlen flags of dash-attn plan and emulate: a batch of sequences of different lengths, given as FlashAttention
+// gives it (cu_seqlens), checked against the shape flags, and planned as planner/varlen_plan.hpp plans it. The
+// kernels run no varlen batch yet, so check, bench and prove do not take these flags.
+//
+//   --cu-seqlens 0,100,100,3100   b + 1 query offsets of b sequences (here 100, 0 and 3000 queries): FlashAttention's
+//                                 cu_seqlens_q. Offsets start at 0 and never decrease; sequence i has
+//                                 offsets[i + 1] - offsets[i] tokens. The keys are the queries (self-attention)
+//                                 unless --cu-seqlens-k gives theirs.
+//   --cu-seqlens-k 0,90,90,2590   b + 1 key/value offsets (cu_seqlens_k), as many as --cu-seqlens.
+//   --keys-within-queries         promises seqlen_k <= seqlen_q in every sequence of every batch the plan will run,
+//                                 which shift and symmetric shift need; implied without --cu-seqlens-k (the keys are
+//                                 the queries), checked against the lengths given with it.
+// The batch is the number of sequences (--batch is refused). The plan is made from the maxima: the longest
+// sequence's lengths, or --seqlen-q / --seqlen-k (--seqlen for both) where given, which every sequence must then be
+// within, as FlashAttention's max_seqlen_q / max_seqlen_k. --preset sets a dense shape and refuses these flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "options.hpp"
+#include "planner/varlen_plan.hpp"
+
+namespace dash::cli {
+
+struct VarlenFlags {
+  std::vector<int64_t> cu_seqlens_q;
+  std::vector<int64_t> cu_seqlens_k;
+  bool keys_within_queries = false;
+};
+
+void add_varlen_flags(FlagParser& parser, VarlenFlags* flags);
+
+struct VarlenBatch {
+  std::vector<SequenceLengths> lengths;  // one per sequence; empty for a dense batch (no --cu-seqlens)
+  bool keys_within_queries = false;      // the promise the plan is made with (plan_varlen_schedule)
+  bool varlen() const { return !lengths.empty(); }
+};
+
+// The batch the varlen flags give (a dense one without --cu-seqlens), checked with the shape flags (file comment).
+// For a varlen batch it sets shape->batch to the number of sequences and shape->seqlen_q, seqlen_k to the maxima,
+// so that make_shape then builds the maximum shape.
+VarlenBatch make_varlen_batch(const VarlenFlags& flags, ShapeFlags* shape, const FlagParser& parser);
+
+// plan_varlen_schedule for the batch; a refusal that --keys-within-queries would lift says so.
+VarlenPlanResult plan_varlen(const TiledProblem& max_problem, const VarlenBatch& batch, Schedule schedule, int sms);
+
+// "3 sequences, 3100 query and 2590 key tokens; every seqlen_k <= seqlen_q promised"
+std::string describe_varlen(const VarlenBatch& batch);
+// "100/90, 0/0, 3000/2500": seqlen_q/seqlen_k of each sequence.
+std::string describe_lengths(const VarlenBatch& batch);
+// {"sequences": b, "keys_within_queries": ..., "seqlen_q": [...], "seqlen_k": [...]}, then the `extra` members
+// (already encoded).
+std::string varlen_json(const VarlenBatch& batch, const std::vector<std::pair<std::string, std::string>>& extra = {});
+
+}  // namespace dash::cli
