@@ -4,6 +4,10 @@
 // It plans only shapes the library accepts, and refuses costs whose model results are not finite. --sm-margin
 // plans for --sms less that many SMs, as the library does with FA3's sm_margin. A sliding window
 // (--window-left/--window-right), which the library does not take yet, goes to the planner directly.
+// A varlen batch (--cu-seqlens, varlen.hpp), which the library does not take yet either, is planned from the maxima
+// and proven for every length vector the plan admits (planner/varlen_plan.hpp); the same table then reports each
+// schedule fitted to the lengths given (validated, simulated), with each sequence's fitted job count. Exit code 1
+// when a schedule named with --schedule is refused for the batch, or a proven plan fails on the lengths given.
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -17,11 +21,15 @@
 #include "json.hpp"
 #include "options.hpp"
 #include "planner/compare.hpp"
+#include "planner/dag.hpp"
 #include "planner/expanded_schedule.hpp"
 #include "planner/gantt_svg.hpp"
 #include "planner/schedule_plan.hpp"
 #include "planner/simulator.hpp"
+#include "planner/validator.hpp"
+#include "planner/varlen_plan.hpp"
 #include "schedule/schedule.hpp"
+#include "varlen.hpp"
 
 namespace dash::cli {
 namespace {
@@ -50,6 +58,7 @@ constexpr double kMaxJitter = 0.5;
 struct PlanFlags {
   ShapeFlags shape;
   WindowFlags window;
+  VarlenFlags varlen;
   int64_t sm_margin = 0;
   CostModel costs;
   std::string schedule;
@@ -58,11 +67,23 @@ struct PlanFlags {
   bool json = false;
 };
 
+// What a varlen batch adds to a point, per schedule in the order of comparison.schedules.
+struct VarlenSchedule {
+  bool proven = false;                 // planned and proven for every length vector the plan admits
+  std::vector<int> jobs_per_sequence;  // the jobs fitted to each sequence; empty when not proven
+};
+
+struct VarlenPoint {
+  VarlenBatch batch;
+  std::vector<VarlenSchedule> schedules;
+};
+
 struct Point {
-  AttentionShape shape;
-  int sms;  // the SMs planned for: --sms less --sm-margin
+  AttentionShape shape;  // of a varlen batch: the maximum shape (batch = sequences)
+  int sms;               // the SMs planned for: --sms less --sm-margin
   TiledProblem problem;
   Comparison comparison;
+  std::optional<VarlenPoint> varlen;
 };
 
 // Costs near the top of the double range overflow the model's sums: the makespans become inf and the
@@ -86,9 +107,99 @@ void check_finite_results(const Point& point, const CostModel& costs, const Flag
 Point evaluate(const AttentionShape& shape, SlidingWindow window, int sms, const CostModel& costs,
                const FlagParser& parser) {
   check_library_accepts(shape, parser);
-  Point point{shape, sms, make_tiled_problem(shape, window), {}};
+  Point point{shape, sms, make_tiled_problem(shape, window), {}, std::nullopt};
   check_problem_size(point.problem, parser);
   point.comparison = compare_schedules(point.problem, sms, costs);
+  check_finite_results(point, costs, parser);
+  return point;
+}
+
+// The makespan and bubbles (the mean of kJitterSamples draws with jitter), critical path and lemma violations of
+// a valid expanded schedule, as compare.hpp's evaluate_schedule reports them for a dense plan.
+void simulate_into(ScheduleReport* report, const ExpandedSchedule& expanded, const CostModel& costs) {
+  const int samples = costs.jitter > 0.0 ? kJitterSamples : 1;
+  for (int i = 0; i < samples; ++i) {
+    CostModel draw = costs;
+    draw.seed = costs.seed + static_cast<uint64_t>(i);
+    const SimulationResult sim = simulate(expanded, draw);
+    report->makespan += sim.makespan / samples;
+    report->bubble_fraction += sim.bubble_fraction / samples;
+  }
+  const CostModel instant{costs.compute, costs.reduce};
+  const std::vector<std::vector<int>> cta_jobs = expanded.plan.dispatch == Dispatch::kStatic
+                                                     ? static_cta_jobs(expanded)
+                                                     : simulate(expanded, instant).cta_jobs;
+  const DagAnalysis dag = analyze_dag(expanded, cta_jobs, instant);
+  report->critical_path = dag.critical_path;
+  report->lemma_violations = dag.lemma_violations;
+}
+
+// One schedule on a varlen batch: planned from the maxima, proven for every admitted length vector, then fitted to
+// the batch's lengths, validated and simulated.
+std::pair<ScheduleReport, VarlenSchedule> evaluate_varlen_schedule(const TiledProblem& max_problem,
+                                                                   const VarlenBatch& batch, Schedule schedule,
+                                                                   int sms, const CostModel& costs) {
+  ScheduleReport report;
+  report.schedule = schedule;
+  VarlenSchedule fitted;
+  const VarlenPlanResult planned = plan_varlen(max_problem, batch, schedule, sms);
+  if (!planned.ok()) {
+    report.reason = planned.rejected;
+    return {report, fitted};
+  }
+  if (const PlanProof proof = prove_varlen_plan(planned.plan); !proof.ok()) {
+    report.reason = proof.summary;
+    return {report, fitted};
+  }
+  fitted.proven = true;
+  const ExpandedSchedule expanded = expand_varlen_schedule(planned.plan, batch.lengths);
+  fitted.jobs_per_sequence.assign(batch.lengths.size(), 0);
+  for (const ExpandedJob& job : expanded.jobs) ++fitted.jobs_per_sequence[max_problem.kv_coord(job.job.head).batch];
+  const ValidationReport validation = validate_varlen_schedule(expanded, batch.lengths);
+  report.deadlock_free = validation.deadlock_free;
+  if (!validation.ok()) {
+    report.reason = "proven, yet on these lengths: " + validation.summary();
+    return {report, fitted};
+  }
+  report.valid = true;
+  simulate_into(&report, expanded, costs);
+  return {report, fitted};
+}
+
+// compare_schedules for a varlen batch: every schedule fitted to the lengths, the recommendation by the same rule,
+// and what auto runs on the batch (auto's choice for the maximum problem, or ascending where that is refused).
+Point evaluate_varlen(const AttentionShape& max_shape, const VarlenBatch& batch, SlidingWindow window, int sms,
+                      const CostModel& costs, const FlagParser& parser) {
+  check_library_accepts(max_shape, parser);
+  Point point{max_shape, sms, make_tiled_problem(max_shape, window), {}, VarlenPoint{batch, {}}};
+  check_problem_size(point.problem, parser);
+  Comparison& c = point.comparison;
+  c.problem = point.problem;
+  c.num_sms = sms;
+  c.costs = costs;
+  const AutoChoice choice = choose_auto(point.problem, sms);
+  c.auto_choice = plan_varlen(point.problem, batch, Schedule::kAuto, sms).plan.plan.kind;
+  c.auto_reason = choice.reason;
+  if (c.auto_choice != choice.schedule) {
+    c.auto_reason += "; but this varlen batch refuses " + std::string(schedule_name(choice.schedule)) + ", so " +
+                     std::string(schedule_name(c.auto_choice)) + ": " +
+                     plan_varlen(point.problem, batch, choice.schedule, sms).rejected;
+  }
+  for (Schedule schedule : kAllSchedules) {
+    if (schedule == Schedule::kAuto) continue;
+    auto [report, fitted] = evaluate_varlen_schedule(point.problem, batch, schedule, sms, costs);
+    c.schedules.push_back(std::move(report));
+    point.varlen->schedules.push_back(std::move(fitted));
+  }
+  // Ties go to the schedule auto runs, as in compare_schedules.
+  const ScheduleReport* best = nullptr;
+  for (const ScheduleReport& r : c.schedules) {
+    if (!r.valid || !is_deterministic(r.schedule)) continue;
+    if (!best || r.makespan < best->makespan || (r.makespan == best->makespan && r.schedule == c.auto_choice)) {
+      best = &r;
+    }
+  }
+  if (best) c.recommended = best->schedule;
   check_finite_results(point, costs, parser);
   return point;
 }
@@ -164,18 +275,25 @@ std::string point_json(const Point& point, const CostModel& costs, std::optional
                        const std::string& svg, int64_t sm_margin) {
   const Comparison& c = point.comparison;
   std::vector<std::string> schedules;
-  for (const ScheduleReport& r : c.schedules) {
+  for (size_t i = 0; i < c.schedules.size(); ++i) {
+    const ScheduleReport& r = c.schedules[i];
     if (!shown(r, point, only)) continue;
-    schedules.push_back(JsonObject()
-                            .add("name", json_string(schedule_name(r.schedule)))
-                            .add("valid", json_bool(r.valid))
-                            .add("reason", json_string(r.reason))
-                            .add("deadlock_free", json_bool(r.deadlock_free))
-                            .add("critical_path", json_number(r.critical_path))
-                            .add("makespan", json_number(r.makespan))
-                            .add("bubble_fraction", json_number(r.bubble_fraction))
-                            .add("lemma_violations", json_number(r.lemma_violations))
-                            .str());
+    JsonObject entry;
+    entry.add("name", json_string(schedule_name(r.schedule)))
+        .add("valid", json_bool(r.valid))
+        .add("reason", json_string(r.reason))
+        .add("deadlock_free", json_bool(r.deadlock_free))
+        .add("critical_path", json_number(r.critical_path))
+        .add("makespan", json_number(r.makespan))
+        .add("bubble_fraction", json_number(r.bubble_fraction))
+        .add("lemma_violations", json_number(r.lemma_violations));
+    if (point.varlen) {
+      const VarlenSchedule& fitted = point.varlen->schedules[i];
+      std::vector<std::string> jobs;
+      for (int n : fitted.jobs_per_sequence) jobs.push_back(json_number(n));
+      entry.add("proven_for_every_length", json_bool(fitted.proven)).add("jobs_per_sequence", json_array(jobs));
+    }
+    schedules.push_back(entry.str());
   }
   const std::string cost_json = JsonObject()
                                     .add("compute", json_number(costs.compute))
@@ -191,15 +309,50 @@ std::string point_json(const Point& point, const CostModel& costs, std::optional
       .add("problem", problem_json(point.shape, point.problem, point.sms,
                                    {{"sm_margin", json_number(sm_margin)}, {"costs", cost_json}}))
       .add("schedules", json_array(schedules));
+  if (point.varlen) o.add("varlen", varlen_json(point.varlen->batch));
   if (!svg.empty()) o.add("svg", json_string(svg));
   return o.str();
+}
+
+// The schedule whose fitted jobs the sequence table shows: --schedule's, or the recommended one.
+Schedule table_schedule(const Point& point, std::optional<Schedule> only) {
+  if (!only) return point.comparison.recommended;
+  return *only == Schedule::kAuto ? point.comparison.auto_choice : *only;
+}
+
+// One line per sequence: its lengths, tiles and the jobs `schedule` fits to it ("-" where it was not proven).
+void print_sequences(const Point& point, Schedule schedule) {
+  constexpr int kIndexWidth = 10;
+  constexpr int kColumnWidth = 13;
+  const VarlenPoint& varlen = *point.varlen;
+  std::vector<int> jobs;
+  for (size_t i = 0; i < varlen.schedules.size(); ++i) {
+    if (point.comparison.schedules[i].schedule == schedule) jobs = varlen.schedules[i].jobs_per_sequence;
+  }
+  std::cout << "\nsequences: " << varlen.batch.lengths.size() << ", the jobs fitted to each by "
+            << schedule_name(schedule) << "\n"
+            << std::left << std::setw(kIndexWidth) << "sequence" << std::right << std::setw(kColumnWidth)
+            << "seqlen_q" << std::setw(kColumnWidth) << "seqlen_k" << std::setw(kColumnWidth) << "query-tiles"
+            << std::setw(kColumnWidth) << "kv-tiles" << std::setw(kColumnWidth) << "jobs" << "\n";
+  for (size_t b = 0; b < varlen.batch.lengths.size(); ++b) {
+    const SequenceLengths lengths = varlen.batch.lengths[b];
+    const TiledProblem sequence = sequence_problem(point.problem, lengths);
+    std::cout << std::left << std::setw(kIndexWidth) << b << std::right << std::setw(kColumnWidth)
+              << lengths.seqlen_q << std::setw(kColumnWidth) << lengths.seqlen_k << std::setw(kColumnWidth)
+              << sequence.real_q_tiles() << std::setw(kColumnWidth) << sequence.num_kv_tiles()
+              << std::setw(kColumnWidth) << (jobs.empty() ? "-" : std::to_string(jobs[b])) << "\n";
+  }
 }
 
 void print_point(const Point& point, const CostModel& costs, std::optional<Schedule> only, int64_t sm_margin) {
   std::cout << "problem: " << describe_shape(point.shape) << "; " << point.sms << " SMs";
   if (sm_margin > 0) std::cout << " (" << point.sms + sm_margin << " less --sm-margin " << sm_margin << ")";
-  std::cout << "\n"
-            << "tiles:   " << describe_tiles(point.problem) << "\n"
+  std::cout << "\n";
+  if (point.varlen) {
+    std::cout << "varlen:  " << describe_varlen(point.varlen->batch)
+              << "; planned from the maxima above\n";
+  }
+  std::cout << "tiles:   " << describe_tiles(point.problem) << "\n"
             << "costs:   compute " << format_number(costs.compute) << ", reduce " << format_number(costs.reduce)
             << ", signal latency " << format_number(costs.signal_latency) << ", job overhead "
             << format_number(costs.job_overhead) << ", jitter " << format_number(costs.jitter) << "\n\n"
@@ -207,6 +360,7 @@ void print_point(const Point& point, const CostModel& costs, std::optional<Sched
   for (const ScheduleReport& r : point.comparison.schedules) {
     if (shown(r, point, only)) std::cout << row(r, point.comparison) << "\n";
   }
+  if (point.varlen) print_sequences(point, table_schedule(point, only));
   std::cout << "\nrecommended: " << schedule_name(point.comparison.recommended)
             << " (smallest simulated makespan among the valid deterministic schedules)\n"
             << "auto picks:  " << schedule_name(point.comparison.auto_choice) << " (" << point.comparison.auto_reason
@@ -236,24 +390,45 @@ void print_grid(const std::vector<Point>& points, const CostModel& costs, std::o
   }
 }
 
-// Simulates `schedule` with a timeline and writes its Gantt chart; returns an error or "".
+// Simulates `schedule` (of a varlen batch: fitted to its lengths) with a timeline and writes its Gantt chart;
+// returns an error or "".
 std::string write_svg(const Point& point, Schedule schedule, const CostModel& costs, const std::string& path) {
   for (const ScheduleReport& r : point.comparison.schedules) {
     if (r.schedule == schedule && !r.valid) {
       return "cannot draw " + std::string(schedule_name(schedule)) + ": " + r.reason;
     }
   }
-  const ExpandedSchedule expanded = expand_schedule(make_schedule_plan(point.problem, schedule, point.sms).plan);
+  const ExpandedSchedule expanded =
+      point.varlen ? expand_varlen_schedule(plan_varlen(point.problem, point.varlen->batch, schedule, point.sms).plan,
+                                            point.varlen->batch.lengths)
+                   : expand_schedule(make_schedule_plan(point.problem, schedule, point.sms).plan);
   const SimulationResult sim = simulate(expanded, costs, /*record_timeline=*/true);
   std::ofstream out(path);
   if (!out) return "cannot open '" + path + "' for writing";
   GanttOptions options;
   options.title = std::string(schedule_name(schedule)) + ": " + describe_shape(point.shape) + "; " +
                   std::to_string(point.sms) + " SMs";
+  if (point.varlen) options.title += "; varlen: " + describe_varlen(point.varlen->batch);
   write_gantt_svg(expanded, sim, options, out);
   out.close();
   if (!out) return "could not write '" + path + "'";
   return {};
+}
+
+// A varlen batch fails where --schedule named a schedule that it refuses, and where a plan proven for every admitted
+// length vector fails on the lengths given (a flaw of the proof or of the fitting). Says which on stderr.
+int varlen_exit_code(const Point& point, std::optional<Schedule> only) {
+  int code = kExitOk;
+  const Comparison& c = point.comparison;
+  for (size_t i = 0; i < c.schedules.size(); ++i) {
+    const ScheduleReport& r = c.schedules[i];
+    const bool contradicted = point.varlen->schedules[i].proven && !r.valid;
+    const bool refused_by_name = only && shown(r, point, only) && !r.valid;
+    if (!contradicted && !refused_by_name) continue;
+    std::cerr << "dash-attn plan: " << schedule_name(r.schedule) << " on this varlen batch: " << r.reason << "\n";
+    code = kExitFailure;
+  }
+  return code;
 }
 
 }  // namespace
@@ -265,6 +440,7 @@ int cmd_plan(const std::vector<std::string>& args) {
                     "tile visit, dQ reductions in each schedule's fixed order) and recommends one. No GPU needed.");
   add_shape_flags(parser, &f.shape);
   add_window_flags(parser, &f.window);
+  add_varlen_flags(parser, &f.varlen);
   parser.add_double("compute-cost", "c, one tile visit's compute (> 0)", &f.costs.compute, 0.0);
   parser.add_double("reduce-cost", "r, one dQ tile's serialized reduction", &f.costs.reduce, 0.0);
   parser.add_double("signal-latency", "delay before another SM sees a released semaphore", &f.costs.signal_latency,
@@ -300,6 +476,7 @@ int cmd_plan(const std::vector<std::string>& args) {
     only = s;
   }
   std::vector<AttentionShape> shapes;
+  VarlenBatch varlen;
   int sms = static_cast<int>(f.shape.sms);
   if (parser.given("preset")) {
     if (const std::vector<std::string> given = given_shape_flags(parser); !given.empty()) {
@@ -320,6 +497,7 @@ int cmd_plan(const std::vector<std::string>& args) {
       parser.fail("unknown preset '" + f.preset + "' (valid: paper-example, paper-grid)");
     }
   } else {
+    varlen = make_varlen_batch(f.varlen, &f.shape, parser);
     shapes.push_back(make_shape(f.shape, parser));
   }
 
@@ -330,7 +508,8 @@ int cmd_plan(const std::vector<std::string>& args) {
   sms -= static_cast<int>(f.sm_margin);
   std::vector<Point> points;
   for (const AttentionShape& shape : shapes) {
-    points.push_back(evaluate(shape, f.window.window(), sms, f.costs, parser));
+    points.push_back(varlen.varlen() ? evaluate_varlen(shape, varlen, f.window.window(), sms, f.costs, parser)
+                                     : evaluate(shape, f.window.window(), sms, f.costs, parser));
   }
 
   if (f.preset == "paper-grid") {
@@ -360,7 +539,7 @@ int cmd_plan(const std::vector<std::string>& args) {
     print_point(point, f.costs, only, f.sm_margin);
     if (drawn) std::cout << "\nGantt chart of " << schedule_name(*drawn) << " written to " << f.svg << "\n";
   }
-  return kExitOk;
+  return point.varlen ? varlen_exit_code(point, only) : kExitOk;
 }
 
 }  // namespace dash::cli
