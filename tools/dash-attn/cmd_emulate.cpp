@@ -1,8 +1,10 @@
 // dash-attn emulate: runs backward schedules on CPU threads (one per persistent CTA) with random
 // delays before every dQ reduction, several times each, and reports whether dQ, dK and dV kept the
 // same bits and how far they are from the float64 reference, also under a sliding window
-// (--window-left/--window-right, emulated without the library, which takes no window yet). Exit code 1 when
-// a deterministic schedule changed bits, deadlocked or missed the tolerance.
+// (--window-left/--window-right, emulated without the library, which takes no window yet) and on varlen batches
+// (--cu-seqlens, varlen.hpp: each schedule planned from the maxima, its jobs fitted to each sequence as the kernels
+// will fit them). Exit code 1 when a deterministic schedule changed bits, deadlocked or missed the tolerance, or
+// when a schedule asked for by name does not apply.
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
@@ -16,6 +18,7 @@
 #include "options.hpp"
 #include "planner/schedule_plan.hpp"
 #include "schedule/schedule.hpp"
+#include "varlen.hpp"
 
 namespace dash::cli {
 namespace {
@@ -40,6 +43,7 @@ struct EmulateFlags {
   // Small enough to run every schedule in a few seconds, large enough for 4 partials per dQ tile.
   ShapeFlags shape{.batch = 1, .heads = 2, .seqlen = 512, .head_dim = 32, .sms = 4};
   WindowFlags window;
+  VarlenFlags varlen;
   int64_t block_q = 0;
   int64_t block_kv = 0;
   int64_t group_splits = 0;
@@ -66,17 +70,25 @@ int count_distinct(const std::vector<uint64_t>& hashes) {
   return static_cast<int>(std::unique(sorted.begin(), sorted.end()) - sorted.begin());
 }
 
-Outcome run_schedule(const EmulatorInputs& inputs, const TiledProblem& problem, Schedule schedule, int sms,
-                     const EmulatorOptions& options, double tolerance) {
+// Plans `schedule` for `problem` (of a varlen batch: for its maxima, see plan_varlen) and emulates it on `inputs`.
+Outcome run_schedule(const EmulatorInputs& inputs, const TiledProblem& problem, const VarlenBatch& batch,
+                     Schedule schedule, int sms, const EmulatorOptions& options, double tolerance) {
   Outcome o{schedule, {}, {}, 0.0, 0, false};
-  const PlanResult planned = make_schedule_plan(problem, schedule, sms);
-  if (!planned.ok()) {
+  const auto timed = [&o](const auto& emulate_plan) {
+    const auto start = std::chrono::steady_clock::now();
+    o.result = emulate_plan();
+    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  if (batch.varlen()) {
+    const VarlenPlanResult planned = plan_varlen(problem, batch, schedule, sms);
     o.rejected = planned.rejected;
-    return o;
+    if (planned.ok()) timed([&] { return emulate_varlen(inputs, planned.plan, options); });
+  } else {
+    const PlanResult planned = make_schedule_plan(problem, schedule, sms);
+    o.rejected = planned.rejected;
+    if (planned.ok()) timed([&] { return emulate(inputs, planned.plan, options); });
   }
-  const auto start = std::chrono::steady_clock::now();
-  o.result = emulate(inputs, planned.plan, options);
-  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!o.rejected.empty()) return o;
   o.distinct = count_distinct(o.result.run_hashes);
   const bool ordered = is_deterministic(schedule);
   o.ok = o.result.completed && o.result.max_rel_error() <= tolerance && (o.result.bitwise_identical || !ordered);
@@ -138,9 +150,11 @@ int cmd_emulate(const std::vector<std::string>& args) {
   FlagParser parser("emulate",
                     "Runs backward schedules on CPU threads, one per persistent CTA, with float32 tile arithmetic,\n"
                     "dQ semaphores and a random delay before every dQ reduction; repeats each run and compares the\n"
-                    "bits of dQ, dK and dV, and their error against a float64 reference. No GPU needed.");
+                    "bits of dQ, dK and dV, and their error against a float64 reference. No GPU needed.\n"
+                    "A varlen batch (--cu-seqlens) is planned from its maxima and fitted to each sequence.");
   add_shape_flags(parser, &f.shape);
   add_window_flags(parser, &f.window);
+  add_varlen_flags(parser, &f.varlen);
   parser.add_int("block-q", "query tile rows", &f.block_q, 1, kMaxBlock, "the GPU kernel's for --head-dim");
   parser.add_int("block-kv", "key/value tile rows", &f.block_kv, 1, kMaxBlock, "the GPU kernel's for --head-dim");
   parser.add_int("group-splits", "parts each GQA query-head group is split into", &f.group_splits, 1,
@@ -155,6 +169,7 @@ int cmd_emulate(const std::vector<std::string>& args) {
   parser.add_switch("json", "print exactly one JSON object instead of a table", &f.json);
   if (!parser.parse(args)) return kExitOk;
 
+  const VarlenBatch varlen = make_varlen_batch(f.varlen, &f.shape, parser);
   const AttentionShape shape = make_shape(f.shape, parser);
   const int sms = static_cast<int>(f.shape.sms);
   const TileShape kernel_tiles = backward_tile_shape(static_cast<int>(shape.head_dim));
@@ -173,7 +188,10 @@ int cmd_emulate(const std::vector<std::string>& args) {
     Schedule s{};
     const Status status = parse_schedule(f.schedule, &s);
     if (!status.ok()) parser.fail(status.message());
-    schedules.push_back(s == Schedule::kAuto ? choose_schedule(problem, sms) : s);
+    if (s == Schedule::kAuto) {
+      s = varlen.varlen() ? plan_varlen(problem, varlen, s, sms).plan.plan.kind : choose_schedule(problem, sms);
+    }
+    schedules.push_back(s);
   } else {
     for (Schedule s : kAllSchedules) {
       if (s != Schedule::kAuto) schedules.push_back(s);
@@ -184,11 +202,13 @@ int cmd_emulate(const std::vector<std::string>& args) {
   options.runs = static_cast<int>(f.runs);
   options.max_delay_us = static_cast<int>(f.max_delay_us);
   options.seed = static_cast<uint64_t>(f.seed);
-  const EmulatorInputs inputs = make_emulator_inputs(shape, options.seed, f.window.window());
+  const EmulatorInputs inputs =
+      varlen.varlen() ? make_varlen_emulator_inputs(shape, varlen.lengths, options.seed, f.window.window())
+                      : make_emulator_inputs(shape, options.seed, f.window.window());
   std::vector<Outcome> outcomes;
   bool all_ok = true;
   for (Schedule s : schedules) {
-    const Outcome& o = outcomes.emplace_back(run_schedule(inputs, problem, s, sms, options, f.tolerance));
+    const Outcome& o = outcomes.emplace_back(run_schedule(inputs, problem, varlen, s, sms, options, f.tolerance));
     // A schedule that does not apply to the shape is a failure only when it was asked for by name.
     const bool skipped = !o.rejected.empty() && !parser.given("schedule");
     all_ok = all_ok && (o.ok || skipped);
@@ -199,8 +219,9 @@ int cmd_emulate(const std::vector<std::string>& args) {
     for (const Outcome& o : outcomes) entries.push_back(outcome_json(o, f.tolerance));
     JsonObject j;
     if (outcomes.size() == 1) j.add("bitwise_identical", json_bool(outcomes.front().result.bitwise_identical));
-    j.add("problem", problem_json(shape, problem, sms))
-        .add("runs", json_number(options.runs))
+    j.add("problem", problem_json(shape, problem, sms));
+    if (varlen.varlen()) j.add("varlen", varlen_json(varlen));
+    j.add("runs", json_number(options.runs))
         .add("max_delay_us", json_number(options.max_delay_us))
         .add("seed", json_number(f.seed))
         .add("tolerance", json_number(f.tolerance))
@@ -208,8 +229,12 @@ int cmd_emulate(const std::vector<std::string>& args) {
         .add("schedules", json_array(entries));
     std::cout << j.str() << "\n";
   } else {
-    std::cout << "problem:   " << describe_shape(shape) << "; " << sms << " SMs\n"
-              << "tiles:     " << describe_tiles(problem) << "\n"
+    std::cout << "problem:   " << describe_shape(shape) << "; " << sms << " SMs\n";
+    if (varlen.varlen()) {
+      std::cout << "varlen:    " << describe_varlen(varlen) << "; planned from the maxima above\n"
+                << "lengths:   " << describe_lengths(varlen) << " (seqlen_q/seqlen_k of each sequence)\n";
+    }
+    std::cout << "tiles:     " << describe_tiles(problem) << "\n"
               << "emulation: " << options.runs << " runs per schedule, random delay 0.." << options.max_delay_us
               << " us before each dQ reduction, seed " << f.seed << "\n"
               << "errors:    max |x - ref| / max |ref| per gradient, against the float64 reference\n\n"
