@@ -1,6 +1,7 @@
 // Tests of the dash-attn command line: runs the built binary with popen and checks exit codes, usage
 // messages (including shapes the library refuses and cost models that overflow), the --json output (read
-// back with a minimal JSON parser, as no JSON library is available) and the Gantt SVG.
+// back with a minimal JSON parser, as no JSON library is available), the Gantt SVG, and varlen batches
+// (--cu-seqlens) in plan and emulate.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -429,6 +430,249 @@ TEST(Cli, EmulateWithASlidingWindow) {
   EXPECT_TRUE(symmetric["valid"].boolean);
   EXPECT_TRUE(symmetric["bitwise_identical"].boolean);
   EXPECT_TRUE(symmetric["within_tolerance"].boolean);
+}
+
+// --- varlen batches (--cu-seqlens): plan and emulate only, the kernels run none yet ------------------------------
+
+TEST(Cli, VarlenFlagsAreOfferedByPlanAndEmulateOnly) {
+  for (const char* command : {"plan", "emulate"}) {
+    SCOPED_TRACE(command);
+    const Output help = run(std::string(command) + " --help");
+    ASSERT_EQ(help.status, 0);
+    for (const char* flag : {"--cu-seqlens OFFSETS", "--cu-seqlens-k OFFSETS", "--keys-within-queries"}) {
+      EXPECT_NE(help.text.find(flag), std::string::npos) << flag;
+    }
+  }
+  for (const char* command : {"check", "bench", "prove"}) {
+    SCOPED_TRACE(command);
+    EXPECT_TRUE(refused_with(std::string(command) + " --cu-seqlens 0,100", "unknown flag '--cu-seqlens'"));
+  }
+}
+
+// Self-attention (no --cu-seqlens-k): the keys are the queries, so the plan promises seqlen_k <= seqlen_q and every
+// schedule of the mask is planned from the maxima, proven, and fitted to the lengths: one job per key/value tile of
+// each of a sequence's 16 heads (128-row key/value tiles at head dim 64), none for the empty sequence.
+TEST(Cli, PlanVarlenSelfAttention) {
+  const Output out = run("plan --cu-seqlens 0,100,100,3100 --causal --head-dim 64 --json");
+  ASSERT_EQ(out.status, 0) << out.text;
+  const Json report = parse_json(out.text);
+  const Json& problem = report["problem"];
+  EXPECT_EQ(problem["batch"].number, 3);
+  EXPECT_EQ(problem["seqlen_q"].number, 3000);
+  EXPECT_EQ(problem["seqlen_k"].number, 3000);
+  const Json& varlen = report["varlen"];
+  EXPECT_EQ(varlen["sequences"].number, 3);
+  EXPECT_TRUE(varlen["keys_within_queries"].boolean);
+  ASSERT_EQ(varlen["seqlen_q"].array.size(), 3u);
+  EXPECT_EQ(varlen["seqlen_q"].array[0].number, 100);
+  EXPECT_EQ(varlen["seqlen_q"].array[1].number, 0);
+  EXPECT_EQ(varlen["seqlen_k"].array[2].number, 3000);
+  EXPECT_EQ(report["auto"].string, "shortest-first");
+  for (const char* name : {"ascending", "descending", "shortest-first", "symmetric-shift", "nondeterministic"}) {
+    SCOPED_TRACE(name);
+    const Json& s = find_schedule(report, name);
+    EXPECT_TRUE(s["valid"].boolean) << s["reason"].string;
+    EXPECT_TRUE(s["proven_for_every_length"].boolean);
+    EXPECT_TRUE(s["deadlock_free"].boolean);
+    EXPECT_GT(s["makespan"].number, 0);
+    const Json& jobs = s["jobs_per_sequence"];
+    ASSERT_EQ(jobs.array.size(), 3u);
+    EXPECT_EQ(jobs.array[0].number, 16 * 1);
+    EXPECT_EQ(jobs.array[1].number, 0);
+    EXPECT_EQ(jobs.array[2].number, 16 * 24);
+  }
+  const Json& shift = find_schedule(report, "shift");
+  EXPECT_FALSE(shift["valid"].boolean);
+  EXPECT_TRUE(shift["jobs_per_sequence"].array.empty());
+
+  const Output table = run("plan --cu-seqlens 0,100,100,3100 --causal --head-dim 64");
+  ASSERT_EQ(table.status, 0) << table.text;
+  EXPECT_NE(table.text.find("varlen:  3 sequences, 3100 query and 3100 key tokens; every seqlen_k <= seqlen_q"),
+            std::string::npos)
+      << table.text;
+  EXPECT_NE(table.text.find("sequences: 3, the jobs fitted to each by shortest-first"), std::string::npos)
+      << table.text;
+  EXPECT_NE(table.text.find("\n2                  3000         3000           24           24          384\n"),
+            std::string::npos)
+      << table.text;
+}
+
+// Keys of their own (--cu-seqlens-k) make no promise: the dynamic schedules take keys longer than queries, shift
+// is refused with the planner's reason and a hint, and auto falls back from shift to ascending.
+TEST(Cli, PlanVarlenWithKeysOfTheirOwn) {
+  const Output out = run("plan --cu-seqlens 0,100,100,3100 --cu-seqlens-k 0,300,310,2810 --json");
+  ASSERT_EQ(out.status, 0) << out.text;
+  const Json report = parse_json(out.text);
+  EXPECT_EQ(report["problem"]["seqlen_q"].number, 3000);
+  EXPECT_EQ(report["problem"]["seqlen_k"].number, 2500);
+  EXPECT_FALSE(report["varlen"]["keys_within_queries"].boolean);
+  EXPECT_EQ(report["varlen"]["seqlen_k"].array[0].number, 300);
+  const Json& shift = find_schedule(report, "shift");
+  EXPECT_FALSE(shift["valid"].boolean);
+  EXPECT_FALSE(shift["proven_for_every_length"].boolean);
+  EXPECT_NE(shift["reason"].string.find("keys_within_queries"), std::string::npos) << shift["reason"].string;
+  EXPECT_NE(shift["reason"].string.find("(--keys-within-queries makes the promise)"), std::string::npos);
+  EXPECT_EQ(report["auto"].string, "ascending");
+  EXPECT_NE(report["auto_reason"].string.find("but this varlen batch refuses shift, so ascending"),
+            std::string::npos)
+      << report["auto_reason"].string;
+  // 128-row key/value tiles (head dim 128): 3, 1 and 20 per head of 16 heads.
+  const Json& jobs = find_schedule(report, "ascending")["jobs_per_sequence"];
+  EXPECT_EQ(jobs.array.at(0).number, 16 * 3);
+  EXPECT_EQ(jobs.array.at(1).number, 16 * 1);
+  EXPECT_EQ(jobs.array.at(2).number, 16 * 20);
+}
+
+// A schedule asked for by name that the batch refuses: the report, the planner's reason on stderr, exit code 1.
+TEST(Cli, PlanVarlenRefusedScheduleFails) {
+  const std::string args = "plan --cu-seqlens 0,100,3100 --cu-seqlens-k 0,90,2590 --schedule shift";
+  const Output table = run(args);
+  EXPECT_EQ(table.status, 1);
+  EXPECT_NE(table.text.find("shift            no"), std::string::npos) << table.text;
+  const Output err = run(args, /*want_stderr=*/true);
+  EXPECT_NE(err.text.find("dash-attn plan: shift on this varlen batch: shift is proven for varlen batches only where "
+                          "every sequence has seqlen_k <= seqlen_q"),
+            std::string::npos)
+      << err.text;
+  const Output json = run(args + " --json");
+  EXPECT_EQ(json.status, 1);
+  const Json report = parse_json(json.text);
+  ASSERT_EQ(report["schedules"].array.size(), 1u);
+  EXPECT_FALSE(report["schedules"].array[0]["valid"].boolean);
+  // Symmetric shift under a sliding window is refused for every promise.
+  const Output window = run("plan --cu-seqlens 0,1000,3000 --causal --window-left 511 --schedule symmetric-shift");
+  EXPECT_EQ(window.status, 1);
+  EXPECT_NE(window.text.find("symmetric-shift under a sliding window is not proven for varlen batches"),
+            std::string::npos)
+      << window.text;
+}
+
+// --keys-within-queries promises what self-attention gives: shift (full mask) is then planned, proven and fitted.
+TEST(Cli, PlanVarlenWithThePromise) {
+  const Output out =
+      run("plan --cu-seqlens 0,100,3100 --cu-seqlens-k 0,90,2590 --keys-within-queries --schedule shift --json");
+  ASSERT_EQ(out.status, 0) << out.text;
+  const Json report = parse_json(out.text);
+  EXPECT_TRUE(report["varlen"]["keys_within_queries"].boolean);
+  const Json& shift = find_schedule(report, "shift");
+  EXPECT_TRUE(shift["valid"].boolean) << shift["reason"].string;
+  EXPECT_TRUE(shift["proven_for_every_length"].boolean);
+  EXPECT_EQ(shift["jobs_per_sequence"].array.at(1).number, 16 * 20);
+}
+
+// --seqlen-q and --seqlen-k give the maxima the plan is made for (FlashAttention's max_seqlen_q, max_seqlen_k).
+TEST(Cli, PlanVarlenMaximaFromTheSeqlenFlags) {
+  const Output out = run("plan --cu-seqlens 0,100,300 --seqlen-q 512 --seqlen-k 1024 --json");
+  ASSERT_EQ(out.status, 0) << out.text;
+  const Json report = parse_json(out.text);
+  EXPECT_EQ(report["problem"]["seqlen_q"].number, 512);
+  EXPECT_EQ(report["problem"]["seqlen_k"].number, 1024);
+  EXPECT_EQ(report["problem"]["num_kv_tiles"].number, 8);
+  // Every sequence empty: the maxima must be given.
+  const Output empty = run("plan --cu-seqlens 0,0,0 --seqlen 256 --json");
+  ASSERT_EQ(empty.status, 0) << empty.text;
+  EXPECT_EQ(find_schedule(parse_json(empty.text), "shortest-first")["jobs_per_sequence"].array.at(1).number, 0);
+}
+
+TEST(Cli, PlanVarlenWritesGanttSvg) {
+  const std::string path = testing::TempDir() + "dash_attn_test_varlen_gantt.svg";
+  std::remove(path.c_str());
+  const Output out = run("plan --cu-seqlens 0,100,1100 --causal --sms 8 --schedule symmetric-shift --svg " + path);
+  ASSERT_EQ(out.status, 0) << out.text;
+  EXPECT_NE(out.text.find("Gantt chart of symmetric-shift written to " + path), std::string::npos) << out.text;
+  std::ifstream file(path);
+  ASSERT_TRUE(file.good());
+  std::stringstream content;
+  content << file.rdbuf();
+  EXPECT_NE(content.str().find("varlen: 2 sequences, 1100 query and 1100 key tokens"), std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(Cli, VarlenBadCommandLines) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--cu-seqlens 0,100,x", "--cu-seqlens: 'x' (entry 2 of '0,100,x') is not an integer"},
+      {"--cu-seqlens 0,-3", "--cu-seqlens: -3 (entry 1 of '0,-3') is outside [0, 2147483647]"},
+      {"--cu-seqlens 0,3000000000", "--cu-seqlens: 3000000000 (entry 1 of '0,3000000000') is outside"},
+      {"--cu-seqlens=", "--cu-seqlens: the list is empty"},
+      {"--cu-seqlens 0,,5", "--cu-seqlens: entry 1 of '0,,5' is empty"},
+      {"--cu-seqlens 0", "--cu-seqlens: 1 offset; a batch of b sequences needs b + 1"},
+      {"--cu-seqlens 5,100", "--cu-seqlens: the first offset is 5; offsets start at 0"},
+      {"--cu-seqlens 0,100,50", "--cu-seqlens: entry 2 (50) is below entry 1 (100): offsets never decrease"},
+      {"--cu-seqlens 0,100 --cu-seqlens-k 0,50,40", "--cu-seqlens-k: entry 2 (40) is below entry 1 (50)"},
+      {"--cu-seqlens 0,100 --cu-seqlens-k 0,10,20", "--cu-seqlens-k has 3 offsets and --cu-seqlens 2"},
+      {"--cu-seqlens 0,0,0", "--cu-seqlens: every sequence has 0 queries; give the maximum the plan is for with "
+                             "--seqlen-q"},
+      {"--cu-seqlens 0,100 --cu-seqlens-k 0,0", "--cu-seqlens-k: every sequence has 0 keys"},
+      {"--cu-seqlens 0,100,5000 --seqlen-q 2048",
+       "--cu-seqlens: sequence 1 has 4900 queries, more than --seqlen-q 2048, the maximum the plan is made for: "
+       "every sequence must be within it"},
+      {"--cu-seqlens 0,100,5000 --seqlen 2048", "sequence 1 has 4900 queries, more than --seqlen 2048"},
+      {"--cu-seqlens 0,100,5000 --seqlen-k 2048", "--cu-seqlens: sequence 1 has 4900 keys, more than --seqlen-k 2048"},
+      {"--cu-seqlens 0,10 --cu-seqlens-k 0,3000 --seqlen-k 2048", "--cu-seqlens-k: sequence 0 has 3000 keys"},
+      {"--cu-seqlens 0,20000000", "sequence 0 has 20000000 queries, more than 16777216, the most --seqlen-q takes"},
+      {"--cu-seqlens 0,100,200 --cu-seqlens-k 0,50,200 --keys-within-queries",
+       "--keys-within-queries promises seqlen_k <= seqlen_q in every sequence, but sequence 1 has 150 keys "
+       "(--cu-seqlens-k) and 100 queries (--cu-seqlens)"},
+      {"--cu-seqlens 0,100 --batch 1", "--batch does not combine with --cu-seqlens"},
+      {"--cu-seqlens-k 0,100", "--cu-seqlens-k describes a varlen batch: it needs --cu-seqlens"},
+      {"--keys-within-queries", "--keys-within-queries describes a varlen batch: it needs --cu-seqlens"},
+  };
+  for (const char* command : {"plan", "emulate"}) {
+    for (const auto& [args, message] : cases) {
+      SCOPED_TRACE(std::string(command) + " " + args);
+      EXPECT_TRUE(refused_with(std::string(command) + " " + args, message));
+    }
+  }
+  EXPECT_TRUE(
+      refused_with("plan --preset paper-example --cu-seqlens 0,100", "--preset sets the shape; drop --cu-seqlens"));
+  EXPECT_TRUE(refused_with("plan --cu-seqlens 0,2000000", "the library refuses this shape: shape.seqlen_q must be <="));
+}
+
+TEST(Cli, EmulateVarlen) {
+  const std::string shape = "emulate --heads 2 --head-dim 16 --block-q 16 --block-kv 32 --sms 5 ";
+  const Output out = run(shape + "--cu-seqlens 0,100,100,260,261 --causal --json");
+  ASSERT_EQ(out.status, 0) << out.text;
+  const Json report = parse_json(out.text);
+  EXPECT_TRUE(report["ok"].boolean);
+  EXPECT_EQ(report["problem"]["batch"].number, 4);
+  EXPECT_EQ(report["problem"]["seqlen_q"].number, 160);
+  EXPECT_EQ(report["varlen"]["sequences"].number, 4);
+  EXPECT_EQ(report["varlen"]["seqlen_q"].array.at(3).number, 1);
+  for (const char* name : {"ascending", "descending", "shortest-first", "symmetric-shift"}) {
+    SCOPED_TRACE(name);
+    const Json& s = find_schedule(report, name);
+    EXPECT_TRUE(s["valid"].boolean) << s["reason"].string;
+    EXPECT_TRUE(s["bitwise_identical"].boolean);
+    EXPECT_TRUE(s["within_tolerance"].boolean);
+  }
+  const Output table = run(shape + "--cu-seqlens 0,100,100,260,261 --causal --schedule symmetric-shift");
+  ASSERT_EQ(table.status, 0) << table.text;
+  EXPECT_NE(table.text.find("lengths:   100/100, 0/0, 160/160, 1/1 (seqlen_q/seqlen_k of each sequence)"),
+            std::string::npos)
+      << table.text;
+  // Keys longer than queries under a sliding window: the dynamic schedules take them.
+  const Output keys = run(shape + "--cu-seqlens 0,20,20,180 --cu-seqlens-k 0,150,183,184 --causal --window-left 40 "
+                                  "--schedule auto --json");
+  ASSERT_EQ(keys.status, 0) << keys.text;
+  const Json k = parse_json(keys.text);
+  EXPECT_FALSE(k["varlen"]["keys_within_queries"].boolean);
+  EXPECT_EQ(k["problem"]["seqlen_k"].number, 150);
+  EXPECT_TRUE(k["bitwise_identical"].boolean);
+  EXPECT_TRUE(k["schedules"].array.at(0)["within_tolerance"].boolean);
+}
+
+// As plan: a schedule asked for by name that the batch refuses fails with the planner's reason.
+TEST(Cli, EmulateVarlenRefusedScheduleFails) {
+  const std::string args = "emulate --cu-seqlens 0,100,300 --cu-seqlens-k 0,90,250 --schedule shift";
+  const Output out = run(args);
+  EXPECT_EQ(out.status, 1);
+  EXPECT_NE(out.text.find("not applicable: shift is proven for varlen batches only where every sequence has "
+                          "seqlen_k <= seqlen_q"),
+            std::string::npos)
+      << out.text;
+  const Output promised = run(args + " --keys-within-queries --json");
+  ASSERT_EQ(promised.status, 0) << promised.text;
+  EXPECT_TRUE(parse_json(promised.text)["bitwise_identical"].boolean);
 }
 
 TEST(Cli, PlanWritesGanttSvg) {
