@@ -72,14 +72,13 @@ int64_t maximum_length(const std::vector<int>& lengths, const std::string& list_
 
 void add_varlen_flags(FlagParser& parser, VarlenFlags* flags) {
   parser.add_int_list("cu-seqlens", "OFFSETS",
-                      "a varlen batch: b + 1 query offsets of b sequences, e.g. 0,100,100,3100 for 100, 0 and\n"
-                      "3000 queries (FlashAttention's cu_seqlens_q: from 0, never decreasing); the keys are\n"
-                      "the queries unless --cu-seqlens-k is given. The batch is the sequences; the maxima\n"
-                      "planned for are the longest lengths, or --seqlen-q/--seqlen-k, which bound them",
-                      &flags->cu_seqlens_q, 0, kMaxOffset, "none: a dense batch");
-  parser.add_int_list("cu-seqlens-k", "OFFSETS",
-                      "the key/value offsets of the --cu-seqlens batch (cu_seqlens_k), as many", &flags->cu_seqlens_k,
-                      0, kMaxOffset, "--cu-seqlens");
+                      "a varlen batch: b + 1 query offsets of b sequences, e.g. 0,100,100,3100 for 100,\n"
+                      "0 and 3000 queries (FlashAttention's cu_seqlens_q: from 0, never decreasing); keys\n"
+                      "as queries unless --cu-seqlens-k. The batch is the sequences; the maxima planned\n"
+                      "for: the longest lengths, or --seqlen-q/--seqlen-k, which must bound them",
+                      &flags->cu_seqlens_q, 0, kMaxOffset, "dense");
+  parser.add_int_list("cu-seqlens-k", "OFFSETS", "key/value offsets (cu_seqlens_k), as many as --cu-seqlens",
+                      &flags->cu_seqlens_k, 0, kMaxOffset, "--cu-seqlens");
   parser.add_switch("keys-within-queries",
                     "promise seqlen_k <= seqlen_q in every sequence of every batch the plan will run, which\n"
                     "shift and symmetric-shift need (implied without --cu-seqlens-k)",
