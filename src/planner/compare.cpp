@@ -1,3 +1,5 @@
+// Planner layer: evaluates each schedule of one shape in the DAG model (validity, simulated makespan and
+// bubbles, critical path) and recommends one (compare.hpp).
 #include "planner/compare.hpp"
 
 #include <vector>
@@ -26,25 +28,40 @@ ScheduleReport evaluate_schedule(const TiledProblem& problem, Schedule schedule,
     return report;
   }
   report.valid = true;
+  simulate_into(&report, expanded, costs);
+  return report;
+}
+
+void simulate_into(ScheduleReport* report, const ExpandedSchedule& expanded, const CostModel& costs) {
   // With jitter one draw is one possible run: the makespan is the mean over kJitterSamples seeds.
   const int samples = costs.jitter > 0.0 ? kJitterSamples : 1;
   for (int i = 0; i < samples; ++i) {
     CostModel draw = costs;
     draw.seed = costs.seed + static_cast<uint64_t>(i);
     const SimulationResult sim = simulate(expanded, draw);
-    report.makespan += sim.makespan / samples;
-    report.bubble_fraction += sim.bubble_fraction / samples;
+    report->makespan += sim.makespan / samples;
+    report->bubble_fraction += sim.bubble_fraction / samples;
   }
   // The validator's DAG uses its own unit costs; the critical path must use the caller's c and r (and,
   // under dynamic dispatch, the CTA assignment those costs produce), without latency, overhead or jitter.
   const CostModel instant{costs.compute, costs.reduce};
-  const std::vector<std::vector<int>> cta_jobs = planned.plan.dispatch == Dispatch::kStatic
+  const std::vector<std::vector<int>> cta_jobs = expanded.plan.dispatch == Dispatch::kStatic
                                                      ? static_cta_jobs(expanded)
                                                      : simulate(expanded, instant).cta_jobs;
   const DagAnalysis dag = analyze_dag(expanded, cta_jobs, instant);
-  report.critical_path = dag.critical_path;
-  report.lemma_violations = dag.lemma_violations;
-  return report;
+  report->critical_path = dag.critical_path;
+  report->lemma_violations = dag.lemma_violations;
+}
+
+Schedule recommended_schedule(const std::vector<ScheduleReport>& reports, Schedule auto_choice, Schedule fallback) {
+  const ScheduleReport* best = nullptr;
+  for (const ScheduleReport& r : reports) {
+    if (!r.valid || !is_deterministic(r.schedule)) continue;
+    const bool better =
+        !best || r.makespan < best->makespan || (r.makespan == best->makespan && r.schedule == auto_choice);
+    if (better) best = &r;
+  }
+  return best ? best->schedule : fallback;
 }
 
 Comparison compare_schedules(const TiledProblem& problem, int num_sms, const CostModel& costs) {
@@ -55,19 +72,11 @@ Comparison compare_schedules(const TiledProblem& problem, int num_sms, const Cos
   const AutoChoice choice = choose_auto(problem, num_sms);
   out.auto_choice = choice.schedule;
   out.auto_reason = choice.reason;
-  const ScheduleReport* best = nullptr;
   for (Schedule schedule : kAllSchedules) {
     if (schedule == Schedule::kAuto) continue;
     out.schedules.push_back(evaluate_schedule(problem, schedule, num_sms, costs));
   }
-  // Ties go to the schedule auto runs, so that plan and the GPU default agree whenever they can.
-  for (const ScheduleReport& r : out.schedules) {
-    if (!r.valid || !is_deterministic(r.schedule)) continue;
-    const bool better = !best || r.makespan < best->makespan ||
-                        (r.makespan == best->makespan && r.schedule == out.auto_choice);
-    if (better) best = &r;
-  }
-  if (best) out.recommended = best->schedule;
+  out.recommended = recommended_schedule(out.schedules, out.auto_choice, out.recommended);
   return out;
 }
 

@@ -36,4 +36,13 @@ struct Comparison {
 ScheduleReport evaluate_schedule(const TiledProblem& problem, Schedule schedule, int num_sms, const CostModel& costs);
 Comparison compare_schedules(const TiledProblem& problem, int num_sms, const CostModel& costs);
 
+// The makespan and bubbles (the mean of kJitterSamples draws with jitter), critical path and lemma violations of
+// a valid expanded schedule, into `report`: evaluate_schedule's measurements, also for schedules planned
+// otherwise (varlen batches fitted to their lengths).
+void simulate_into(ScheduleReport* report, const ExpandedSchedule& expanded, const CostModel& costs);
+
+// The deterministic valid schedule with the smallest makespan; ties go to the schedule auto runs, so that plan
+// and the GPU default agree whenever they can. `fallback` when no deterministic schedule is valid.
+Schedule recommended_schedule(const std::vector<ScheduleReport>& reports, Schedule auto_choice, Schedule fallback);
+
 }  // namespace dash

@@ -114,26 +114,6 @@ Point evaluate(const AttentionShape& shape, SlidingWindow window, int sms, const
   return point;
 }
 
-// The makespan and bubbles (the mean of kJitterSamples draws with jitter), critical path and lemma violations of
-// a valid expanded schedule, as compare.hpp's evaluate_schedule reports them for a dense plan.
-void simulate_into(ScheduleReport* report, const ExpandedSchedule& expanded, const CostModel& costs) {
-  const int samples = costs.jitter > 0.0 ? kJitterSamples : 1;
-  for (int i = 0; i < samples; ++i) {
-    CostModel draw = costs;
-    draw.seed = costs.seed + static_cast<uint64_t>(i);
-    const SimulationResult sim = simulate(expanded, draw);
-    report->makespan += sim.makespan / samples;
-    report->bubble_fraction += sim.bubble_fraction / samples;
-  }
-  const CostModel instant{costs.compute, costs.reduce};
-  const std::vector<std::vector<int>> cta_jobs = expanded.plan.dispatch == Dispatch::kStatic
-                                                     ? static_cta_jobs(expanded)
-                                                     : simulate(expanded, instant).cta_jobs;
-  const DagAnalysis dag = analyze_dag(expanded, cta_jobs, instant);
-  report->critical_path = dag.critical_path;
-  report->lemma_violations = dag.lemma_violations;
-}
-
 // One schedule on a varlen batch: planned from the maxima, proven for every admitted length vector, then fitted to
 // the batch's lengths, validated and simulated.
 std::pair<ScheduleReport, VarlenSchedule> evaluate_varlen_schedule(const TiledProblem& max_problem,
@@ -191,15 +171,7 @@ Point evaluate_varlen(const AttentionShape& max_shape, const VarlenBatch& batch,
     c.schedules.push_back(std::move(report));
     point.varlen->schedules.push_back(std::move(fitted));
   }
-  // Ties go to the schedule auto runs, as in compare_schedules.
-  const ScheduleReport* best = nullptr;
-  for (const ScheduleReport& r : c.schedules) {
-    if (!r.valid || !is_deterministic(r.schedule)) continue;
-    if (!best || r.makespan < best->makespan || (r.makespan == best->makespan && r.schedule == c.auto_choice)) {
-      best = &r;
-    }
-  }
-  if (best) c.recommended = best->schedule;
+  c.recommended = recommended_schedule(c.schedules, c.auto_choice, c.recommended);
   check_finite_results(point, costs, parser);
   return point;
 }
