@@ -2,6 +2,7 @@
 // the schedule functions define them. The validator, simulator, DAG model and emulator all consume it.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "schedule/plan.hpp"
@@ -32,6 +33,23 @@ struct ExpandedSchedule {
 };
 
 ExpandedSchedule expand_schedule(const SchedulePlan& plan);
+
+// The tiles head `head` covers: the plan's problem for a dense batch, its sequence's for a varlen batch
+// (schedule/varlen.hpp), whose heads are the maximum problem's.
+using HeadProblem = std::function<TiledProblem(int head)>;
+
+// Job `sub` of unit `unit` (valid == false when the unit has none), and the plan whose q_tile_at and rank_of give
+// its visits: make_job and the plan itself for a dense batch; for a varlen batch make_varlen_job and the plan
+// fitted to the unit's sequence.
+struct UnitJob {
+  Job job;
+  SchedulePlan visits;
+};
+using UnitJobs = std::function<UnitJob(int unit, int sub)>;
+
+// The expansion both kinds of batch share: the plan's units, with their jobs from `unit_jobs` and each dQ tile's
+// contributions from its head's problem.
+ExpandedSchedule expand_schedule(const SchedulePlan& plan, const HeadProblem& head_problem, const UnitJobs& unit_jobs);
 
 // The jobs each CTA runs, in order, when the dispatch is static (empty lists for dynamic dispatch,
 // whose assignment depends on timing: see SimulationResult::cta_jobs).

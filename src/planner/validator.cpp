@@ -8,7 +8,10 @@
 namespace dash {
 namespace {
 
-std::string check_coverage(const ExpandedSchedule& s) {
+// Every job of head h covers one key/value tile of head_problem(h) and exactly the query tiles its mask sees, each
+// once, and every such tile has its job. Head numbers and tile bounds are the plan's problem's (the maximum one for
+// a varlen batch).
+std::string check_coverage(const ExpandedSchedule& s, const HeadProblem& head_problem) {
   const TiledProblem& p = s.plan.problem;
   const int n = p.num_kv_tiles();
   const int m = p.num_q_tiles();
@@ -18,10 +21,12 @@ std::string check_coverage(const ExpandedSchedule& s) {
     const Job& job = s.jobs[j].job;
     const std::string name = "job (head " + std::to_string(job.head) + ", kv tile " + std::to_string(job.kv_tile) + ")";
     if (job.head < 0 || job.head >= p.num_heads() || job.kv_tile < 0 || job.kv_tile >= n) return name + " is out of range";
+    const TiledProblem h = head_problem(job.head);
+    if (job.kv_tile >= h.num_kv_tiles()) return name + " lies past its head's key/value tiles";
     char& seen = job_seen[static_cast<size_t>(job.head) * n + job.kv_tile];
     if (seen) return name + " is scheduled twice";
     seen = 1;
-    if (job.q_begin != p.q_begin(job.kv_tile) || job.q_end != p.q_end(job.kv_tile) ||
+    if (job.q_begin != h.q_begin(job.kv_tile) || job.q_end != h.q_end(job.kv_tile) ||
         job.num_steps != job.q_end - job.q_begin) {
       return name + " does not cover the query tiles its mask sees";
     }
@@ -34,9 +39,12 @@ std::string check_coverage(const ExpandedSchedule& s) {
       visit_stamp[v] = j;
     }
   }
-  for (size_t i = 0; i < job_seen.size(); ++i) {
-    if (!job_seen[i]) {
-      return "job (head " + std::to_string(i / n) + ", kv tile " + std::to_string(i % n) + ") is never scheduled";
+  for (int head = 0; head < p.num_heads(); ++head) {
+    const int head_tiles = head_problem(head).num_kv_tiles();
+    for (int k = 0; k < head_tiles; ++k) {
+      if (!job_seen[static_cast<size_t>(head) * n + k]) {
+        return "job (head " + std::to_string(head) + ", kv tile " + std::to_string(k) + ") is never scheduled";
+      }
     }
   }
   return {};
@@ -88,23 +96,8 @@ std::string check_waits_point_backward(const ExpandedSchedule& s) {
   return {};
 }
 
-}  // namespace
-
-std::string ValidationReport::summary() const {
-  if (!coverage_error.empty()) return "coverage: " + coverage_error;
-  if (!rank_error.empty()) return "ranks: " + rank_error;
-  if (!deadlock_free) return "deadlock: " + deadlock_error;
-  return "valid";
-}
-
-ValidationReport validate_schedule(const ExpandedSchedule& s) {
-  const std::string coverage_error = check_coverage(s);
-  if (coverage_error.empty()) return validate_orders(s);
-  ValidationReport report;
-  report.coverage_error = coverage_error;
-  return report;
-}
-
+// The checks after coverage: ranks, deadlock freedom, the lemma. They read only the steps, contributions,
+// dispatch and CTA count.
 ValidationReport validate_orders(const ExpandedSchedule& s) {
   ValidationReport report;
   report.ordered = sums_in_order(s.plan);
@@ -127,6 +120,27 @@ ValidationReport validate_orders(const ExpandedSchedule& s) {
     return report;
   }
   report.deadlock_free = true;
+  return report;
+}
+
+}  // namespace
+
+std::string ValidationReport::summary() const {
+  if (!coverage_error.empty()) return "coverage: " + coverage_error;
+  if (!rank_error.empty()) return "ranks: " + rank_error;
+  if (!deadlock_free) return "deadlock: " + deadlock_error;
+  return "valid";
+}
+
+ValidationReport validate_schedule(const ExpandedSchedule& s) {
+  return validate_schedule(s, [&](int) { return s.plan.problem; });
+}
+
+ValidationReport validate_schedule(const ExpandedSchedule& s, const HeadProblem& head_problem) {
+  const std::string coverage_error = check_coverage(s, head_problem);
+  if (coverage_error.empty()) return validate_orders(s);
+  ValidationReport report;
+  report.coverage_error = coverage_error;
   return report;
 }
 

@@ -65,9 +65,8 @@ struct ValidationReport {
 
 ValidationReport validate_schedule(const ExpandedSchedule& schedule);
 
-// The checks after coverage (ranks, deadlock freedom, the lemma), for a caller that checked coverage itself
-// against a problem other than schedule.plan.problem: a varlen batch, whose sequences each have their own
-// (planner/varlen_plan.hpp). They read only the steps, contributions, dispatch and CTA count.
-ValidationReport validate_orders(const ExpandedSchedule& schedule);
+// validate_schedule where each head covers a problem of its own (a varlen batch's sequence: HeadProblem in
+// expanded_schedule.hpp): its jobs must cover that problem's key/value tiles and query ranges.
+ValidationReport validate_schedule(const ExpandedSchedule& schedule, const HeadProblem& head_problem);
 
 }  // namespace dash

@@ -48,6 +48,13 @@ std::string varlen_refusal(const VarlenPlan& varlen) {
 
 std::string sequence_name(size_t b) { return "sequence " + std::to_string(b); }
 
+// Head h of the maximum problem covers its sequence's problem.
+HeadProblem sequence_of_head(const TiledProblem& max_problem, const std::vector<SequenceLengths>& lengths) {
+  return [&max_problem, &lengths](int head) {
+    return sequence_problem(max_problem, lengths[max_problem.kv_coord(head).batch]);
+  };
+}
+
 }  // namespace
 
 VarlenPlanResult plan_varlen_schedule(const TiledProblem& max_problem, bool keys_within_queries, Schedule schedule,
@@ -122,76 +129,14 @@ std::string check_varlen_lengths(const VarlenPlan& plan, const std::vector<Seque
 
 ExpandedSchedule expand_varlen_schedule(const VarlenPlan& varlen, const std::vector<SequenceLengths>& lengths) {
   const SchedulePlan& plan = varlen.plan;
-  const TiledProblem& p = plan.problem;
-  ExpandedSchedule out;
-  out.plan = plan;
-  out.num_dq_tiles = p.batch * p.heads_q() * p.real_q_tiles();
-  out.contributions.assign(static_cast<size_t>(out.num_dq_tiles), 0);
-  for (int head = 0; head < p.num_heads(); ++head) {
-    const TiledProblem seq = sequence_problem(p, lengths[p.kv_coord(head).batch]);
-    for (int v = 0; v < seq.num_q_tiles(); ++v) out.contributions[p.dq_tile_index(head, v)] = seq.num_contributors(v);
-  }
-  out.unit_first_job.reserve(static_cast<size_t>(plan.num_units) + 1);
-  for (int unit = 0; unit < plan.num_units; ++unit) {
-    out.unit_first_job.push_back(static_cast<int>(out.jobs.size()));
+  return expand_schedule(plan, sequence_of_head(plan.problem, lengths), [&](int unit, int sub) {
     const SequenceLengths len = lengths[varlen_sequence_of_unit(plan, unit)];
-    const SchedulePlan fitted = sequence_plan(plan, len);
-    for (int sub = 0; sub < plan.jobs_per_unit; ++sub) {
-      const Job job = make_varlen_job(plan, unit, sub, len);
-      if (!job.valid) continue;
-      out.jobs.push_back({job, unit, static_cast<int>(out.steps.size())});
-      for (int step = 0; step < job.num_steps; ++step) {
-        const int v = q_tile_at(fitted, job, step);
-        out.steps.push_back({v, p.dq_tile_index(job.head, v), rank_of(fitted, job, v)});
-      }
-    }
-  }
-  out.unit_first_job.push_back(static_cast<int>(out.jobs.size()));
-  return out;
+    return UnitJob{make_varlen_job(plan, unit, sub, len), sequence_plan(plan, len)};
+  });
 }
 
 ValidationReport validate_varlen_schedule(const ExpandedSchedule& s, const std::vector<SequenceLengths>& lengths) {
-  const TiledProblem& p = s.plan.problem;
-  const int n_max = p.num_kv_tiles();
-  std::vector<char> job_seen(static_cast<size_t>(p.num_heads()) * n_max, 0);
-  std::vector<int> visit_stamp(static_cast<size_t>(p.num_q_tiles()), -1);
-  ValidationReport report;
-  std::string& error = report.coverage_error;
-  for (int j = 0; j < static_cast<int>(s.jobs.size()) && error.empty(); ++j) {
-    const Job& job = s.jobs[j].job;
-    const std::string name = "job (head " + std::to_string(job.head) + ", kv tile " + std::to_string(job.kv_tile) + ")";
-    if (job.head < 0 || job.head >= p.num_heads()) {
-      error = name + " is out of range";
-      break;
-    }
-    const TiledProblem seq = sequence_problem(p, lengths[p.kv_coord(job.head).batch]);
-    if (job.kv_tile < 0 || job.kv_tile >= seq.num_kv_tiles()) {
-      error = name + " lies past its sequence's key/value tiles";
-    } else if (job_seen[static_cast<size_t>(job.head) * n_max + job.kv_tile]++) {
-      error = name + " is scheduled twice";
-    } else if (job.q_begin != seq.q_begin(job.kv_tile) || job.q_end != seq.q_end(job.kv_tile) ||
-               job.num_steps != job.q_end - job.q_begin) {
-      error = name + " does not cover the query tiles its sequence's mask sees";
-    }
-    for (int k = s.jobs[j].first_step; k < s.job_end_step(j) && error.empty(); ++k) {
-      const int v = s.steps[k].q_tile;
-      if (v < job.q_begin || v >= job.q_end) {
-        error = name + " visits query tile " + std::to_string(v) + " outside its range";
-      } else if (visit_stamp[v] == j) {
-        error = name + " visits query tile " + std::to_string(v) + " twice";
-      }
-      if (error.empty()) visit_stamp[v] = j;
-    }
-  }
-  for (int head = 0; head < p.num_heads() && error.empty(); ++head) {
-    const int n = sequence_problem(p, lengths[p.kv_coord(head).batch]).num_kv_tiles();
-    for (int k = 0; k < n && error.empty(); ++k) {
-      if (!job_seen[static_cast<size_t>(head) * n_max + k]) {
-        error = "job (head " + std::to_string(head) + ", kv tile " + std::to_string(k) + ") is never scheduled";
-      }
-    }
-  }
-  return error.empty() ? validate_orders(s) : report;
+  return validate_schedule(s, sequence_of_head(s.plan.problem, lengths));
 }
 
 }  // namespace dash

@@ -91,7 +91,7 @@ std::string check_varlen_lengths(const VarlenPlan& plan, const std::vector<Seque
 ExpandedSchedule expand_varlen_schedule(const VarlenPlan& plan, const std::vector<SequenceLengths>& lengths);
 
 // validate_schedule for an expanded varlen schedule: coverage against each sequence's problem (every key/value
-// tile of every head once, each job on its band, each visit once), then validate_orders.
+// tile of every head once, each job on its band, each visit once), then validate_schedule's order checks.
 ValidationReport validate_varlen_schedule(const ExpandedSchedule& schedule, const std::vector<SequenceLengths>& lengths);
 
 }  // namespace dash
