@@ -10,18 +10,12 @@
 #include <vector>
 
 #include "emulator/emulator.hpp"
+#include "emulator_test_constants.hpp"
 #include "planner/schedule_plan.hpp"
 
 namespace dash {
 namespace {
 
-// Float32 tiles over inputs in [-1, 1] with at most a few hundred keys per row: the worst
-// normwise error seen is about 1e-6; ten times that leaves room for other shapes, and still fails
-// loudly on any real mistake (a missing or doubled contribution is an O(1) error).
-constexpr double kFloat32Tolerance = 1e-5;
-constexpr int kHeadDim = 16;
-// Small tiles give many tiles on shapes the CPU runs in milliseconds.
-constexpr TileShape kSmallTiles{16, 32};
 constexpr int kRuns = 5;
 constexpr int kDelayUs = 20;
 

@@ -12,16 +12,13 @@
 #include <vector>
 
 #include "emulator/emulator.hpp"
+#include "emulator_test_constants.hpp"
 #include "planner/schedule_plan.hpp"
 #include "planner/varlen_plan.hpp"
 
 namespace dash {
 namespace {
 
-// As in test_emulator.cpp: float32 tiles over inputs in [-1, 1] with at most a few hundred keys per row.
-constexpr double kFloat32Tolerance = 1e-5;
-constexpr int kHeadDim = 16;
-constexpr TileShape kSmallTiles{16, 32};
 constexpr int kRuns = 4;
 constexpr int kMaxLen = 160;
 
