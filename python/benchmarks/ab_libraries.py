@@ -7,7 +7,7 @@ library after A, per shape the ratio to A of forward TFLOPS and of backward TFLO
 the rounds, their geometric means over the shapes, and A's round-to-round ratio (the noise floor of the
 comparison). Several changes share one call this way, each judged against the same baseline. Needs a Hopper GPU.
 
-usage: python3 ab_libraries.py A.so B.so [C.so ...] [--rounds 2] [--schedules auto] [--out DIR]
+usage: python3 ab_libraries.py A.so B.so [C.so ...] [--rounds 2] [--schedules auto] [--forward-only] [--out DIR]
        e.g. A = the commit before the change, B = after; all built on the CPU machine and carried.
 """
 
@@ -24,9 +24,10 @@ from pathlib import Path
 COMPARE = Path(__file__).resolve().parent / "compare.py"
 
 
-def run_compare(library: Path, schedules: str, out_csv: Path) -> None:
+def run_compare(library: Path, schedules: str, out_csv: Path, forward_only: bool) -> None:
     env = {**os.environ, "DASH_ATTN_LIBRARY": str(library)}
     command = [sys.executable, str(COMPARE), "--impls", "dash", "--schedules", schedules, "--csv", str(out_csv)]
+    command += ["--forward-only"] if forward_only else []
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("changes", type=Path, nargs="+", help="libraries B, C, ... (the changes)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--schedules", default="auto", help="dash_attn schedules, as compare.py takes them")
+    parser.add_argument("--forward-only", action="store_true", help="time the forward alone (compare.py's flag)")
     parser.add_argument("--out", type=Path, default=Path("ab_out"), help="where the per-run CSVs go")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +60,7 @@ def main() -> None:
     for round_index in range(1, args.rounds + 1):
         for name, library in libraries.items():
             out_csv = args.out / f"{name}_{round_index}.csv"
-            run_compare(library.resolve(), args.schedules, out_csv)
+            run_compare(library.resolve(), args.schedules, out_csv, args.forward_only)
             runs[name].append(load(out_csv))
     for name in list(libraries)[1:]:
         print(f"\n{name.upper()} = {libraries[name]} against A = {args.a}\n")

@@ -131,14 +131,16 @@ def make_inputs(shape: Shape) -> tuple[torch.Tensor, ...]:
     return q, k, v, torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
 
 
-def measure(shape: Shape, call, inputs, repeats: int, warmup: int) -> tuple[float, float]:
-    """(forward ms, backward ms) of one implementation."""
+def measure(shape: Shape, call, inputs, repeats: int, warmup: int, backward: bool = True) -> tuple[float, float | None]:
+    """(forward ms, backward ms) of one implementation; backward ms is None when `backward` is False."""
     q, k, v, dout = inputs
     n = max(3, min(50, int(TARGET_FLOPS_PER_LOOP / shape.forward_flops())))
     with torch.no_grad():
         for _ in range(warmup):
             call(q, k, v, shape.causal)
         forward_ms = milliseconds_per_call(lambda: call(q, k, v, shape.causal), n, repeats)
+    if not backward:
+        return forward_ms, None
     out = call(q, k, v, shape.causal)
     grad = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
     for _ in range(warmup):
@@ -198,6 +200,8 @@ def main() -> None:
     parser.add_argument("--schedules", default=",".join(DASH_SCHEDULES), help="dash_attn schedules to time")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--forward-only", action="store_true",
+                        help="time the forward alone (a forward kernel's A/B in half the time); no backward columns")
     parser.add_argument("--csv", help="write every row here")
     parser.add_argument("--markdown", help="write the tables here")
     args = parser.parse_args()
@@ -213,13 +217,14 @@ def main() -> None:
                        heads_q=shape.heads_q, heads_kv=shape.heads_kv, head_dim=shape.head_dim, causal=shape.causal,
                        impl=impl, fwd_ms=None, bwd_ms=None, fwd_tflops=None, bwd_tflops=None, error="")
             try:
-                f_ms, b_ms = measure(shape, call, inputs, args.repeats, args.warmup)
+                f_ms, b_ms = measure(shape, call, inputs, args.repeats, args.warmup, backward=not args.forward_only)
                 flops = shape.forward_flops()
-                row.update(fwd_ms=f_ms, bwd_ms=b_ms, fwd_tflops=flops / f_ms / 1e9, bwd_tflops=2.5 * flops / b_ms / 1e9)
+                row.update(fwd_ms=f_ms, bwd_ms=b_ms, fwd_tflops=flops / f_ms / 1e9,
+                           bwd_tflops=2.5 * flops / b_ms / 1e9 if b_ms else None)
             except Exception as e:  # a schedule that does not apply to a shape keeps its row, with the reason
                 row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
             rows.append(row)
-            shown = row["error"] or f"fwd {row['fwd_tflops']:.0f}  bwd {row['bwd_tflops']:.0f}"
+            shown = row["error"] or f"fwd {row['fwd_tflops']:.0f}" + (f"  bwd {row['bwd_tflops']:.0f}" if row["bwd_tflops"] else "")
             print(f"{impl:22s} {shape.name():32s} {shown}", flush=True)
         del inputs
         torch.cuda.empty_cache()
