@@ -523,6 +523,21 @@ TEST(Cli, PlanVarlenWithKeysOfTheirOwn) {
   EXPECT_EQ(jobs.array.at(2).number, 16 * 20);
 }
 
+// A schedule asked for by name that a dense shape refuses: the report, the reason on stderr, exit code 1, as for
+// varlen batches; a schedule the shape accepts still exits 0.
+TEST(Cli, PlanRefusedScheduleFails) {
+  const std::string args = "plan --seqlen 1000 --seqlen-k 2000 --causal --schedule shift";
+  const Output table = run(args);
+  EXPECT_EQ(table.status, 1);
+  EXPECT_NE(table.text.find("shift            no"), std::string::npos) << table.text;
+  const Output err = run(args, /*want_stderr=*/true);
+  EXPECT_NE(err.text.find("dash-attn plan: shift: shift needs the full mask"), std::string::npos) << err.text;
+  const Output json = run(args + " --json");
+  EXPECT_EQ(json.status, 1);
+  EXPECT_FALSE(parse_json(json.text)["schedules"].array.at(0)["valid"].boolean);
+  EXPECT_EQ(run("plan --seqlen 1000 --seqlen-k 2000 --causal --schedule shortest-first").status, 0);
+}
+
 // A schedule asked for by name that the batch refuses: the report, the planner's reason on stderr, exit code 1.
 TEST(Cli, PlanVarlenRefusedScheduleFails) {
   const std::string args = "plan --cu-seqlens 0,100,3100 --cu-seqlens-k 0,90,2590 --schedule shift";

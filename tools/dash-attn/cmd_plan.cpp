@@ -7,7 +7,8 @@
 // A varlen batch (--cu-seqlens, varlen.hpp), which the library does not take yet either, is planned from the maxima
 // and proven for every length vector the plan admits (planner/varlen_plan.hpp); the same table then reports each
 // schedule fitted to the lengths given (validated, simulated), with each sequence's fitted job count. Exit code 1
-// when a schedule named with --schedule is refused for the batch, or a proven plan fails on the lengths given.
+// when a schedule named with --schedule is refused for the shape or batch, or a proven varlen plan fails on the
+// lengths given.
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -387,17 +388,19 @@ std::string write_svg(const Point& point, Schedule schedule, const CostModel& co
   return {};
 }
 
-// A varlen batch fails where --schedule named a schedule that it refuses, and where a plan proven for every admitted
-// length vector fails on the lengths given (a flaw of the proof or of the fitting). Says which on stderr.
-int varlen_exit_code(const Point& point, std::optional<Schedule> only) {
+// The plan fails where --schedule named a schedule that the shape or batch refuses, and, for a varlen batch,
+// where a plan proven for every admitted length vector fails on the lengths given (a flaw of the proof or of the
+// fitting). Says which on stderr.
+int plan_exit_code(const Point& point, std::optional<Schedule> only) {
   int code = kExitOk;
   const Comparison& c = point.comparison;
   for (size_t i = 0; i < c.schedules.size(); ++i) {
     const ScheduleReport& r = c.schedules[i];
-    const bool contradicted = point.varlen->schedules[i].proven && !r.valid;
+    const bool contradicted = point.varlen && point.varlen->schedules[i].proven && !r.valid;
     const bool refused_by_name = only && shown(r, point, only) && !r.valid;
     if (!contradicted && !refused_by_name) continue;
-    std::cerr << "dash-attn plan: " << schedule_name(r.schedule) << " on this varlen batch: " << r.reason << "\n";
+    std::cerr << "dash-attn plan: " << schedule_name(r.schedule) << (point.varlen ? " on this varlen batch: " : ": ")
+              << r.reason << "\n";
     code = kExitFailure;
   }
   return code;
@@ -511,7 +514,7 @@ int cmd_plan(const std::vector<std::string>& args) {
     print_point(point, f.costs, only, f.sm_margin);
     if (drawn) std::cout << "\nGantt chart of " << schedule_name(*drawn) << " written to " << f.svg << "\n";
   }
-  return point.varlen ? varlen_exit_code(point, only) : kExitOk;
+  return plan_exit_code(point, only);
 }
 
 }  // namespace dash::cli
