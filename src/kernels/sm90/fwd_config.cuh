@@ -71,11 +71,13 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   using SmemLayoutVt = decltype(composition(
       SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN, Stages>{}, Stride<BlockN, _1, Int<kBlockN * kHeadDim>>{})));
 
-  // O leaves through a staging tile (store_accumulator_rows_staged) where shared memory allows it, and
-  // otherwise straight from the accumulator fragment (128x176 at d = 128: Q, K and V take 208 KiB). Staging
-  // it in the V ring instead, as FA3 does, made the next tile's first V wait for the epilogue and all MMA
-  // warpgroups meet before it: 3-10% slower at 1024-16384 keys (A/B, 2026-12-02, docs/PERF.md).
-  static constexpr int kStagingElements = kBlockM * kHeadDim;
+  // O leaves through a staging tile and a TMA store where shared memory allows it, and otherwise straight from the
+  // accumulator fragment (128x176 at d = 128: Q, K and V take 208 KiB). Staging it in the V ring instead, as FA3
+  // does, made the next tile's first V wait for the epilogue and all MMA warpgroups meet before it: 3-10% slower
+  // at 1024-16384 keys (A/B, 2026-12-02, docs/PERF.md). Each MMA warpgroup stages its own 64 rows in the 128-byte
+  // swizzled layout that its TMA store reads.
+  using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kMmaWarpGroupRows>, HeadDim, Int<kMmaWarpGroups>>{}));
   struct NoStaging {};
 
   template <bool kStaged>
@@ -83,7 +85,7 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
-    std::conditional_t<kStaged, array_aligned<Element, kStagingElements, 16>, NoStaging> o_staging;
+    std::conditional_t<kStaged, array_aligned<Element, cosize_v<SmemLayoutO>, 1024>, NoStaging> o_staging;
     RecordRing<ForwardTileRecord, kTileSlots> tiles;  // loader -> MMA warpgroups
     PipelineRing<1> q_stages;        // loader -> MMA warpgroups: Q (per query tile)
     // K and V of each key/value tile visited, in rings of their own: K_j is free once S_j is done, while
@@ -100,11 +102,15 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
 
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, SmemLayoutQ{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, take<0, 2>(SmemLayoutKV{})));
+  // One MMA warpgroup's 64 rows of O, from its staging tile; none without staging.
+  using TmaO = std::conditional_t<
+      kStagedO, decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor<Element>{}, take<0, 2>(SmemLayoutO{}))), NoStaging>;
 
   struct Params {
     TmaQ tma_q;
     TmaKV tma_k;
     TmaKV tma_v;
+    TmaO tma_o;
     Element* out;
     int64_t out_strides[3];  // batch, seq, head
     float* lse;

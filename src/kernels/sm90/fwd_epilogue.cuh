@@ -1,5 +1,8 @@
 // Forward epilogue, per MMA thread: O / l to the output in its element type and the LSE, for the query
-// tile's rows before seqlen_q.
+// tile's rows before seqlen_q. Where the configuration stages O (fwd_config.cuh), each MMA warpgroup writes its
+// 64 rows to its staging tile and one of its threads stores them with TMA, asynchronously: the warpgroup goes on
+// to the next tile while the store runs, and that thread waits for the store to have read the staging tile
+// before the tile is written again and before the CTA exits (drain).
 #pragma once
 
 #include <cmath>
@@ -38,12 +41,12 @@ struct ForwardEpilogue {
     }
     const int row0 = tile.q_tile * kBlockM;
     const int valid_rows = p.tiles.mask.seqlen_q - row0;
-    Element* o_tile = p.out + tile.batch * p.out_strides[0] + tile.head * p.out_strides[2] + row0 * p.out_strides[1];
     const auto inverse_sum = [&](int r) { return sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f; };
     if constexpr (Config::kStagedO) {
-      store_accumulator_rows_staged<Config, Element, kBlockM, Config::kHeadDim>(
-          mma_o, thread, out_frag, smem.o_staging.data(), o_tile, p.out_strides[1], valid_rows, inverse_sum);
+      store_staged(p, smem, tile, out_frag, inverse_sum, thread);
     } else {
+      Element* o_tile =
+          p.out + tile.batch * p.out_strides[0] + tile.head * p.out_strides[2] + row0 * p.out_strides[1];
       store_accumulator_rows<Element, kBlockM, Config::kHeadDim>(mma_o, thread, out_frag, o_tile, p.out_strides[1],
                                                                  valid_rows, inverse_sum);
     }
@@ -58,6 +61,58 @@ struct ForwardEpilogue {
       const int row = get<0>(coords(r, 0));
       if (row >= valid_rows || get<1>(coords(r, 0)) != 0) continue;
       lse[row] = sum[r] > 0.0f ? fmaf(row_max[r], p.scale_log2, __log2f(sum[r])) * kLn2 : -INFINITY;
+    }
+  }
+
+  // Waits for this thread's last TMA store of O to have read its staging tile: shared memory must outlive the
+  // reads of every store issued from it.
+  __device__ static void drain(int thread) {
+    if constexpr (Config::kStagedO) {
+      if (issues_store(thread)) tma_store_wait<0>();
+    }
+  }
+
+ private:
+  static constexpr int kWarpGroupThreads = Config::kWarpGroupThreads;
+
+  __device__ static bool issues_store(int thread) { return thread % kWarpGroupThreads == 0; }
+
+  // This warpgroup's 64 rows of O * row_scale(r) to its staging tile, then one TMA store of the tile.
+  template <class Out, class RowScale>
+  __device__ static void store_staged(const Params& p, SharedStorage& smem, const ForwardTileRecord& tile,
+                                      const Out& out_frag, RowScale row_scale, int thread) {
+    using Pair = cutlass::AlignedArray<Element, 2>;
+    typename Config::TiledMmaO mma_o;
+    const int warp_group = uniform_warp_group(thread, kWarpGroupThreads);
+    const int barrier = Config::kStagingBarrierBase + warp_group;
+    Tensor staging = make_tensor(make_smem_ptr(smem.o_staging.data()), typename Config::SmemLayoutO{});
+    Tensor coords_frag = mma_o.get_thread_slice(thread).partition_C(
+        make_identity_tensor(Shape<Int<kBlockM>, Int<Config::kHeadDim>>{}));
+    Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
+    Tensor acc = make_tensor(out_frag.data(), accumulator_rows_by_columns(out_frag.layout()));
+    if (issues_store(thread)) tma_store_wait<0>();  // the previous tile's store has read the staging tile
+    cutlass::arch::NamedBarrier::sync(kWarpGroupThreads, barrier);
+    const int row_base = warp_group * kMmaWarpGroupRows;
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(acc); ++r) {
+      const float scale = row_scale(r);
+      const int row = get<0>(coords(r, 0)) - row_base;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc); c += 2) {
+        // The swizzle moves 16-byte chunks, so a pair of neighbouring columns stays contiguous.
+        Pair pair;
+        pair[0] = static_cast<Element>(acc(r, c) * scale);
+        pair[1] = static_cast<Element>(acc(r, c + 1) * scale);
+        *reinterpret_cast<Pair*>(&staging(row, get<1>(coords(r, c)), warp_group)) = pair;
+      }
+    }
+    cutlass::arch::fence_view_async_shared();  // the writes above, visible to the TMA unit
+    cutlass::arch::NamedBarrier::sync(kWarpGroupThreads, barrier);
+    if (issues_store(thread)) {
+      const auto extent = make_shape(p.tiles.mask.seqlen_q, int{Config::kHeadDim}, p.tiles.heads_q, p.tiles.batch);
+      tma_store_tile(p.tma_o, extent, tile.head, tile.batch, tile.q_tile * Config::kMmaWarpGroups + warp_group,
+                     staging(_, _, warp_group));
+      tma_store_arrive();
     }
   }
 };

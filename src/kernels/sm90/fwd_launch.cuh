@@ -22,6 +22,9 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
   const auto kv_tile_layout = take<0, 2>(typename Config::SmemLayoutKV{});
   p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.k.strides), kv_tile_layout);
   p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.v.strides), kv_tile_layout);
+  if constexpr (Config::kStagedO) {
+    p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_gmem_bshd<Element, kHeadDim>(a.out.data, shape.seqlen_q, shape.heads_q, shape.batch, a.out.strides), take<0, 2>(typename Config::SmemLayoutO{}));
+  }
   p.out = static_cast<Element*>(a.out.data);
   copy_strides(p.out_strides, a.out.strides);
   p.lse = a.lse;

@@ -114,6 +114,7 @@ struct ForwardMainloop {
       if (tile.kv_tiles == 0) smem.q_stages.consumer_release(tiles);
       ForwardEpilogue<Config>::store(p, smem, tile, tOrO, row_max, row_sum, thread);
     }
+    ForwardEpilogue<Config>::drain(thread);
   }
 
  private:

@@ -38,6 +38,18 @@ __device__ void tma_load_tile(const Tma& tma, const Extent& extent, int head, in
   copy(tma.with(full), src_part(_, tile), dst_part);
 }
 
+// One TMA store of the shared-memory tile `src` to sequence tile `tile` of slice (head, batch) of a tensor of
+// extent (seqlen, head_dim, heads, batch); TMA writes none of its rows at or past seqlen. One thread issues it;
+// the caller commits it (tma_store_arrive) and waits for it to have read `src` before writing `src` again.
+template <class Tma, class Extent, class SmemTensor>
+__device__ void tma_store_tile(const Tma& tma, const Extent& extent, int head, int batch, int tile, SmemTensor src) {
+  using namespace cute;
+  auto m = tma.get_tma_tensor(extent);
+  auto g = local_tile(m(_, _, head, batch), product_each(shape(src)), make_coord(_, _0{}));
+  auto [gmem_part, smem_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(src), group_modes<0, 2>(g));
+  copy(tma, smem_part, gmem_part(_, tile));
+}
+
 inline void copy_strides(int64_t (&dst)[3], const Strides& s) {
   dst[0] = s.batch;
   dst[1] = s.seq;
