@@ -168,6 +168,7 @@ int cmd_emulate(const std::vector<std::string>& args) {
   parser.add_double("tolerance", "largest accepted max |x - ref| / max |ref| per gradient", &f.tolerance, 0.0);
   parser.add_switch("json", "print exactly one JSON object instead of a table", &f.json);
   if (!parser.parse(args)) return kExitOk;
+  f.window.resolve(parser);
 
   const VarlenBatch varlen = make_varlen_batch(f.varlen, &f.shape, parser);
   const AttentionShape shape = make_shape(f.shape, parser);

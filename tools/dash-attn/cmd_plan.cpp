@@ -436,6 +436,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   add_sm_margin_flag(parser, &f.sm_margin);
   parser.add_switch("json", "print exactly one JSON object instead of tables", &f.json);
   if (!parser.parse(args)) return kExitOk;
+  f.window.resolve(parser);
 
   if (!(f.costs.compute > 0.0)) parser.fail("--compute-cost must be > 0");
   // Past 0.5 a draw of c (1 - sqrt(3) jitter) can reach zero or below: a visit that takes no time.
