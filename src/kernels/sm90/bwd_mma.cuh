@@ -65,6 +65,9 @@ struct BackwardMma {
 
     // The plan's mask: causal and the canonical sliding window (the planner's make_tiled_problem).
     const MaskShape mask = p.plan.problem.mask();
+    // Whether a window bounds the keys on the left: tested first in each step's mask decision, so that the full
+    // and causal masks' steps do not compute the left end.
+    const bool left_bounded = mask.left_bound() >= 0;
     int steps = 0;
     for (int jobs = 0;; ++jobs) {
       const JobRecord job = smem.jobs.take(jobs);
@@ -93,7 +96,8 @@ struct BackwardMma {
         // tail need the mask: visible_keys and first_visible_key grow with the row, so the tile's first row
         // bounds the right ends and its last row the left ends (0 without a left bound; rows past seqlen_q
         // have P = 0 anyway). The branch is uniform over the CTA, so each loop stays branch-free.
-        if (kv_row0 + kBlockN > mask.visible_keys(q_row0) || kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1)) {
+        if (kv_row0 + kBlockN > mask.visible_keys(q_row0) ||
+            (left_bounded && kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
           compute_probabilities<true>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
         } else {
           compute_probabilities<false>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
