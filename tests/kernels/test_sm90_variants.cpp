@@ -4,7 +4,8 @@
 //   nondeterministic one) against the float64 CPU reference (which takes the same window and softcap) on
 //   window alone, window + causal, seqlen_q != seqlen_k both ways, GQA/MQA, ragged lengths, rows that see no
 //   key (O = 0 and LSE = -inf exactly, no NaN), keys no row sees (dK = dV = 0), softcap alone, with causal and
-//   with a window, and softcap on the forward's tall (192x128, d = 64) and wide (128x176, d = 128) tiles; every
+//   with a window, and softcap on the forward's tall tiles (192x128, d = 64) and on a d = 128 shape that takes the
+//   wide tiles without softcap (128x128 with it); every
 //   output starts poisoned with NaN and must be written; the forward runs twice and must repeat its bits.
 // - Sm90VariantDeterminism: every deterministic schedule's backward 100 times under a window and with softcap,
 //   bit for bit, with a forward competing for the SMs every other run, and a negative control
@@ -84,8 +85,8 @@ const VariantCase kCases[] = {
     {2, 513, 513, 4, 4, true, -1, -1, 10.0f, 3.0f},
     {1, 600, 450, 4, 2, false, 150, 40, 3.0f, 4.0f},
     {1, 700, 700, 4, 4, true, 200, -1, 20.0f, 2.0f},
-    // softcap on the forward's tall (d = 64, full, seqlen_q >= 2048) and wide (d = 128, full, seqlen_k >= 1024)
-    // tiles, which the window never takes
+    // softcap on the forward's tall tiles (d = 64, full, seqlen_q >= 2048), which the window never takes; at d = 128
+    // the shape would take the wide tiles without softcap, and the softcap kernels keep 128x128 there
     {1, 2100, 1100, 2, 1, false, -1, -1, 8.0f, 3.0f},
 };
 
@@ -245,7 +246,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90Variant,
 
 // The softcap case on long full masks runs the tiles it is there for.
 static_assert(forward_tile_shape(64, false, 2100, 1100).block_q == kForwardTallBlockQ, "tall tiles at d = 64");
-static_assert(forward_tile_shape(128, false, 2100, 1100).block_kv == kForwardWideBlockKv, "wide tiles at d = 128");
+static_assert(forward_tile_shape(128, false, 2100, 1100).block_kv == kForwardWideBlockKv,
+              "at d = 128 the shape would take the wide tiles, which the softcap kernels replace by 128x128");
 
 // --- determinism ----------------------------------------------------------------------------------
 

@@ -69,7 +69,9 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
       return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kForwardBlockKv>(params, stream);
     }
   }
-  if constexpr (forward_has_wide_tiles(kHeadDim)) {
+  // The softcap kernels keep 128-key tiles: at 128x176 their unmasked step loop spilled (7 local loads and 7
+  // stores per iteration, scripts/sass_report.sh), where 128x128 spills none.
+  if constexpr (forward_has_wide_tiles(kHeadDim) && !kSoftcap) {
     if (tile.block_kv == kForwardWideBlockKv) {
       return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv>(params, stream);
     }
