@@ -189,6 +189,12 @@ def refuse_unsupported(name: str, value: object, accepted: tuple[object, ...], r
     raise NotImplementedError(f"{name}={_shown(value)} is not supported: {reason}; pass {name}={accepted[0]!r}")
 
 
+# Bounds beyond this reach past every key of any sequence the kernels take (2^24 tokens, src/api/limits.hpp).
+_WINDOW_BOUND_CAP = 1 << 40
+# The largest finite float32: the library takes the softcap as one.
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _window_side(side: object, which: str, window_size: object) -> int:
     """One bound of window_size as an int: None (FA4's open side) is -1; otherwise an integer >= -1."""
     if side is None:
@@ -200,7 +206,8 @@ def _window_side(side: object, which: str, window_size: object) -> int:
     if value < -1:
         raise ValueError(f"window_size[{which}] must be >= -1 (-1 leaves that side of the sliding window open), got "
                          f"{value} in window_size={_shown(window_size)}")
-    return value
+    # A bound past every sequence the kernels take is the same as any larger one; kept within the C int64.
+    return min(value, _WINDOW_BOUND_CAP)
 
 
 def resolve_window(window_size: object) -> tuple[int, int]:
@@ -228,6 +235,8 @@ def resolve_softcap(softcap: object) -> float:
     value = float(softcap)
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"softcap must be finite and >= 0 (0: no capping), got {softcap}")
+    if value > _FLOAT32_MAX:
+        raise ValueError(f"softcap must be a finite float32 (at most {_FLOAT32_MAX:.7g}), got {softcap}")
     return value
 
 

@@ -354,7 +354,14 @@ BAD_WINDOWS_AND_SOFTCAPS = [
     ({"softcap": float("inf")}, ValueError, "softcap must be finite and >= 0", "got inf"),
     ({"softcap": "30"}, TypeError, "softcap must be a real number >= 0 (0: no capping), got '30'"),
     ({"softcap": True}, TypeError, "softcap must be a real number", "got True"),
+    ({"softcap": 1e300}, ValueError, "softcap must be a finite float32", "got 1e+300"),
 ]
+
+
+def test_a_window_bound_past_every_sequence_is_kept_within_int64(forward_calls) -> None:
+    flash_attn_func(bshd(), bshd(KV_HEADS), bshd(KV_HEADS), window_size=(2**70, 2**64))
+    call = only_call(forward_calls)
+    assert call.window_left == call.window_right == 1 << 40
 
 
 @pytest.mark.parametrize(("options", "error", "fragments"), [(o, e, f) for o, e, *f in BAD_WINDOWS_AND_SOFTCAPS],
