@@ -372,7 +372,7 @@ TEST(Cli, PlanFullMaskRecommendsShift) {
   EXPECT_NE(text.text.find("recommended: shift"), std::string::npos) << text.text;
 }
 
-// A sliding window, which the library does not take yet, is planned directly: the mask reaches the JSON in
+// A sliding window is planned as the library plans the shape's window: the mask reaches the JSON in
 // FlashAttention's terms, symmetric shift folds the causal band (head dim 128: a slope of 2), shift says why it
 // does not apply, and auto keeps to shortest-first.
 TEST(Cli, PlanWithASlidingWindow) {

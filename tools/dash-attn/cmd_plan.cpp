@@ -2,9 +2,9 @@
 // model: validity, deadlock freedom, critical path, simulated makespan, bubbles and lemma
 // violations; says which schedule it recommends and which one `auto` runs; draws a Gantt chart.
 // It plans only shapes the library accepts, and refuses costs whose model results are not finite. --sm-margin
-// plans for --sms less that many SMs, as the library does with FA3's sm_margin. A sliding window
-// (--window-left/--window-right), which the library does not take yet, goes to the planner directly.
-// A varlen batch (--cu-seqlens, varlen.hpp), which the library does not take yet either, is planned from the maxima
+// plans for --sms less that many SMs, as the library does with FA3's sm_margin. A sliding window (--window L,R or
+// --window-left/--window-right) goes to the planner as the library's plan_backward passes the shape's.
+// A varlen batch (--cu-seqlens, varlen.hpp), which the library does not take yet, is planned from the maxima
 // and proven for every length vector the plan admits (planner/varlen_plan.hpp); the same table then reports each
 // schedule fitted to the lengths given (validated, simulated), with each sequence's fitted job count. Exit code 1
 // when a schedule named with --schedule is refused for the batch, or a proven plan fails on the lengths given.
