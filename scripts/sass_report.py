@@ -293,7 +293,8 @@ def count_opcodes(instructions):
 def short_kernel_name(demangled):
     """`backward_kernel<hd128,bf16>` from `void dash::sm90::backward_kernel<...<128, ...bfloat16_t>>(...)`, and
     `forward_kernel<hd128,bf16,128x176>` from `...forward_kernel<...ForwardConfig<128, ...bfloat16_t, 128, 176>>`:
-    a configuration's numbers after the head dim are its tile shape, which tells one head dim's kernels apart."""
+    a configuration's numbers after the head dim are its tile shape, which tells one head dim's kernels apart, and
+    `softcap` marks the softcap instances."""
     head = demangled.split("(")[0].removeprefix("void ")
     if "<" not in head:
         return head.split("::")[-1]
@@ -303,6 +304,9 @@ def short_kernel_name(demangled):
     parts += [DTYPE_NAMES[word] for word in re.findall(r"\w+", arguments) if word in DTYPE_NAMES]
     if len(numbers) > 1:
         parts.append("x".join(numbers[1:]))
+    # The softcap instances (ForwardConfig<..., true>, BackwardConfig<..., true>): `<hd64,bf16,softcap>`.
+    if re.search(r"\btrue\b", arguments):
+        parts.append("softcap")
     return "%s<%s>" % (name.split("::")[-1], ",".join(parts))
 
 

@@ -36,12 +36,13 @@ using cudaStream_t = CUstream_st*;
 
 namespace dash {
 
-// Whether this build has kernels at all, and for this (head dim, dtype).
+// Whether this build has kernels at all, and for this (head dim, dtype), without or with softcap (the softcap
+// kernels are instances of their own, DASH_SOFTCAP_KERNELS).
 bool kernels_available();
-bool kernel_available(int64_t head_dim, DType dtype);
+bool kernel_available(int64_t head_dim, DType dtype, bool softcap = false);
 
 // Checks the shape alone without touching the GPU: sizes, dtype, head dim, GQA divisibility, softmax scale,
-// and the limits of the kernels' indices and launch grids. Every entry point runs it first; a tool that
+// sliding window (each bound >= -1), softcap (finite, >= 0, softmax_scale / softcap finite), and the limits of the kernels' indices and launch grids. Every entry point runs it first; a tool that
 // plans a shape without tensors runs it to refuse exactly what the API refuses.
 Status validate(const AttentionShape& shape);
 

@@ -39,6 +39,16 @@ struct AttentionShape {
   DType dtype = DType::kBF16;
   float softmax_scale = 0.0f;  // multiplies Q K^T; usually 1/sqrt(head_dim)
   bool causal = false;
+  // FlashAttention's sliding window, window_size = (window_left, window_right), bottom-right aligned: with
+  // d = seqlen_k - seqlen_q, query row i sees key j iff i + d - window_left <= j <= i + d + window_right. -1
+  // leaves that side open (both -1: no window); each must be >= -1. causal sets window_right to 0 whatever it
+  // is, as FlashAttention does. A bound that reaches past every key changes nothing.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  // Gemma-2-style score capping: with softcap > 0 each scaled score s becomes softcap * tanh(s / softcap)
+  // before the softmax; 0 leaves the scores as they are. Must be finite and >= 0 (and softmax_scale / softcap
+  // finite).
+  float softcap = 0.0f;
 };
 
 // The order in which the backward pass sums the partial dQ tiles of different key/value tiles

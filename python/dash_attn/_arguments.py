@@ -10,9 +10,10 @@ Invariants:
 - Flags must be real bools: a truthy stand-in such as causal="no" would otherwise switch the mask on.
 - sm_margin must be an int >= 0 (a bool or a float is refused); its upper bound, the device's SM count, is the
   library's to check when the forward runs.
-- An option that FlashAttention or SDPA takes is accepted at the value that leaves attention unchanged
-  (dropout_p=0.0, window_size=(-1, -1), ...). Any other value raises NotImplementedError that names the argument
-  and the value. No option is ever ignored in a way that changes the result.
+- An option that FlashAttention or SDPA takes and DASH does not implement is accepted at the value that leaves
+  attention unchanged (dropout_p=0.0, alibi_slopes=None, ...). Any other value raises NotImplementedError that
+  names the argument and the value. No option is ever ignored in a way that changes the result. window_size and
+  softcap are implemented: resolve_window and resolve_softcap check them (TypeError or ValueError naming them).
 - A last dimension that is not contiguous is copied, as FlashAttention does. Other strides go to the op, which
   copies only what the kernels cannot read in place (_ops.py).
 """
@@ -188,24 +189,55 @@ def refuse_unsupported(name: str, value: object, accepted: tuple[object, ...], r
     raise NotImplementedError(f"{name}={_shown(value)} is not supported: {reason}; pass {name}={accepted[0]!r}")
 
 
-def _is_unbounded(window_side: object) -> bool:
-    return window_side is None or _is_value(window_side, -1)
+# Bounds beyond this reach past every key of any sequence the kernels take (2^24 tokens, src/api/limits.hpp).
+_WINDOW_BOUND_CAP = 1 << 40
+# The largest finite float32: the library takes the softcap as one.
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
-def refuse_window(window_size: object) -> None:
-    """Accepts the unbounded window of FlashAttention: (-1, -1), or None for a side, as FA4 spells it. A
-    bounded window raises NotImplementedError. For window_size=(-1, 0) the message suggests causal=True."""
+def _window_side(side: object, which: str, window_size: object) -> int:
+    """One bound of window_size as an int: None (FA4's open side) is -1; otherwise an integer >= -1."""
+    if side is None:
+        return -1
+    if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+        raise TypeError(f"window_size[{which}] must be an int >= -1 (or None), got {_shown(side)} in "
+                        f"window_size={_shown(window_size)}")
+    value = int(side)
+    if value < -1:
+        raise ValueError(f"window_size[{which}] must be >= -1 (-1 leaves that side of the sliding window open), got "
+                         f"{value} in window_size={_shown(window_size)}")
+    # A bound past every sequence the kernels take is the same as any larger one; kept within the C int64.
+    return min(value, _WINDOW_BOUND_CAP)
+
+
+def resolve_window(window_size: object) -> tuple[int, int]:
+    """FlashAttention's window_size = (left, right) as two ints: query row i sees key j iff
+    i + d - left <= j <= i + d + right with d = seqlen_k - seqlen_q (bottom-right aligned); -1 (or None, as FA4
+    spells it) leaves a side open. With causal=True the right bound is 0 whatever it says, as in FlashAttention
+    (the library applies that rule). Raises TypeError or ValueError naming window_size otherwise."""
     if type(window_size) is tuple and window_size == (-1, -1):  # the default, without the general test below
-        return
+        return -1, -1
     is_pair = isinstance(window_size, Sequence) and not isinstance(window_size, str) and len(window_size) == 2
-    if is_pair and all(_is_unbounded(side) for side in window_size):
-        return
-    is_causal_window = is_pair and _is_unbounded(window_size[0]) and _is_value(window_size[1], 0)
-    hint = " (window_size=(-1, 0) is the causal mask: pass causal=True)" if is_causal_window else ""
-    raise NotImplementedError(
-        f"window_size={_shown(window_size)} is not supported: DASH has no sliding-window attention; pass "
-        f"window_size=(-1, -1){hint}"
-    )
+    if not is_pair:
+        raise TypeError(f"window_size must be a pair (left, right) of ints >= -1, got {_shown(window_size)}")
+    return _window_side(window_size[0], "0", window_size), _window_side(window_size[1], "1", window_size)
+
+
+def resolve_softcap(softcap: object) -> float:
+    """The softcap as a float: 0 (or None) for none, else finite and > 0; each scaled score s becomes
+    softcap * tanh(s / softcap). Raises TypeError or ValueError naming softcap otherwise."""
+    if type(softcap) is float and softcap == 0.0:  # the default, without the general test below
+        return 0.0
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a real number >= 0 (0: no capping), got {_shown(softcap)}")
+    value = float(softcap)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"softcap must be finite and >= 0 (0: no capping), got {softcap}")
+    if value > _FLOAT32_MAX:
+        raise ValueError(f"softcap must be a finite float32 (at most {_FLOAT32_MAX:.7g}), got {softcap}")
+    return value
 
 
 def _contiguous_last_dim(t: Tensor) -> Tensor:
@@ -310,12 +342,15 @@ def attend(
     entry: str,
     scale_name: str = "softmax_scale",
     sm_margin: object = 0,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """out (in `layout`) and the fp32 LSE (batch, heads_q, seqlen_q) of tensors and flags that passed
     check_tensors and check_flags: resolves the scale and schedule, checks sm_margin, applies the determinism
     switch, checks the device, calls the op (_ops.attention). `entry` is the public name the caller used, for the
     determinism switch's message, and `scale_name` the name of its softmax scale argument. The forward and, through autograd,
-    the backward leave `sm_margin` SMs to other work; the backward's plan is keyed by it."""
+    the backward leave `sm_margin` SMs to other work; the backward's plan is keyed by it. `window` and `softcap`
+    come from resolve_window and resolve_softcap."""
     q, k, v = tensors
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = _contiguous_last_dim(q), _contiguous_last_dim(k), _contiguous_last_dim(v)
@@ -324,10 +359,12 @@ def attend(
     margin = check_sm_margin(sm_margin)
     _check_determinism_switch(resolved, (q, k, v), entry)
     check_devices((q, k, v), layout)
+    left, right = window
     if layout.seq == 1:  # (B, S, H, D) already: no views to make
-        return _ops.attention(q, k, v, scale, causal, resolved, margin)
+        return _ops.attention(q, k, v, scale, causal, resolved, margin, left, right, softcap)
     to_bshd = layout.to_bshd
-    out, lse = _ops.attention(to_bshd(q), to_bshd(k), to_bshd(v), scale, causal, resolved, margin)
+    out, lse = _ops.attention(to_bshd(q), to_bshd(k), to_bshd(v), scale, causal, resolved, margin, left, right,
+                              softcap)
     return layout.from_bshd(out), lse
 
 

@@ -34,7 +34,7 @@ LIBRARY_FILE = "libdash_attn_c.so"
 LIBRARY_ENV = "DASH_ATTN_LIBRARY"
 
 # DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
 # library is loaded; load() verifies that the library agrees.
@@ -66,7 +66,8 @@ _MESSAGE_BYTES = 4096
 
 
 class Shape(ctypes.Structure):
-    """struct dash_shape."""
+    """struct dash_shape. windowed = 0 (ctypes' zero, so also a shape made from the fields before the window's)
+    means no window; _ops sets windowed = 1 with the window's bounds."""
 
     _fields_ = [
         ("batch", ctypes.c_int64),
@@ -78,6 +79,10 @@ class Shape(ctypes.Structure):
         ("dtype", ctypes.c_int),
         ("softmax_scale", ctypes.c_float),
         ("causal", ctypes.c_int),
+        ("windowed", ctypes.c_int),
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+        ("softcap", ctypes.c_float),
     ]
 
 
@@ -143,6 +148,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dash_status_name": (c_char_p, [c_int]),
         "dash_schedule_names": (c_char_p, []),
         "dash_kernel_available": (c_int, [c_int64, c_int]),
+        "dash_softcap_kernel_available": (c_int, [c_int64, c_int]),
         "dash_library_version": (c_char_p, []),
         "dash_cuda_runtime_version": (c_int, []),
         "dash_cuda_driver_version": (c_int, []),
@@ -241,7 +247,10 @@ def _check_status(what: str, code: int, buffer: ctypes.Array) -> None:
         raise LibraryError(what, load().dash_status_name(code).decode(), buffer.value.decode(errors="replace"))
 
 
-def kernel_available(head_dim: int, dtype: int) -> bool:
+def kernel_available(head_dim: int, dtype: int, softcap: bool = False) -> bool:
+    """Whether the library has kernels for (head_dim, dtype); with softcap=True, its softcap kernels."""
+    if softcap:
+        return bool(load().dash_softcap_kernel_available(head_dim, dtype))
     return bool(load().dash_kernel_available(head_dim, dtype))
 
 

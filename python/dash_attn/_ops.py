@@ -111,13 +111,28 @@ def _packed_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return torch.empty(shape, device="meta").stride()
 
 
-def _c_shape(q: Tensor, k: Tensor, softmax_scale: float, causal: bool) -> _library.Shape:
+def _c_shape(
+    q: Tensor,
+    k: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+) -> _library.Shape:
     """A new C shape of a call, the caller's own."""
-    return _make_c_shape(q.shape, k.shape, q.dtype, softmax_scale, causal)
+    return _make_c_shape(q.shape, k.shape, q.dtype, softmax_scale, causal, window_left, window_right, softcap)
 
 
 def _make_c_shape(
-    q_shape: Sequence[int], k_shape: Sequence[int], dtype: torch.dtype, softmax_scale: float, causal: bool
+    q_shape: Sequence[int],
+    k_shape: Sequence[int],
+    dtype: torch.dtype,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> _library.Shape:
     batch, seqlen_q, heads_q, head_dim = q_shape
     _, seqlen_k, heads_kv, _ = k_shape
@@ -131,6 +146,10 @@ def _make_c_shape(
         dtype=_DTYPE_CODES[dtype],
         softmax_scale=softmax_scale,
         causal=int(causal),
+        windowed=1,
+        window_left=window_left,
+        window_right=window_right,
+        softcap=softcap,
     )
 
 
@@ -179,9 +198,12 @@ class _ForwardCall:
         k_strides: tuple[int, ...],
         v_shape: torch.Size,
         v_strides: tuple[int, ...],
+        window_left: int = -1,
+        window_right: int = -1,
+        softcap: float = 0.0,
     ) -> None:
         # `library`, the loaded library, is only part of the key: forward_workspace_size asks it.
-        self.shape = _make_c_shape(q_shape, k_shape, dtype, softmax_scale, causal)
+        self.shape = _make_c_shape(q_shape, k_shape, dtype, softmax_scale, causal, window_left, window_right, softcap)
         # The library validates the shape here, so a refused one raises before anything is cached.
         self.workspace_bytes = _library.forward_workspace_size(self.shape)
         layouts = ((q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides))
@@ -195,10 +217,21 @@ class _ForwardCall:
 _cached_forward_call = functools.lru_cache(maxsize=_CALL_CACHE_CAPACITY)(_ForwardCall)
 
 
-def _forward_call(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> _ForwardCall:
-    make = _cached_forward_call if softmax_scale > 0 else _ForwardCall
+def _forward_call(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+) -> _ForwardCall:
+    # A softcap that is not a finite number >= 0 is never a key either (nan != nan); the library refuses it.
+    cacheable = softmax_scale > 0 and softcap >= 0 and softcap != float("inf")
+    make = _cached_forward_call if cacheable else _ForwardCall
     return make(_library.load(), q.dtype, softmax_scale, causal, q.shape, q.stride(), k.shape, k.stride(), v.shape,
-                v.stride())
+                v.stride(), window_left, window_right, softcap)
 
 
 class _BackwardCall:
@@ -227,8 +260,11 @@ class _BackwardCall:
         v_strides: tuple[int, ...],
         out_shape: torch.Size,
         out_strides: tuple[int, ...],
+        window_left: int = -1,
+        window_right: int = -1,
+        softcap: float = 0.0,
     ) -> None:
-        self.shape = _make_c_shape(q_shape, k_shape, dtype, softmax_scale, causal)
+        self.shape = _make_c_shape(q_shape, k_shape, dtype, softmax_scale, causal, window_left, window_right, softcap)
         self.plan_key = _plans.plan_key(device, _plans.shape_fields(self.shape), schedule, sm_margin)
         layouts = ((dout_shape, dout_strides), (q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides),
                    (out_shape, out_strides))
@@ -252,10 +288,15 @@ def _backward_call(
     causal: bool,
     schedule: str,
     sm_margin: int,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> _BackwardCall:
-    make = _cached_backward_call if softmax_scale > 0 else _BackwardCall
+    cacheable = softmax_scale > 0 and softcap >= 0 and softcap != float("inf")
+    make = _cached_backward_call if cacheable else _BackwardCall
     return make(device, q.dtype, softmax_scale, causal, schedule, sm_margin, dout.shape, dout.stride(), q.shape,
-                q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride())
+                q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride(), window_left,
+                window_right, softcap)
 
 
 def _workspace(nbytes: int, device: torch.device) -> Tensor:
@@ -322,15 +363,23 @@ def _launch_forward(
 
 
 def _forward_body(
-    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, sm_margin: int
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    sm_margin: int,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """What the forward op runs, and the eager path too: out, lse on the current stream of q's device."""
-    call = _forward_call(q, k, v, softmax_scale, causal)
+    call = _forward_call(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
     pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
     aligned = (pointers[0] | pointers[1] | pointers[2]) % _TMA_ALIGNMENT_BYTES == 0  # one test for the three
     if not (call.in_place and aligned):
         q, k, v = _kernel_ready(q), _kernel_ready(k), _kernel_ready(v)
-        call = _forward_call(q, k, v, softmax_scale, causal)
+        call = _forward_call(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
         pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
     out, lse = _forward_outputs(q, call.q_packed)
     index = q.get_device()
@@ -386,15 +435,19 @@ def _backward_body(
     causal: bool,
     schedule: str,
     sm_margin: int,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """What the backward op runs, and the eager path too: dq, dk, dv on the current stream of q's device."""
     index = q.get_device()
-    call = _backward_call(index, dout, q, k, v, out, softmax_scale, causal, schedule, sm_margin)
+    mask = (window_left, window_right, softcap)
+    call = _backward_call(index, dout, q, k, v, out, softmax_scale, causal, schedule, sm_margin, *mask)
     pointers = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
     aligned = (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4]) % _TMA_ALIGNMENT_BYTES == 0
     if not (call.in_place and aligned):
         dout, q, k, v, out = (_kernel_ready(t) for t in (dout, q, k, v, out))
-        call = _backward_call(index, dout, q, k, v, out, softmax_scale, causal, schedule, sm_margin)
+        call = _backward_call(index, dout, q, k, v, out, softmax_scale, causal, schedule, sm_margin, *mask)
         pointers = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
     lse = lse.contiguous()
     gradients = _backward_outputs(q, k, v, call.inputs_packed)
@@ -404,16 +457,36 @@ def _backward_body(
 
 @torch.library.custom_op("dash_attn::forward", mutates_args=(), device_types="cuda")
 def forward(
-    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, schedule: str, sm_margin: int = 0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+    sm_margin: int = 0,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
-    """out, lse = attention(q, k, v), leaving `sm_margin` SMs to other work. `schedule` is not used here: it is
-    an input so that autograd records the summation order the backward must use."""
-    return _forward_body(q, k, v, softmax_scale, causal, sm_margin)
+    """out, lse = attention(q, k, v), leaving `sm_margin` SMs to other work, under the sliding window
+    (window_left, window_right) (FlashAttention's window_size; -1 leaves a side open) and with the scores capped
+    to softcap * tanh(score / softcap) when softcap > 0. `schedule` is not used here: it is an input so that
+    autograd records the summation order the backward must use."""
+    return _forward_body(q, k, v, softmax_scale, causal, sm_margin, window_left, window_right, softcap)
 
 
 @forward.register_fake
 def _forward_fake(
-    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, schedule: str, sm_margin: int = 0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+    sm_margin: int = 0,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     return _forward_outputs(q)
 
@@ -430,10 +503,15 @@ def backward(
     causal: bool,
     schedule: str,
     sm_margin: int = 0,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of attention for upstream gradient `dout`, dQ summed in the order `schedule` fixes as planned
-    for the device's SMs less `sm_margin`."""
-    return _backward_body(dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin)
+    for the device's SMs less `sm_margin`, under the forward's window and softcap."""
+    return _backward_body(
+        dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap
+    )
 
 
 @backward.register_fake
@@ -448,6 +526,9 @@ def _backward_fake(
     causal: bool,
     schedule: str,
     sm_margin: int = 0,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return _backward_outputs(q, k, v)
 
@@ -474,8 +555,9 @@ def _traced(*tensors: Tensor) -> bool:
     return False
 
 
-# The non-tensor inputs of the forward op, which the backward repeats: softmax_scale, causal, schedule, sm_margin.
-_Arguments = tuple[float, bool, str, int]
+# The non-tensor inputs of the forward op, which the backward repeats: softmax_scale, causal, schedule, sm_margin,
+# window_left, window_right, softcap.
+_Arguments = tuple[float, bool, str, int, int, int, float]
 
 
 def _save_for_backward(
@@ -513,11 +595,11 @@ def _gradients(
 
 def _op_gradients(
     ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None, grad_lse: Tensor | None
-) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None, None]:
+) -> tuple[Tensor | None, ...]:
     """The forward op's autograd formula: the backward op, whatever the tensors (meta ones run its fake kernel);
-    no gradient for its four other inputs."""
+    no gradient for its seven other inputs."""
     dq, dk, dv = _gradients(ctx, grad_out, torch.ops.dash_attn.backward)
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 forward.register_autograd(_op_gradients, setup_context=_op_setup_context)
@@ -534,13 +616,17 @@ def attention_backward(
     causal: bool,
     schedule: str,
     sm_margin: int,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of torch.ops.dash_attn.backward, bitwise the same: that op where torch traces (also a backward
     traced though its forward ran eagerly: compiled autograd, a dispatch mode around .backward()), its body
     directly otherwise. The eager path's backward and dash_attn.attention_backward both run it."""
+    mask = (window_left, window_right, softcap)
     if _traced(dout, q, k, v, out, lse):
-        return torch.ops.dash_attn.backward(dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin)
-    return _backward_body(dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin)
+        return torch.ops.dash_attn.backward(dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin, *mask)
+    return _backward_body(dout, q, k, v, out, lse, softmax_scale, causal, schedule, sm_margin, *mask)
 
 
 def _eager_gradients(
@@ -565,8 +651,8 @@ class _EagerAttention(torch.autograd.Function):
     def forward(
         ctx: torch.autograd.function.FunctionCtx, q: Tensor, k: Tensor, v: Tensor, arguments: _Arguments
     ) -> tuple[Tensor, Tensor]:
-        softmax_scale, causal, _schedule, sm_margin = arguments
-        output = _forward_body(q, k, v, softmax_scale, causal, sm_margin)
+        softmax_scale, causal, _schedule, sm_margin, window_left, window_right, softcap = arguments
+        output = _forward_body(q, k, v, softmax_scale, causal, sm_margin, window_left, window_right, softcap)
         _save_for_backward(ctx, (q, k, v), arguments, output)
         return output
 
@@ -580,14 +666,27 @@ class _EagerAttention(torch.autograd.Function):
 
 
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, schedule: str, sm_margin: int
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+    sm_margin: int,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """out, lse of torch.ops.dash_attn.forward(q, k, v, ...), differentiable as it is, bitwise the same. Where torch
     traces (see _traced) it is that op; in plain eager mode the op's body runs directly, under _EagerAttention when
     autograd records the call."""
     if _traced(q, k, v):
-        return torch.ops.dash_attn.forward(q, k, v, softmax_scale, causal, schedule, sm_margin)
+        return torch.ops.dash_attn.forward(
+            q, k, v, softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap
+        )
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _EagerAttention.apply(q, k, v, (softmax_scale, causal, schedule, sm_margin))
-    return _forward_body(q, k, v, softmax_scale, causal, sm_margin)
+        return _EagerAttention.apply(
+            q, k, v, (softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap)
+        )
+    return _forward_body(q, k, v, softmax_scale, causal, sm_margin, window_left, window_right, softcap)
 

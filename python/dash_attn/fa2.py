@@ -8,8 +8,9 @@ Invariants:
   softmax_scale=None and causal=True.
 - deterministic defaults to True, not False as in FA2: the backward is bitwise reproducible unless the caller
   passes deterministic=False.
-- dropout_p, window_size, softcap and alibi_slopes are accepted at their no-op values (0.0, (-1, -1), 0.0,
-  None). Other values raise NotImplementedError naming the argument and the value.
+- window_size and softcap are FA2's: a sliding window (left, right), -1 leaving a side open, causal forcing
+  right to 0; softcap > 0 caps the scaled scores to softcap * tanh(score / softcap). dropout_p and alibi_slopes
+  are accepted at their no-op values (0.0, None); other values raise NotImplementedError naming the argument.
 - return_attn_probs=True returns FA2's triple (out, softmax_lse, S_dmask). S_dmask is an empty tensor, which is
   what FA2 returns when dropout is off. return_lse=True (DASH's and FA4's name) returns (out, lse). Passing both
   is refused, because they ask for different tuples.
@@ -22,14 +23,26 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._arguments import BSHD, attend, bshd_named, check_flags, check_tensors, refuse_unsupported, refuse_window, unstack
+from ._arguments import (
+    BSHD,
+    attend,
+    bshd_named,
+    check_flags,
+    check_tensors,
+    refuse_unsupported,
+    resolve_softcap,
+    resolve_window,
+    unstack,
+)
 
 
-def _refuse_fa2_options(dropout_p: object, window_size: object, softcap: object, alibi_slopes: object) -> None:
+def _fa2_options(
+    dropout_p: object, window_size: object, softcap: object, alibi_slopes: object
+) -> tuple[tuple[int, int], float]:
+    """Refuses what DASH does not implement; returns the checked window and softcap."""
     refuse_unsupported("dropout_p", dropout_p, (0.0,), "DASH has no attention dropout")
-    refuse_window(window_size)
-    refuse_unsupported("softcap", softcap, (0.0,), "DASH has no logit softcapping")
     refuse_unsupported("alibi_slopes", alibi_slopes, (None,), "DASH has no ALiBi bias")
+    return resolve_window(window_size), resolve_softcap(softcap)
 
 
 def _check_fa2_flags(causal: object, deterministic: object, return_attn_probs: object, return_lse: object) -> None:
@@ -75,7 +88,15 @@ def flash_attn_func(
 
     GQA/MQA: pass k and v with fewer heads; query heads [g*G, (g+1)*G) use key/value head g. With causal=True,
     query row i sees key j iff j <= i + seqlen_k - seqlen_q (bottom-right aligned, as in FlashAttention).
-    softmax_scale defaults to head_dim ** -0.5. The forward is always deterministic. The backward is bitwise
+    softmax_scale defaults to head_dim ** -0.5.
+
+    window_size = (left, right) is FlashAttention's sliding window: query row i sees key j iff
+    i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right; -1 leaves a side open, and causal=True
+    makes right 0. A row that sees no key gets out = 0 and lse = -inf. softcap > 0 caps each scaled score s to
+    softcap * tanh(s / softcap) before the softmax (Gemma 2); 0 leaves the scores alone. The kernels compute the
+    tanh with the GPU's approximation (relative error about 2^-11, as FlashAttention-3 does).
+
+    The forward is always deterministic. The backward is bitwise
     reproducible for every schedule except "nondeterministic", which deterministic=False selects. The default
     "auto" picks the deterministic schedule measured fastest for the shape whose preconditions the shape meets.
 
@@ -90,7 +111,7 @@ def flash_attn_func(
     (batch, heads_q, seqlen_q) and carries no gradient.
     """
     _check_fa2_flags(causal, deterministic, return_attn_probs, return_lse)
-    _refuse_fa2_options(dropout_p, window_size, softcap, alibi_slopes)
+    window, cap = _fa2_options(dropout_p, window_size, softcap, alibi_slopes)
     check_tensors((q, k, v), BSHD)
     out, lse = attend(
         (q, k, v),
@@ -100,6 +121,8 @@ def flash_attn_func(
         deterministic=deterministic,
         schedule=schedule,
         sm_margin=sm_margin,
+        window=window,
+        softcap=cap,
         entry="dash_attn.flash_attn_func",
     )
     return _fa2_result(out, lse, return_attn_probs, return_lse)
@@ -124,7 +147,7 @@ def flash_attn_kvpacked_func(
     """flash_attn_func with k and v stacked as kv (batch, seqlen_k, 2, heads_kv, head_dim). They are read as
     views, with no copy, and the gradient reaches kv. GQA works as in flash_attn_func."""
     _check_fa2_flags(causal, deterministic, return_attn_probs, return_lse)
-    _refuse_fa2_options(dropout_p, window_size, softcap, alibi_slopes)
+    window, cap = _fa2_options(dropout_p, window_size, softcap, alibi_slopes)
     k, v = unstack(kv, "kv", 2)
     layout = bshd_named("q", "kv[:, :, 0]", "kv[:, :, 1]")
     check_tensors((q, k, v), layout)
@@ -136,6 +159,8 @@ def flash_attn_kvpacked_func(
         deterministic=deterministic,
         schedule=schedule,
         sm_margin=sm_margin,
+        window=window,
+        softcap=cap,
         entry="dash_attn.flash_attn_kvpacked_func",
     )
     return _fa2_result(out, lse, return_attn_probs, return_lse)
@@ -160,7 +185,7 @@ def flash_attn_qkvpacked_func(
     views, with no copy, and the gradient reaches qkv. As in FA2, the heads are the same for all three (no
     GQA). fa3.flash_attn_qkvpacked_func also takes GQA heads packed along dimension 2."""
     _check_fa2_flags(causal, deterministic, return_attn_probs, return_lse)
-    _refuse_fa2_options(dropout_p, window_size, softcap, alibi_slopes)
+    window, cap = _fa2_options(dropout_p, window_size, softcap, alibi_slopes)
     q, k, v = unstack(qkv, "qkv", 3)
     layout = bshd_named("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]")
     check_tensors((q, k, v), layout)
@@ -172,6 +197,8 @@ def flash_attn_qkvpacked_func(
         deterministic=deterministic,
         schedule=schedule,
         sm_margin=sm_margin,
+        window=window,
+        softcap=cap,
         entry="dash_attn.flash_attn_qkvpacked_func",
     )
     return _fa2_result(out, lse, return_attn_probs, return_lse)

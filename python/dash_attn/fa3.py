@@ -8,10 +8,10 @@ Invariants:
   and causal=True.
 - deterministic defaults to True, not False as in FA3: the backward is bitwise reproducible unless the caller
   passes deterministic=False.
-- FA3's options are accepted at the values that leave attention unchanged: qv, q_descale, k_descale, v_descale
-  None, window_size (-1, -1), attention_chunk 0, softcap 0.0, num_splits 1 (or 0, FA3's heuristic: DASH's
-  forward never splits the keys), pack_gqa None, True or False (a layout hint). Other values raise
-  NotImplementedError naming the argument and the value.
+- window_size and softcap are implemented as in FA3 (see dash_attn.flash_attn_func). FA3's other options are
+  accepted at the values that leave attention unchanged: qv, q_descale, k_descale, v_descale None,
+  attention_chunk 0, num_splits 1 (or 0, FA3's heuristic: DASH's forward never splits the keys), pack_gqa None,
+  True or False (a layout hint). Other values raise NotImplementedError naming the argument and the value.
 - sm_margin is implemented as in FA3: SMs the forward and backward leave to other work (see
   dash_attn.flash_attn_func); an int with 0 <= sm_margin < the device's SM count.
 - return_attn_probs=True and return_lse=True both return (out, softmax_lse), as FA3 does.
@@ -31,24 +31,25 @@ from ._arguments import (
     check_is_tensor,
     check_tensors,
     refuse_unsupported,
-    refuse_window,
+    resolve_softcap,
+    resolve_window,
     unstack,
 )
 
 
-def _refuse_fa3_options(
+def _fa3_options(
     q_descale: object,
     k_descale: object,
     v_descale: object,
     window_size: object,
     attention_chunk: object,
     softcap: object,
-) -> None:
+) -> tuple[tuple[int, int], float]:
+    """Refuses what DASH does not implement; returns the checked window and softcap."""
     for name, descale in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         refuse_unsupported(name, descale, (None,), "DASH has no FP8 inputs to descale")
-    refuse_window(window_size)
     refuse_unsupported("attention_chunk", attention_chunk, (0,), "DASH has no chunked attention")
-    refuse_unsupported("softcap", softcap, (0.0,), "DASH has no logit softcapping")
+    return resolve_window(window_size), resolve_softcap(softcap)
 
 
 def flash_attn_func(
@@ -80,7 +81,7 @@ def flash_attn_func(
     """
     check_flags(causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs, return_lse=return_lse)
     refuse_unsupported("qv", qv, (None,), "DASH has no extra query-value product")
-    _refuse_fa3_options(q_descale, k_descale, v_descale, window_size, attention_chunk, softcap)
+    window, cap = _fa3_options(q_descale, k_descale, v_descale, window_size, attention_chunk, softcap)
     refuse_unsupported("num_splits", num_splits, (1, 0), "DASH's forward never splits the keys")
     refuse_unsupported("pack_gqa", pack_gqa, (None, True, False), "it is a layout hint that takes None or a bool")
     check_tensors((q, k, v), BSHD)
@@ -92,6 +93,8 @@ def flash_attn_func(
         deterministic=deterministic,
         schedule=schedule,
         sm_margin=sm_margin,
+        window=window,
+        softcap=cap,
         entry="dash_attn.fa3.flash_attn_func",
     )
     return (out, lse) if return_attn_probs or return_lse else out
@@ -157,7 +160,7 @@ def flash_attn_qkvpacked_func(
     for GQA, (batch, seqlen, heads_q + 2 * heads_kv, head_dim) with num_heads_q. They are read as views, with no
     copy, and the gradient reaches qkv."""
     check_flags(causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs, return_lse=return_lse)
-    _refuse_fa3_options(q_descale, k_descale, v_descale, window_size, attention_chunk, softcap)
+    window, cap = _fa3_options(q_descale, k_descale, v_descale, window_size, attention_chunk, softcap)
     tensors, layout = _split_qkv(qkv, num_heads_q)
     check_tensors(tensors, layout)
     out, lse = attend(
@@ -168,6 +171,8 @@ def flash_attn_qkvpacked_func(
         deterministic=deterministic,
         schedule=schedule,
         sm_margin=sm_margin,
+        window=window,
+        softcap=cap,
         entry="dash_attn.fa3.flash_attn_qkvpacked_func",
     )
     return (out, lse) if return_attn_probs or return_lse else out

@@ -99,6 +99,10 @@ def test_flags_schedule_scale_and_margin_are_checked() -> None:
         call(inputs(), softmax_scale=-1.0)
     with raises(ValueError, "sm_margin must satisfy 0 <= sm_margin"):
         call(inputs(), sm_margin=-1)
+    with raises(ValueError, "window_size[0] must be >= -1"):
+        call(inputs(), window_size=(-3, 0))
+    with raises(ValueError, "softcap must be finite and >= 0"):
+        call(inputs(), softcap=-2.0)
 
 
 def test_tensors_on_the_cpu_are_refused_by_the_device_check_last() -> None:
@@ -152,19 +156,23 @@ def test_under_tracing_it_is_the_backward_op() -> None:
 # --- on a Hopper GPU --------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("variant", [{}, {"window_size": (37, 5), "softcap": 6.0}], ids=["plain", "window-softcap"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s != "nondeterministic"])
-def test_gradients_are_autograds_bit_for_bit(device, require_kernel, causal: bool, schedule: str) -> None:
+def test_gradients_are_autograds_bit_for_bit(device, require_kernel, causal: bool, schedule: str, variant) -> None:
     require_kernel(HEAD_DIM, torch.bfloat16)
     tensors = inputs(device="cuda")
     leaves = {name: tensors[name].clone().requires_grad_() for name in ("q", "k", "v")}
-    out, lse = flash_attn_func(leaves["q"], leaves["k"], leaves["v"], causal=causal, schedule=schedule, return_lse=True)
+    out, lse = flash_attn_func(
+        leaves["q"], leaves["k"], leaves["v"], causal=causal, schedule=schedule, return_lse=True, **variant
+    )
     try:
         out.backward(tensors["dout"])
     except LibraryError as error:  # a schedule whose preconditions the shape does not meet (shift needs full)
         pytest.skip(f"schedule {schedule} does not apply to this shape: {error}")
     got = attention_backward(
-        tensors["dout"], tensors["q"], tensors["k"], tensors["v"], out.detach(), lse, causal=causal, schedule=schedule
+        tensors["dout"], tensors["q"], tensors["k"], tensors["v"], out.detach(), lse, causal=causal, schedule=schedule,
+        **variant,
     )
     for name, a, b in zip(("dq", "dk", "dv"), got, (leaves[n].grad for n in ("q", "k", "v")), strict=True):
         assert torch.equal(a, b), f"{name} differs from autograd's through flash_attn_func ({schedule})"

@@ -45,6 +45,9 @@ class ForwardCall:
     causal: bool
     schedule: str
     sm_margin: int
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
 
 
 @pytest.fixture
@@ -67,8 +70,8 @@ def forward_calls(fake_cuda, monkeypatch) -> list[ForwardCall]:
 
     calls: list[ForwardCall] = []
 
-    def record(q, k, v, softmax_scale, causal, schedule, sm_margin=0):
-        calls.append(ForwardCall(q, k, v, softmax_scale, causal, schedule, sm_margin))
+    def record(q, k, v, softmax_scale, causal, schedule, sm_margin=0, window_left=-1, window_right=-1, softcap=0.0):
+        calls.append(ForwardCall(q, k, v, softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap))
         return _ops._forward_outputs(q)
 
     monkeypatch.setattr(torch.ops.dash_attn, "forward", record)
@@ -304,24 +307,91 @@ def test_fa3_no_op_values_are_accepted(forward_calls, no_op: dict) -> None:
         assert (call.softmax_scale, call.causal, call.schedule) == (DEFAULT_SCALE, True, "auto")
 
 
+# --- window_size and softcap reach the op; bad values raise TypeError or ValueError naming them --------------
+
+WINDOWS = [
+    ((128, 0), (128, 0)),
+    ([64, 64], (64, 64)),
+    ((None, 7), (-1, 7)),
+    ((0, None), (0, -1)),
+    ((-1, 0), (-1, 0)),
+]
+
+
+@pytest.mark.parametrize(("window", "expected"), WINDOWS, ids=str)
+@pytest.mark.parametrize("entry", ["fa2", "fa2-kvpacked", "fa2-qkvpacked", "fa3", "fa3-qkvpacked"])
+def test_window_size_and_softcap_reach_the_op(forward_calls, window, expected, entry: str) -> None:
+    options = {"window_size": window, "softcap": 30.0}
+    if entry == "fa2":
+        flash_attn_func(bshd(), bshd(KV_HEADS), bshd(KV_HEADS), **options)
+    elif entry == "fa2-kvpacked":
+        flash_attn_kvpacked_func(bshd(), packed(2, KV_HEADS), **options)
+    elif entry == "fa2-qkvpacked":
+        flash_attn_qkvpacked_func(packed(3), **options)
+    elif entry == "fa3":
+        fa3.flash_attn_func(bshd(), bshd(KV_HEADS), bshd(KV_HEADS), **options)
+    else:
+        fa3.flash_attn_qkvpacked_func(packed(3), **options)
+    call = only_call(forward_calls)
+    assert (call.window_left, call.window_right, call.softcap) == (*expected, 30.0)
+
+
+def test_positional_window_and_softcap_mean_what_they_mean_in_fa2() -> None:
+    names = list(inspect.signature(flash_attn_func).parameters)
+    assert names.index("window_size") == 6 and names.index("softcap") == 7
+
+
+BAD_WINDOWS_AND_SOFTCAPS = [
+    ({"window_size": 4}, TypeError, "window_size must be a pair (left, right) of ints >= -1, got 4"),
+    ({"window_size": (1, 2, 3)}, TypeError, "window_size must be a pair"),
+    ({"window_size": "ab"}, TypeError, "window_size must be a pair"),
+    ({"window_size": (-2, 0)}, ValueError, "window_size[0] must be >= -1", "got -2 in window_size=(-2, 0)"),
+    ({"window_size": (0, -5)}, ValueError, "window_size[1] must be >= -1", "got -5"),
+    ({"window_size": (1.5, 0)}, TypeError, "window_size[0] must be an int >= -1 (or None), got 1.5"),
+    ({"window_size": (True, 0)}, TypeError, "window_size[0] must be an int", "got True"),
+    ({"softcap": -1.0}, ValueError, "softcap must be finite and >= 0 (0: no capping), got -1.0"),
+    ({"softcap": float("nan")}, ValueError, "softcap must be finite and >= 0", "got nan"),
+    ({"softcap": float("inf")}, ValueError, "softcap must be finite and >= 0", "got inf"),
+    ({"softcap": "30"}, TypeError, "softcap must be a real number >= 0 (0: no capping), got '30'"),
+    ({"softcap": True}, TypeError, "softcap must be a real number", "got True"),
+    ({"softcap": 1e300}, ValueError, "softcap must be a finite float32", "got 1e+300"),
+]
+
+
+def test_a_window_bound_past_every_sequence_is_kept_within_int64(forward_calls) -> None:
+    flash_attn_func(bshd(), bshd(KV_HEADS), bshd(KV_HEADS), window_size=(2**70, 2**64))
+    call = only_call(forward_calls)
+    assert call.window_left == call.window_right == 1 << 40
+
+
+@pytest.mark.parametrize(("options", "error", "fragments"), [(o, e, f) for o, e, *f in BAD_WINDOWS_AND_SOFTCAPS],
+                         ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize("entry", ["fa2", "fa2-qkvpacked", "fa3", "fa3-qkvpacked"])
+def test_bad_window_size_and_softcap_are_refused_by_name(options: dict, error, fragments, entry: str) -> None:
+    q = torch.zeros(BATCH, SEQLEN, HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    with raises(error, *fragments):
+        if entry == "fa2":
+            flash_attn_func(q, q, q, **options)
+        elif entry == "fa2-qkvpacked":
+            flash_attn_qkvpacked_func(torch.stack([q, q, q], dim=2), **options)
+        elif entry == "fa3":
+            fa3.flash_attn_func(q, q, q, **options)
+        else:
+            fa3.flash_attn_qkvpacked_func(torch.stack([q, q, q], dim=2), **options)
+
+
 # --- other values raise NotImplementedError naming the argument and the value ----------------------------
 
 FA2_UNSUPPORTED = [
     ({"dropout_p": 0.1}, "dropout_p=0.1", "dropout"),
     # False == 0.0, but a bool is no dropout probability: refused, by the fast path's exact-type test too.
     ({"dropout_p": False}, "dropout_p=False", "dropout"),
-    ({"window_size": (128, 0)}, "window_size=(128, 0)", "sliding-window"),
-    ({"window_size": (-1, 0)}, "window_size=(-1, 0)", "pass causal=True"),
-    ({"window_size": 4}, "window_size=4", "sliding-window"),
-    ({"softcap": 30.0}, "softcap=30.0", "softcapping"),
     ({"alibi_slopes": "slopes"}, "alibi_slopes='slopes'", "ALiBi"),
 ]
 FA3_UNSUPPORTED = [
     ({"qv": "qv"}, "qv='qv'", "query-value"),
     ({"k_descale": 1.0}, "k_descale=1.0", "FP8"),
-    ({"window_size": (64, 64)}, "window_size=(64, 64)", "sliding-window"),
     ({"attention_chunk": 128}, "attention_chunk=128", "chunked"),
-    ({"softcap": 1.5}, "softcap=1.5", "softcapping"),
     ({"num_splits": 4}, "num_splits=4", "never splits"),
     ({"pack_gqa": "yes"}, "pack_gqa='yes'", "None or a bool"),
 ]

@@ -55,7 +55,8 @@ def cpu_bodies(monkeypatch) -> Calls:
     def check_devices_on_cpu(tensors, layout) -> None:
         assert all(t.device.type == "cpu" for t in tensors)
 
-    def forward_body(q, k, v, softmax_scale, causal, sm_margin):
+    def forward_body(q, k, v, softmax_scale, causal, sm_margin, window_left=-1, window_right=-1, softcap=0.0):
+        assert (window_left, window_right, softcap) == (-1, -1, 0.0)
         calls.seen.append(("forward body", (q, k, v, softmax_scale, causal, sm_margin)))
         out, lse = _ops._forward_outputs(q)
         return out.copy_(q), lse.zero_()
@@ -106,7 +107,7 @@ def test_an_eager_call_runs_the_op_bodies_under_the_autograd_function(cpu_bodies
     assert args[0] is dout
     for saved, given in zip(args[1:6], (q, k, v, out, lse)):
         assert saved.data_ptr() == given.data_ptr() and saved.shape == given.shape
-    assert args[6:] == (0.3, True, "ascending", 3)
+    assert args[6:] == (0.3, True, "ascending", 3, -1, -1, 0.0)
     for grad, expected in zip((q.grad, k.grad, v.grad), _gradients_of(q, k, v)):
         assert torch.equal(grad, expected)
 

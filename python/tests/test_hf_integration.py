@@ -235,6 +235,13 @@ def test_scale_causal_and_determinism_reach_the_kernel(kernel):
         assert call.arguments["dropout_p"] == 0.0 and call.arguments["window_size"] == (-1, -1)
 
 
+def test_softcap_reaches_the_kernel(kernel):
+    query, key, value = states()
+    integration.dash_attention_forward(AttentionModule(), query, key, value, None, softcap=50.0)
+    integration.dash_attention_forward(AttentionModule(), query, key, value, None, softcap=None)
+    assert [call.arguments["softcap"] for call in kernel] == [50.0, 0.0]
+
+
 def test_a_module_without_is_causal_is_causal(kernel):
     query, key, value = states()
     integration.dash_attention_forward(torch.nn.Module(), query, key, value, None)
@@ -308,9 +315,9 @@ REFUSALS = [
     (
         {"sliding_window": 4096},
         NotImplementedError,
-        r"sliding_window=4096 is not supported: DASH has no sliding-window",
+        r"sliding_window=4096 is not supported: DASH's transformers integration has no sliding-window",
     ),
-    ({"softcap": 50.0}, NotImplementedError, r"softcap=50\.0 is not supported: DASH has no logit softcapping"),
+    ({"softcap": -1.0}, ValueError, r"softcap must be finite and >= 0 \(0: no capping\), got -1\.0"),
     ({"s_aux": torch.zeros(HEADS)}, NotImplementedError, r"s_aux=<.*> is not supported: DASH has no attention sinks"),
     ({"sinks": torch.zeros(HEADS)}, NotImplementedError, r"sinks=<.*> is not supported: DASH has no attention sinks"),
     (

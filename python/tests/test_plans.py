@@ -154,6 +154,10 @@ def test_the_key_holds_the_device_every_shape_field_the_schedule_and_the_sm_marg
         "dtype": 1,
         "softmax_scale": 0.5,
         "causal": 0,
+        "windowed": 1,
+        "window_left": 64,
+        "window_right": 8,
+        "softcap": 30.0,
     }
     assert set(replacements) == {name for name, _ in _library.Shape._fields_}
     for name, value in replacements.items():

@@ -24,13 +24,15 @@ Status cuda_status(cudaError_t err, const char* what) {
 
 Status find_instance(const AttentionShape& shape, const kernels::KernelInstance** instance) {
   const auto instances = kernels::kernel_instances();
+  const bool softcap = shape.softcap > 0.0f;
   const auto it = std::find_if(instances.begin(), instances.end(), [&](const kernels::KernelInstance& k) {
-    return k.head_dim == shape.head_dim && k.dtype == shape.dtype;
+    return k.head_dim == shape.head_dim && k.dtype == shape.dtype && k.softcap == softcap;
   });
   if (it == instances.end()) {
     return {StatusCode::kNotAvailable, "this build has no kernel for head_dim " + std::to_string(shape.head_dim) +
-                                           " and dtype " + dtype_name(shape.dtype) +
+                                           " and dtype " + dtype_name(shape.dtype) + (softcap ? " with softcap" : "") +
                                            (instances.empty() ? " (built without DASH_BUILD_KERNELS)"
+                                            : softcap         ? " (see DASH_HEAD_DIMS / DASH_DTYPES / DASH_SOFTCAP_KERNELS)"
                                                               : " (see DASH_HEAD_DIMS / DASH_DTYPES)")};
   }
   *instance = &*it;
@@ -97,10 +99,11 @@ Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, c
 
 bool kernels_available() { return !kernels::kernel_instances().empty(); }
 
-bool kernel_available(int64_t head_dim, DType dtype) {
+bool kernel_available(int64_t head_dim, DType dtype, bool softcap) {
   const auto instances = kernels::kernel_instances();
-  return std::any_of(instances.begin(), instances.end(),
-                     [&](const kernels::KernelInstance& k) { return k.head_dim == head_dim && k.dtype == dtype; });
+  return std::any_of(instances.begin(), instances.end(), [&](const kernels::KernelInstance& k) {
+    return k.head_dim == head_dim && k.dtype == dtype && k.softcap == softcap;
+  });
 }
 
 // The workspace queries validate everything they are given before any device query or plan: the planner

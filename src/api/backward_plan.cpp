@@ -12,6 +12,7 @@
 #include "api/proven_schedules.hpp"
 #include "api/validate.hpp"
 #include "planner/schedule_plan.hpp"
+#include "schedule/shift_schedules.hpp"
 
 namespace dash {
 namespace {
@@ -71,6 +72,15 @@ Status make_plan(const AttentionShape& shape, Schedule schedule, int sm_margin, 
   if (!planned.ok()) {
     return {StatusCode::kScheduleRejected,
             "schedule '" + std::string(schedule_name(schedule)) + "' cannot run this shape: " + planned.rejected};
+  }
+  // The planner folds a causal window's band for symmetric shift (BandSymmetricShift), but the kernels are built
+  // without the fold (shift_schedules.hpp): they would run the unwindowed pairs' jobs on a windowed plan.
+  if (!kBandFoldInKernels && planned.plan.kind == Schedule::kSymmetricShift && problem.windowed()) {
+    return {StatusCode::kScheduleRejected,
+            "schedule '" + std::string(schedule_name(schedule)) +
+                "' cannot run this shape: symmetric-shift under a sliding window is planned and proven on the CPU "
+                "but not built into the kernels (its band fold spills the backward loader's registers); use "
+                "shortest-first, descending or ascending (auto picks shortest-first)"};
   }
   if (Status s = prove_schedule(planned.plan); !s.ok()) return s;
   *plan = BackwardPlanAccess::make(BackwardPlanData{
@@ -144,6 +154,14 @@ Status check_args_match_plan(const BackwardArgs& args, const BackwardPlanData& p
     return mismatch("shape.softmax_scale", given.softmax_scale, planned.softmax_scale);
   }
   if (given.causal != planned.causal) return mismatch("shape.causal", given.causal, planned.causal);
+  if (given.window_left != planned.window_left) {
+    return mismatch("shape.window_left", given.window_left, planned.window_left);
+  }
+  if (given.window_right != planned.window_right) {
+    return mismatch("shape.window_right", given.window_right, planned.window_right);
+  }
+  // Exact, as the scale: validate() refuses NaN.
+  if (given.softcap != planned.softcap) return mismatch("shape.softcap", given.softcap, planned.softcap);
   if (args.schedule != plan.requested_schedule) {
     return mismatch("schedule", quoted(args.schedule), quoted(plan.requested_schedule));
   }

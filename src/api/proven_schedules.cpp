@@ -18,7 +18,8 @@ std::string key_of(const SchedulePlan& plan) {
                           static_cast<long long>(p.heads_kv), static_cast<long long>(p.group_size),
                           static_cast<long long>(p.group_splits), static_cast<long long>(p.seqlen_q),
                           static_cast<long long>(p.seqlen_k), static_cast<long long>(p.block_q),
-                          static_cast<long long>(p.block_kv), static_cast<long long>(p.causal)}) {
+                          static_cast<long long>(p.block_kv), static_cast<long long>(p.causal),
+                          static_cast<long long>(p.window.left), static_cast<long long>(p.window.right)}) {
     key += std::to_string(field) + ',';
   }
   return key;

@@ -244,6 +244,22 @@ Status validate(const AttentionShape& shape) {
   if (!std::isfinite(shape.softmax_scale) || !(shape.softmax_scale > 0.0f)) {
     return invalid(cat("shape.softmax_scale must be finite and > 0, got ", shape.softmax_scale));
   }
+  // FlashAttention's window_size: -1 leaves a side open; causal makes the right bound 0 whatever it is.
+  const std::pair<const char*, int64_t> window[] = {{"window_left", shape.window_left},
+                                                    {"window_right", shape.window_right}};
+  for (const auto& [name, value] : window) {
+    if (value < -1) {
+      return invalid(cat("shape.", name, " must be >= -1 (-1 leaves that side of the sliding window open), got ", value));
+    }
+  }
+  if (!std::isfinite(shape.softcap) || !(shape.softcap >= 0.0f)) {
+    return invalid(cat("shape.softcap must be finite and >= 0 (0: no capping), got ", shape.softcap));
+  }
+  // The kernels multiply the scores by softmax_scale / softcap before the tanh.
+  if (shape.softcap > 0.0f && !std::isfinite(shape.softmax_scale / shape.softcap)) {
+    return invalid(cat("shape.softcap must be 0 or large enough that softmax_scale / softcap is finite, got softcap ",
+                       shape.softcap, " with softmax_scale ", shape.softmax_scale));
+  }
   const int64_t query_tiles_per_head = (shape.seqlen_q + kMinBlockQ - 1) / kMinBlockQ;
   if (Status s = check_index_product({shape.batch, shape.heads_q, query_tiles_per_head},
                                      cat("the query tile count batch * heads_q * ceil(seqlen_q / ", kMinBlockQ, ")"));

@@ -78,6 +78,11 @@ dash::AttentionShape to_shape(const dash_shape& s) {
   shape.dtype = static_cast<dash::DType>(s.dtype);  // validate() rejects values outside the enum
   shape.softmax_scale = s.softmax_scale;
   shape.causal = s.causal != 0;
+  if (s.windowed != 0) {
+    shape.window_left = s.window_left;
+    shape.window_right = s.window_right;
+  }
+  shape.softcap = s.softcap;
   return shape;
 }
 
@@ -190,6 +195,10 @@ const char* dash_schedule_names(void) {
 
 int dash_kernel_available(int64_t head_dim, int dtype) {
   return dash::kernel_available(head_dim, static_cast<dash::DType>(dtype)) ? 1 : 0;
+}
+
+int dash_softcap_kernel_available(int64_t head_dim, int dtype) {
+  return dash::kernel_available(head_dim, static_cast<dash::DType>(dtype), /*softcap=*/true) ? 1 : 0;
 }
 
 const char* dash_library_version(void) { return DASH_C_LIBRARY_VERSION; }

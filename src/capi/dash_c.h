@@ -27,8 +27,10 @@ extern "C" {
  *   3: the backward plan handle: dash_backward_plan_create, _destroy, _workspace_size and _run.
  *   4: sm_margin: dash_forward, dash_backward and dash_backward_plan_create take an int sm_margin after their
  *      last input (lse, schedule), and dash_backward_plan_sm_count reads what a plan was planned for. No struct
- *      changed; the signatures did, so a binding of version 3 would pass its arguments in the wrong places. */
-#define DASH_C_ABI_VERSION 4
+ *      changed; the signatures did, so a binding of version 3 would pass its arguments in the wrong places.
+ *   5: sliding window and softcap: dash_shape gains windowed, window_left, window_right and softcap after causal, and
+ *      dash_softcap_kernel_available says whether the softcap kernels were built. */
+#define DASH_C_ABI_VERSION 5
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -48,7 +50,12 @@ enum dash_status_code {
 /* dash::DType values. */
 enum dash_dtype { DASH_DTYPE_BF16 = 0, DASH_DTYPE_FP16 = 1 };
 
-/* dash::AttentionShape. causal != 0 selects the bottom-right aligned causal mask. */
+/* dash::AttentionShape. causal != 0 selects the bottom-right aligned causal mask. windowed != 0 applies the sliding
+ * window (window_left, window_right), FlashAttention's window_size: with d = seqlen_k - seqlen_q, query row i sees
+ * key j iff i + d - window_left <= j <= i + d + window_right; -1 leaves a side open, each must be >= -1, and causal
+ * makes window_right 0 whatever it is. windowed == 0 means no window and the two bounds are not read, so that a
+ * zeroed struct (or one filled by a caller of version 4's fields) is not the window (0, 0), the diagonal alone.
+ * softcap > 0 caps each scaled score s to softcap * tanh(s / softcap); 0 does not; it must be finite and >= 0. */
 typedef struct dash_shape {
   int64_t batch;
   int64_t seqlen_q;
@@ -59,6 +66,10 @@ typedef struct dash_shape {
   int dtype; /* enum dash_dtype */
   float softmax_scale;
   int causal;
+  int windowed;
+  int64_t window_left;
+  int64_t window_right;
+  float softcap;
 } dash_shape;
 
 /* One (B, S, H, D) tensor: its data and its element strides in that order. Inputs are only read. */
@@ -75,8 +86,9 @@ DASH_C_API const char* dash_status_name(int code);
 /* The canonical schedule names, comma-separated ("auto,ascending,..."); a static string. */
 DASH_C_API const char* dash_schedule_names(void);
 
-/* Nonzero if this build has kernels for (head_dim, dtype). */
+/* Nonzero if this build has kernels for (head_dim, dtype); the second: its softcap kernels (softcap > 0). */
 DASH_C_API int dash_kernel_available(int64_t head_dim, int dtype);
+DASH_C_API int dash_softcap_kernel_available(int64_t head_dim, int dtype);
 
 /* The version of the DASH sources this library was built from (the CMake project version, e.g. "0.1.0"); a
  * static string. */

@@ -146,13 +146,14 @@ Problem make_problem(const AttentionShape& shape, uint64_t seed, bool with_refer
   one.batch = 1;
   const size_t q_per_batch = nq / shape.batch, kv_per_batch = nkv / shape.batch, rows_per_batch = rows / shape.batch;
   std::vector<double> out_rounded(nq);
+  const SlidingWindow window = reference_window(shape);
   for_each_batch(shape.batch, [&](int64_t b) {
     const size_t qo = b * q_per_batch, ko = b * kv_per_batch, ro = b * rows_per_batch;
-    reference::attention_forward(one, &p.q[qo], &p.k[ko], &p.v[ko], &p.out[qo], &p.lse[ro]);
+    reference::attention_forward(one, &p.q[qo], &p.k[ko], &p.v[ko], &p.out[qo], &p.lse[ro], window, shape.softcap);
     // The backward sees O as the GPU stores it: rounded to the dtype.
     for (size_t i = qo; i < qo + q_per_batch; ++i) out_rounded[i] = from_bits(to_bits(static_cast<float>(p.out[i]), shape.dtype), shape.dtype);
     reference::attention_backward(one, &p.q[qo], &p.k[ko], &p.v[ko], &out_rounded[qo], &p.dout[qo], &p.lse[ro],
-                                  &p.dq[qo], &p.dk[ko], &p.dv[ko]);
+                                  &p.dq[qo], &p.dk[ko], &p.dv[ko], window, shape.softcap);
   });
   std::vector<uint16_t> out_bits(nq);
   for (size_t i = 0; i < nq; ++i) out_bits[i] = to_bits(static_cast<float>(out_rounded[i]), shape.dtype);
@@ -250,6 +251,24 @@ Tolerance tolerance_for(DType dtype) {
   return Tolerance{1.5e-2, 5e-2};
 }
 
+Tolerance tolerance_for(const AttentionShape& shape) {
+  Tolerance tol = tolerance_for(shape.dtype);
+  if (shape.softcap > 0.0f) {
+    constexpr double kBf16Roundoff = 1.0 / 512;
+    tol.relative_l2 += 2 * kBf16Roundoff;
+    tol.max_error_fraction += 2 * kBf16Roundoff;
+  }
+  return tol;
+}
+
+SlidingWindow reference_window(const AttentionShape& shape) {
+  constexpr int64_t kOpenBeyond = int64_t{1} << 30;
+  const auto narrow = [](int64_t bound) {
+    return bound < 0 || bound >= kOpenBeyond ? kNoWindowBound : static_cast<int>(bound);
+  };
+  return SlidingWindow{narrow(shape.window_left), narrow(shape.window_right)};
+}
+
 bool within(const ErrorStats& stats, const Tolerance& tol) {
   // A gradient that is exactly zero in exact arithmetic (one visible key: dS = 0) comes out at rounding
   // level, so the max-error bound never drops below a fraction of unit magnitude (inputs are N(0, 1)).
@@ -295,7 +314,17 @@ CallTiming time_calls(const std::function<Status()>& launch, int warmup, int ite
 double forward_flops(const AttentionShape& s) {
   const double sq = static_cast<double>(s.seqlen_q), sk = static_cast<double>(s.seqlen_k);
   // Bottom-right causal: row i sees i + 1 + sk - sq keys, clamped to [0, sk].
-  const double keys = s.causal ? (std::max(0.0, sk - sq) + sk) / 2.0 : sk;
+  double keys = s.causal ? (std::max(0.0, sk - sq) + sk) / 2.0 : sk;
+  const SlidingWindow window = reference_window(s);
+  if (window.left >= 0 || (!s.causal && window.right >= 0)) {
+    // Under a sliding window: the keys each row sees, counted (a row sees [first_visible_key, visible_keys)).
+    const MaskShape mask{static_cast<int>(s.seqlen_q), static_cast<int>(s.seqlen_k), s.causal, window};
+    double total = 0.0;
+    for (int row = 0; row < mask.seqlen_q; ++row) {
+      total += std::max(0, mask.visible_keys(row) - mask.first_visible_key(row));
+    }
+    keys = total / sq;
+  }
   constexpr double kFlopsPerScoreAndDim = 4.0;  // two GEMMs (Q K^T and P V), 2 FLOPs per multiply-add
   return kFlopsPerScoreAndDim * static_cast<double>(s.batch * s.heads_q) * sq * keys * static_cast<double>(s.head_dim);
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dash/attention.hpp"
+#include "schedule/mask.hpp"
 
 namespace dash::harness {
 
@@ -48,7 +49,8 @@ void check_cuda(int error, const char* what);
 bool synchronize_with_watchdog(cudaStream_t stream, double seconds);
 
 // One attention problem on the device: packed (B, S, H, D) inputs drawn from N(0, 1), rounded to the
-// shape's dtype, and their float64 reference forward (O, LSE) and backward (dQ, dK, dV).
+// shape's dtype, and their float64 reference forward (O, LSE) and backward (dQ, dK, dV), under the shape's
+// mask (causal, sliding window) and softcap.
 struct Problem {
   AttentionShape shape;
   std::vector<double> q, k, v, dout;  // the rounded inputs, exactly as the GPU sees them
@@ -89,6 +91,12 @@ struct Tolerance {
   double max_error_fraction;  // of max |reference|
 };
 Tolerance tolerance_for(DType dtype);
+// The same for a shape: with softcap > 0 widened for the kernels' tanh approximation (MUFU.TANH, relative error
+// about 2^-11: a capped score c is off by up to |c| 2^-11, which changes P by that fraction, about one bf16
+// rounding of P at |c| = 4; the widening is two bf16 roundoffs on top of the dtype's tolerance).
+Tolerance tolerance_for(const AttentionShape& shape);
+// The shape's window as the reference takes it (bounds beyond 2^30 keys are the same as open).
+SlidingWindow reference_window(const AttentionShape& shape);
 bool within(const ErrorStats& stats, const Tolerance& tol);
 
 // Time of `launch` (which enqueues work on the default stream) after `warmup` untimed calls:

@@ -61,6 +61,7 @@ using BackwardLauncher = int (*)(const BackwardParams&, cudaStream_t);
 struct KernelInstance {
   int head_dim;
   DType dtype;
+  bool softcap;  // the softcap kernels (AttentionShape::softcap > 0), compiled apart so the others stay as they are
   ForwardLauncher forward;
   BackwardLauncher backward;
 };

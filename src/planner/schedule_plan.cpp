@@ -18,13 +18,10 @@ int choose_group_splits(int batch, int heads_kv, int group_size, int num_kv_tile
 }
 
 TiledProblem make_tiled_problem(const AttentionShape& shape, SlidingWindow window, int group_splits) {
-  TiledProblem p = make_tiled_problem(shape, group_splits);
-  const bool left_reaches = window.left >= 0 && window.left < p.seqlen_k - 1;
-  const bool right_reaches = !p.causal && window.right >= 0 && window.right < p.seqlen_q - 1;
-  p.causal = p.causal || (right_reaches && window.right == 0);
-  p.window.left = left_reaches ? window.left : kNoWindowBound;
-  p.window.right = right_reaches && !p.causal ? window.right : kNoWindowBound;
-  return p;
+  AttentionShape windowed = shape;
+  windowed.window_left = window.left;
+  windowed.window_right = window.right;
+  return make_tiled_problem(windowed, group_splits);
 }
 
 TiledProblem make_tiled_problem(const AttentionShape& shape, int group_splits) {
@@ -37,7 +34,9 @@ TiledProblem make_tiled_problem(const AttentionShape& shape, int group_splits) {
   p.seqlen_k = static_cast<int>(shape.seqlen_k);
   p.block_q = tile.block_q;
   p.block_kv = tile.block_kv;
-  p.causal = shape.causal;
+  const MaskShape mask = canonical_mask(p.seqlen_q, p.seqlen_k, shape.causal, shape.window_left, shape.window_right);
+  p.causal = mask.causal;
+  p.window = mask.window;
   p.group_splits = group_splits > 0 ? group_splits
                                     : choose_group_splits(p.batch, p.heads_kv, p.group_size, p.num_kv_tiles());
   return p;

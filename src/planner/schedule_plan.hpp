@@ -10,15 +10,12 @@
 
 namespace dash {
 
-// The tiled problem the backward kernel runs for `shape` (tile sizes from tile_config.hpp).
+// The tiled problem the backward kernel runs for `shape` (tile sizes from tile_config.hpp), under the shape's
+// mask: causal and its sliding window (window_left, window_right) in the canonical form of canonical_mask()
+// (mask.hpp), so that a window that reduces to the full or causal mask plans exactly as that mask does.
 // group_splits = 0 picks choose_group_splits().
 TiledProblem make_tiled_problem(const AttentionShape& shape, int group_splits = 0);
-// The same under FlashAttention's sliding window (mask.hpp), which the API and the kernels do not take yet:
-// only the planner, the simulator and the emulator run it. The window is put in a canonical form, so that a
-// window that reduces to the full or causal mask plans exactly as that mask does: causal keeps no right
-// bound of its own (it is 0), a right bound of 0 makes the mask causal, and a bound that no row reaches past
-// (left >= seqlen_k - 1, right >= seqlen_q - 1) is dropped, as is any negative one (an open side, as in
-// FlashAttention).
+// The same with `window` in place of the shape's window fields (the planner's and the emulator's tests).
 TiledProblem make_tiled_problem(const AttentionShape& shape, SlidingWindow window, int group_splits = 0);
 
 // How many parts to split each GQA query-head group into: the fewest that still give at least

@@ -7,7 +7,8 @@
 // GQA head mapping follow include/dash/attention.hpp. softcap > 0 caps each scaled score s to
 // softcap * tanh(s / softcap) before the softmax (Gemma 2's logit softcapping, FlashAttention's `softcap`), and the
 // backward multiplies dS by its derivative 1 - tanh^2; 0 leaves the scores as they are. The window and softcap
-// are arguments of their own because the API's shape has neither yet.
+// are arguments of their own, and the shape's window_left, window_right and softcap fields are not read: the
+// emulator and the planner's tests pass windows directly, the GPU harness the shape's (reference_window).
 #pragma once
 
 #include "dash/types.hpp"

@@ -14,8 +14,10 @@
 // tokens).
 //
 // Invariants: tile_at is a bijection from [0, num_tiles()) onto (batch, head, query tile); groups come in
-// order; within a group, kv_tiles never increases. A query tile visits the key/value tiles up to the one
-// holding its last row's last visible key (none for a tile whose rows see no key).
+// order; within a group, kv_tiles never increases (without a sliding window; under one the order is still a
+// bijection, but a band's length need not fall monotonically). A query tile visits the key/value tiles from the
+// one holding its first seeing row's first visible key (0 without a left window bound) to the one holding its last
+// row's last visible key (none for a tile whose rows see no key).
 #pragma once
 
 #include <cstdint>
@@ -27,10 +29,11 @@
 namespace dash {
 
 struct ForwardTile {
-  int kv_tiles;  // key/value tiles to visit: [0, kv_tiles)
+  int kv_tiles;  // key/value tiles to visit: [kv_first, kv_first + kv_tiles)
   int batch;
   int head;
   int q_tile;
+  int kv_first = 0;  // 0 unless a sliding window bounds the left side
 };
 
 // Bytes of K and V that the CTAs of one head group may read at one time: about half of the H200's 60 MiB
@@ -60,11 +63,24 @@ struct ForwardTileOrder {
   DASH_HOST_DEVICE int q_tiles() const { return ceil_div(mask.seqlen_q, block_q); }
   DASH_HOST_DEVICE int num_tiles() const { return q_tiles() * heads_q * batch; }
 
-  DASH_HOST_DEVICE int kv_tiles_of(int q_tile) const {
+  // One past the key/value tile holding the last key the tile's last row sees (0 if it sees none).
+  DASH_HOST_DEVICE int kv_end_of(int q_tile) const {
     const int end = (q_tile + 1) * block_q;
     const int last_row = (end < mask.seqlen_q ? end : mask.seqlen_q) - 1;
     return ceil_div(mask.visible_keys(last_row), block_kv);
   }
+  // The key/value tile holding the first key the tile's first row that sees any key sees: 0 unless a sliding
+  // window bounds the left side. The rows that see no key come first (those the right bound leaves before key
+  // 0); a tile whose rows see none gets 0, with kv_end_of 0.
+  DASH_HOST_DEVICE int kv_first_of(int q_tile) const {
+    if (mask.left_bound() < 0) return 0;
+    const int right = mask.right_bound();
+    const int earliest = right < 0 ? 0 : -mask.diagonal_offset() - right;  // first row that sees a key
+    const int row = q_tile * block_q > earliest ? q_tile * block_q : earliest;
+    if (row >= mask.seqlen_q || kv_end_of(q_tile) == 0) return 0;
+    return mask.first_visible_key(row) / block_kv;
+  }
+  DASH_HOST_DEVICE int kv_tiles_of(int q_tile) const { return kv_end_of(q_tile) - kv_first_of(q_tile); }
 
   DASH_HOST_DEVICE ForwardTile tile_at(int t) const {
     const int tiles_per_head = q_tiles();
@@ -77,7 +93,8 @@ struct ForwardTileOrder {
     const int rank = within / group_heads;  // 0: the tiles that see the most keys
     const int q_tile = mask.causal ? tiles_per_head - 1 - rank : rank;
     const int bh = first_head + within % group_heads;
-    return ForwardTile{kv_tiles_of(q_tile), bh / heads_q, bh % heads_q, q_tile};
+    const int kv_first = kv_first_of(q_tile);
+    return ForwardTile{kv_end_of(q_tile) - kv_first, bh / heads_q, bh % heads_q, q_tile, kv_first};
   }
 };
 

@@ -13,6 +13,8 @@
 // sees [first_visible_key(row), visible_keys(row)); the others see the empty range.
 #pragma once
 
+#include <cstdint>
+
 #include "schedule/host_device.hpp"
 
 namespace dash {
@@ -30,7 +32,7 @@ struct MaskShape {
   int seqlen_q;
   int seqlen_k;
   bool causal;
-  SlidingWindow window{};  // the kernels build masks without one: they run the full and causal masks only
+  SlidingWindow window{};  // canonical_mask() below puts it in the form the planner and the kernels use
 
   // Keys after the diagonal a row sees (kNoWindowBound: all of them).
   DASH_HOST_DEVICE int right_bound() const { return causal ? 0 : (window.right < 0 ? kNoWindowBound : window.right); }
@@ -69,5 +71,20 @@ struct MaskShape {
  private:
   DASH_HOST_DEVICE static int clamp(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
 };
+
+// The mask of a shape's (causal, window_left, window_right) in canonical form, one definition for the planner
+// (make_tiled_problem) and the forward kernel's launcher, so that both run the same mask: a window that reduces
+// to the full or causal mask becomes that mask. Causal keeps no right bound of its own (it is 0, whatever the
+// window says, as in FlashAttention); a right bound of 0 makes the mask causal; a bound that no row reaches past
+// (left >= seqlen_k - 1, right >= seqlen_q - 1) is dropped, as is a negative one (an open side). The bounds are
+// int64 (the public shape's), so a huge one cannot wrap when narrowed.
+DASH_HOST_DEVICE MaskShape canonical_mask(int seqlen_q, int seqlen_k, bool causal, int64_t left, int64_t right) {
+  const bool left_reaches = left >= 0 && left < seqlen_k - 1;
+  const bool right_reaches = !causal && right >= 0 && right < seqlen_q - 1;
+  MaskShape mask{seqlen_q, seqlen_k, causal || (right_reaches && right == 0)};
+  mask.window.left = left_reaches ? static_cast<int>(left) : kNoWindowBound;
+  mask.window.right = right_reaches && !mask.causal ? static_cast<int>(right) : kNoWindowBound;
+  return mask;
+}
 
 }  // namespace dash

@@ -167,13 +167,15 @@ struct BandSymmetricShift {
   }
 };
 
-// The kernels run no sliding window yet (the API's shape has none, and bwd_mma.cuh masks without one), so no
-// windowed plan reaches device code. Until one can, the band's construction is compiled for the host alone: in
-// the backward loader, whose producer warp keeps 24 registers, it tripled the spill code at head dim 128
-// (scripts/sass_report.sh: STL 74 -> 236) on a path no launch takes. Window support in the kernels starts by
-// compiling it in and measuring the loader again.
+// The band's construction is compiled for the host alone: in the backward loader, whose producer warp keeps 24
+// registers, it tripled the spill code at head dim 128 (scripts/sass_report.sh: STL 74 -> 236), and the full and
+// causal kernels would pay for it too (the branch is at run time). So the kernels run no windowed symmetric-shift
+// plan: plan_backward refuses one (api/backward_plan.cpp reads kBandFoldInKernels), and the planner, simulator,
+// emulator and proofs keep it. Running it on the GPU starts by setting kBandFoldInKernels and measuring the
+// loader again.
+inline constexpr bool kBandFoldInKernels = false;
 #if defined(__CUDA_ARCH__)
-inline constexpr bool kBandFoldCompiled = false;
+inline constexpr bool kBandFoldCompiled = kBandFoldInKernels;
 #else
 inline constexpr bool kBandFoldCompiled = true;
 #endif

@@ -61,7 +61,7 @@ struct TiledProblem {
   DASH_HOST_DEVICE int num_q_tiles() const { return real_q_tiles() * heads_per_job(); }
 
   // The band of (virtual) query tiles key/value tile `kv` sees: [q_begin(kv), q_end(kv)). Each function takes
-  // the full and causal masks' case first, so that the kernels (which run no window) compute what they did.
+  // the full and causal masks' case first, so that the kernels compute for them what they did before windows.
   DASH_HOST_DEVICE int q_begin(int kv) const {
     const MaskShape m = mask();
     const int col = first_seen_col(m, kv);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,14 @@ struct RejectedShape {
   std::string message;  // the whole expected message
 };
 
+inline constexpr float kTinySoftcap = 1e-40f;
+
+inline std::string printed(float value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
 inline std::vector<RejectedShape> rejected_shapes() {
   return {
       {"HeadsKvZero", [](AttentionShape& s) { s.heads_kv = 0; }, StatusCode::kInvalidArgument,
@@ -51,6 +60,21 @@ inline std::vector<RejectedShape> rejected_shapes() {
        "shape.batch must be > 0, got 0"},
       {"HeadDim7", [](AttentionShape& s) { s.head_dim = 7; }, StatusCode::kNotSupported,
        "shape.head_dim must be one of {64, 128}, got 7"},
+      // The sliding window and softcap (FlashAttention's window_size and softcap).
+      {"WindowLeftMinus2", [](AttentionShape& s) { s.window_left = -2; }, StatusCode::kInvalidArgument,
+       "shape.window_left must be >= -1 (-1 leaves that side of the sliding window open), got -2"},
+      {"WindowRightMinus2", [](AttentionShape& s) { s.window_right = -2; }, StatusCode::kInvalidArgument,
+       "shape.window_right must be >= -1 (-1 leaves that side of the sliding window open), got -2"},
+      {"SoftcapNegative", [](AttentionShape& s) { s.softcap = -1.0f; }, StatusCode::kInvalidArgument,
+       "shape.softcap must be finite and >= 0 (0: no capping), got -1"},
+      {"SoftcapNaN", [](AttentionShape& s) { s.softcap = std::nanf(""); }, StatusCode::kInvalidArgument,
+       "shape.softcap must be finite and >= 0 (0: no capping), got nan"},
+      {"SoftcapInfinite", [](AttentionShape& s) { s.softcap = INFINITY; }, StatusCode::kInvalidArgument,
+       "shape.softcap must be finite and >= 0 (0: no capping), got inf"},
+      // A subnormal softcap: softmax_scale / softcap overflows (printed as the library prints floats).
+      {"SoftcapTooSmallForTheScale", [](AttentionShape& s) { s.softcap = kTinySoftcap; }, StatusCode::kInvalidArgument,
+       "shape.softcap must be 0 or large enough that softmax_scale / softcap is finite, got softcap " +
+           printed(kTinySoftcap) + " with softmax_scale " + printed(valid_workspace_shape().softmax_scale)},
   };
 }
 

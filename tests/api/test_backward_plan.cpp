@@ -361,6 +361,12 @@ std::vector<Mismatch> mismatches() {
        "shape.softmax_scale is 0.0883883536, but the plan was made for 0.0883883461" + tail},
       {"causal", [](BackwardArgs& a) { a.shape.causal = false; },
        "shape.causal is false, but the plan was made for true" + tail},
+      {"window_left", [](BackwardArgs& a) { a.shape.window_left = 64; },
+       "shape.window_left is 64, but the plan was made for -1" + tail},
+      {"window_right", [](BackwardArgs& a) { a.shape.window_right = 0; },
+       "shape.window_right is 0, but the plan was made for -1" + tail},
+      {"softcap", [](BackwardArgs& a) { a.shape.softcap = 30.0f; },
+       "shape.softcap is 30, but the plan was made for 0" + tail},
       {"schedule", [](BackwardArgs& a) { a.schedule = Schedule::kAuto; },
        "schedule is 'auto', but the plan was made for 'descending'" + tail},
       {"sm_margin", [](BackwardArgs& a) { a.sm_margin = 8; }, "sm_margin is 8, but the plan was made for 0" + tail},
@@ -377,6 +383,75 @@ TEST(BackwardWithPlan, NamesTheFieldTheCallAndThePlanDisagreeOnBeforeAnythingEls
     const Status status = backward(args, plan, nullptr, 0, nullptr);
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(status.message(), m.message);
+  }
+}
+
+// The window reaches the planner: the plan's problem holds it in canonical form (the planner's own
+// make_tiled_problem with the window), every schedule the planner accepts is planned and proven, the others are
+// refused with the planner's reason, and a window that adds nothing plans as its mask.
+TEST(PlanBackward, PlansTheShapesSlidingWindow) {
+  for (const bool causal : {false, true}) {
+    AttentionShape shape = testing::valid_workspace_shape();
+    shape.causal = causal;
+    shape.window_left = 100;
+    shape.window_right = causal ? 7 : 30;  // causal makes it 0
+    const TiledProblem problem = make_tiled_problem(shape, SlidingWindow{100, causal ? 0 : 30});
+    EXPECT_TRUE(problem.windowed());
+    EXPECT_EQ(problem.window.left, 100);
+    EXPECT_EQ(problem.window.right, causal ? kNoWindowBound : 30);
+    EXPECT_EQ(problem.causal, causal);
+    for (Schedule schedule : kAllSchedules) {
+      SCOPED_TRACE(std::string(schedule_name(schedule)) + (causal ? " causal" : " full"));
+      const PlanResult expected = plan_schedule(problem, schedule, h200().multiprocessor_count);
+      BackwardPlan plan;
+      const Status status = plan_backward(shape, schedule, h200(), &plan);
+      if (!expected.ok()) {
+        EXPECT_EQ(status.code(), StatusCode::kScheduleRejected) << status.to_string();
+        EXPECT_NE(status.message().find(expected.rejected), std::string::npos) << status.message();
+        continue;
+      }
+      if (expected.plan.kind == Schedule::kSymmetricShift) {
+        // Planned and proven on the CPU, but the kernels are built without the band fold.
+        EXPECT_EQ(status.code(), StatusCode::kScheduleRejected) << status.to_string();
+        EXPECT_NE(status.message().find("not built into the kernels"), std::string::npos) << status.message();
+        continue;
+      }
+      ASSERT_TRUE(status.ok()) << status.to_string();
+      const SchedulePlan& planned = BackwardPlanAccess::data(plan)->schedule_plan;
+      EXPECT_EQ(planned.kind, expected.plan.kind);
+      EXPECT_EQ(planned.problem.window.left, 100);
+      EXPECT_EQ(planned.problem.window.right, problem.window.right);
+      EXPECT_EQ(planned.num_units, expected.plan.num_units);
+    }
+  }
+  // Shift needs the full mask: a window is refused with the planner's reason.
+  AttentionShape windowed = full_shape();
+  windowed.window_left = 64;
+  BackwardPlan plan;
+  const Status shift = plan_backward(windowed, Schedule::kShift, h200(), &plan);
+  EXPECT_EQ(shift.code(), StatusCode::kScheduleRejected);
+  EXPECT_NE(shift.message().find("shift needs the full mask"), std::string::npos) << shift.message();
+  // Bounds no row reaches past, and right = 0 without causal: the full and causal masks' plans.
+  AttentionShape wide = full_shape();
+  wide.window_left = wide.seqlen_k;
+  wide.window_right = int64_t{1} << 40;
+  EXPECT_FALSE(make_tiled_problem(wide).windowed());
+  EXPECT_FALSE(make_tiled_problem(wide).causal);
+  AttentionShape right_zero = full_shape();
+  right_zero.window_right = 0;
+  EXPECT_TRUE(make_tiled_problem(right_zero).causal);
+  EXPECT_FALSE(make_tiled_problem(right_zero).windowed());
+}
+
+TEST(PlanBackward, PlansSoftcapLikeItsShapeWithoutOne) {
+  AttentionShape capped = causal_shape();
+  capped.softcap = 30.0f;
+  for (Schedule schedule : {Schedule::kAuto, Schedule::kDescending, Schedule::kShortestFirst}) {
+    const BackwardPlan with = plan_or_fail(capped, schedule);
+    const BackwardPlan without = plan_or_fail(causal_shape(), schedule);
+    EXPECT_EQ(with.schedule(), without.schedule());
+    EXPECT_EQ(with.workspace_bytes(), without.workspace_bytes());
+    EXPECT_EQ(with.shape().softcap, 30.0f);
   }
 }
 

@@ -45,6 +45,54 @@ TEST(ProofCache, KeepsTheMostRecentlyUsedPlans) {
   EXPECT_EQ(cache.find(plan_of_length(300, Schedule::kDescending)), std::nullopt) << "the schedule is in the key";
 }
 
+TEST(ProofCache, KeysPlansByTheirWindow) {
+  AttentionShape shape;
+  shape.batch = 2;
+  shape.heads_q = shape.heads_kv = 4;
+  shape.seqlen_q = shape.seqlen_k = 3000;
+  shape.head_dim = 128;
+  shape.causal = true;
+  const auto plan_with = [&](SlidingWindow window) {
+    const PlanResult planned = make_schedule_plan(make_tiled_problem(shape, window), Schedule::kShortestFirst, 132);
+    EXPECT_TRUE(planned.ok()) << planned.rejected;
+    return planned.plan;
+  };
+  ProofCache cache(8);
+  cache.insert(plan_with(SlidingWindow{}), "causal");
+  cache.insert(plan_with(SlidingWindow{511, 0}), "left 511");
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.find(plan_with(SlidingWindow{})), "causal");
+  EXPECT_EQ(cache.find(plan_with(SlidingWindow{511, 0})), "left 511");
+  EXPECT_EQ(cache.find(plan_with(SlidingWindow{1023, 0})), std::nullopt) << "the left bound is in the key";
+  shape.causal = false;
+  cache.insert(plan_with(SlidingWindow{511, 64}), "left 511, right 64");
+  EXPECT_EQ(cache.find(plan_with(SlidingWindow{511, 65})), std::nullopt) << "the right bound is in the key";
+  EXPECT_EQ(cache.find(plan_with(SlidingWindow{511, 64})), "left 511, right 64");
+}
+
+TEST(ProveSchedule, ProvesWindowedPlansOfEveryDeterministicScheduleThePlannerAccepts) {
+  AttentionShape shape;
+  shape.batch = 2;
+  shape.heads_q = 8;
+  shape.heads_kv = 2;
+  shape.seqlen_q = 1000;
+  shape.seqlen_k = 1300;
+  shape.head_dim = 64;
+  for (const bool causal : {false, true}) {
+    shape.causal = causal;
+    for (const SlidingWindow window : {SlidingWindow{0, 0}, SlidingWindow{255, -1}, SlidingWindow{100, 37}}) {
+      for (Schedule schedule : kAllSchedules) {
+        if (schedule == Schedule::kAuto) continue;
+        const PlanResult planned = make_schedule_plan(make_tiled_problem(shape, window), schedule, 132);
+        if (!planned.ok()) continue;
+        EXPECT_TRUE(prove_schedule(planned.plan).ok())
+            << schedule_name(schedule) << (causal ? " causal" : " full") << " window " << window.left << ","
+            << window.right;
+      }
+    }
+  }
+}
+
 TEST(ProofCache, IsSafeToShareBetweenThreads) {
   constexpr int kThreads = 8;
   constexpr int kLookups = 3000;

@@ -28,8 +28,9 @@ constexpr size_t kMessageBytes = 4096;
 constexpr size_t kUntouched = 12345;
 
 dash_shape to_c(const AttentionShape& s) {
-  return dash_shape{s.batch,    s.seqlen_q, s.seqlen_k,       s.heads_q,          s.heads_kv,
-                    s.head_dim, static_cast<int>(s.dtype), s.softmax_scale, s.causal ? 1 : 0};
+  return dash_shape{s.batch,         s.seqlen_q,         s.seqlen_k,       s.heads_q,          s.heads_kv,
+                    s.head_dim,      static_cast<int>(s.dtype), s.softmax_scale, s.causal ? 1 : 0,
+                    /*windowed=*/1,  s.window_left,      s.window_right,   s.softcap};
 }
 
 // What one C call returned: its code and the message it copied out.
@@ -71,6 +72,36 @@ TEST_P(CBackwardWorkspaceSize, RefusesTheShapeBeforeAnythingElse) {
   EXPECT_EQ(r.code, static_cast<int>(GetParam().code)) << dash_status_name(r.code) << ": " << r.message;
   EXPECT_EQ(r.message, GetParam().message);
   EXPECT_EQ(bytes, kUntouched);
+}
+
+// windowed == 0 means no window whatever the bounds hold: a zeroed struct is not the window (0, 0). With windowed
+// set, the bounds are the shape's and are checked.
+TEST(CShape, TheWindowAppliesOnlyWhenWindowedIsSet) {
+  dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  c_shape.windowed = 0;
+  c_shape.window_left = -5;
+  size_t bytes = kUntouched;
+  Result r = call([&](char* m, size_t n) { return dash_forward_workspace_size(&c_shape, &bytes, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_OK) << r.message;
+  c_shape.windowed = 1;
+  r = call([&](char* m, size_t n) { return dash_forward_workspace_size(&c_shape, &bytes, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "shape.window_left must be >= -1 (-1 leaves that side of the sliding window open), got -5");
+  const dash_shape zeroed{};
+  EXPECT_EQ(zeroed.windowed, 0);
+}
+
+// A softcap instance exists only next to its plain one (DASH_SOFTCAP_KERNELS adds one per head dim and dtype built);
+// tests/kernels/test_sm90_variants.cpp checks on a GPU build that each plain one has its softcap one.
+TEST(CShape, SoftcapKernelsComeWithThePlainOnes) {
+  for (int64_t head_dim : {64, 96, 128}) {
+    for (int dtype : {DASH_DTYPE_BF16, DASH_DTYPE_FP16}) {
+      if (dash_softcap_kernel_available(head_dim, dtype) != 0) {
+        EXPECT_EQ(dash_kernel_available(head_dim, dtype), 1) << head_dim << " " << dtype;
+      }
+    }
+  }
+  EXPECT_EQ(dash_softcap_kernel_available(96, DASH_DTYPE_BF16), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CForwardWorkspaceSize, ::testing::ValuesIn(testing::rejected_shapes()),

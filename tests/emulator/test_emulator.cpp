@@ -12,6 +12,7 @@
 #include "emulator/emulator.hpp"
 #include "emulator_test_constants.hpp"
 #include "planner/schedule_plan.hpp"
+#include "schedule/schedule.hpp"
 
 namespace dash {
 namespace {
@@ -97,6 +98,47 @@ TEST_P(DeterministicSchedules, BitwiseIdenticalAcrossRunsAndMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeterministicSchedules, testing::ValuesIn(kCases),
                          [](const testing::TestParamInfo<Case>& param) { return std::string(param.param.name); });
+
+// The windows of the GPU tests (kernels/test_sm90_variants.cpp) at the kernels' own tiles (backward_tile_shape of
+// head dims 64 and 128), with the schedules the API runs under a window: rows that see no key, keys that no row
+// sees (key/value tiles whose jobs have no step), seqlen_q != seqlen_k both ways with GQA, the diagonal alone.
+TEST(Emulator, TheGpuTestsWindowsAtTheKernelsTiles) {
+  const Case cases[] = {
+      {"rows_without_keys", 1, 2, 2, 400, 100, false, 4, 0, {20, 5}},
+      {"keys_without_rows", 1, 2, 2, 128, 1000, false, 4, 0, {50, 10}},
+      {"causal_sq_gt_sk_mqa", 2, 4, 1, 777, 300, true, 6, 0, {100, -1}},
+      {"two_sided_sq_lt_sk_gqa", 1, 4, 2, 300, 777, false, 5, 0, {200, 30}},
+      {"diagonal", 1, 2, 2, 257, 257, false, 3, 0, {0, 0}},
+  };
+  for (const int head_dim : {64, 128}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(c.name) + " at the tiles of head dim " + std::to_string(head_dim));
+      const AttentionShape shape = shape_of(c);
+      const EmulatorInputs inputs = make_emulator_inputs(shape, /*seed=*/13, c.window);
+      const TiledProblem problem =
+          make_emulator_problem(shape, backward_tile_shape(head_dim), c.group_splits, c.window);
+      ASSERT_TRUE(problem.windowed() || problem.causal);
+      for (Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst}) {
+        SCOPED_TRACE(std::string(schedule_name(schedule)));
+        const PlanResult planned = make_schedule_plan(problem, schedule, c.sms);
+        ASSERT_TRUE(planned.ok()) << planned.rejected;
+        if (std::string(c.name) == "keys_without_rows") {
+          int stepless = 0;
+          for (int unit = 0; unit < planned.plan.num_units; ++unit) {
+            stepless += make_job(planned.plan, unit, 0).num_steps == 0;
+          }
+          EXPECT_GT(stepless, 0) << "the case is there for key/value tiles no row sees";
+        }
+        const EmulationResult r = emulate(inputs, planned.plan, options());
+        ASSERT_TRUE(r.completed) << r.error;
+        EXPECT_TRUE(r.bitwise_identical);
+        EXPECT_LT(r.max_rel_error(), kFloat32Tolerance)
+            << "dq " << r.error_vs_reference.dq << " dk " << r.error_vs_reference.dk << " dv "
+            << r.error_vs_reference.dv;
+      }
+    }
+  }
+}
 
 TEST(Emulator, PaperScheduleAppliesWhereExpected) {
   // Guards the suite above against silently skipping the DASH schedules.

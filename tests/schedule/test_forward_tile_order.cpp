@@ -47,6 +47,7 @@ TEST(ForwardTileOrder, CoversEveryTileOnceGroupByGroupLongestFirstWithTheMasksKe
       const ForwardTile tile = order.tile_at(t);
       ASSERT_TRUE(seen.insert({tile.batch, tile.head, tile.q_tile}).second) << "tile " << t << " repeats";
       ASSERT_EQ(tile.kv_tiles, brute_force_kv_tiles(order, tile.q_tile)) << "tile " << t;
+      ASSERT_EQ(tile.kv_first, 0) << "no window: every tile starts at key 0";
       const int group = (tile.batch * heads_q + tile.head) / heads_per_group;
       ASSERT_GE(group, previous_group) << "groups in order";
       if (group == previous_group) {
@@ -57,6 +58,50 @@ TEST(ForwardTileOrder, CoversEveryTileOnceGroupByGroupLongestFirstWithTheMasksKe
     }
     EXPECT_EQ(static_cast<int>(seen.size()), order.q_tiles() * heads_q * batch);
   }
+}
+
+// Under a sliding window a query tile visits [kv_first, kv_first + kv_tiles): from the tile holding the smallest
+// first key of a row that sees any key to the one holding the largest last key, counted row by row; a tile whose
+// rows see no key visits none (the kernel then writes O = 0, LSE = -inf). Random windows (left, right, causal,
+// bounds of 0 and past the sequence, canonicalized as the launch does), lengths and the kernels' tile shapes.
+TEST(ForwardTileOrder, VisitsTheKeyValueTilesOfEachQueryTilesBandUnderASlidingWindow) {
+  std::mt19937 rng(20261202);
+  int empty_tiles = 0, offset_tiles = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const bool causal = trial % 3 == 1;
+    const int seqlen_q = std::uniform_int_distribution<int>(1, 1100)(rng);
+    const int seqlen_k = std::uniform_int_distribution<int>(1, 1100)(rng);
+    const auto bound = [&] {
+      const int pick = std::uniform_int_distribution<int>(0, 5)(rng);
+      return pick == 0 ? -1 : pick == 1 ? 0 : pick == 2 ? 2000 : std::uniform_int_distribution<int>(0, 700)(rng);
+    };
+    const MaskShape mask = canonical_mask(seqlen_q, seqlen_k, causal, bound(), bound());
+    const TileShape shape = trial % 2 == 0 ? TileShape{kForwardBlockQ, kForwardBlockKv}
+                                           : TileShape{kForwardTallBlockQ, kForwardWideBlockKv};
+    const ForwardTileOrder order{mask, shape.block_q, shape.block_kv, 2, 1, 1};
+    for (int t = 0; t < order.num_tiles(); ++t) {
+      const ForwardTile tile = order.tile_at(t);
+      int first = seqlen_k, end = 0;
+      for (int row = tile.q_tile * shape.block_q; row < std::min((tile.q_tile + 1) * shape.block_q, seqlen_q); ++row) {
+        for (int col = 0; col < seqlen_k; ++col) {
+          if (!mask.visible(row, col)) continue;
+          first = std::min(first, col);
+          end = std::max(end, col + 1);
+        }
+      }
+      SCOPED_TRACE("trial " + std::to_string(trial) + ", tile " + std::to_string(t));
+      if (end == 0) {
+        ASSERT_EQ(tile.kv_tiles, 0);
+        ++empty_tiles;
+        continue;
+      }
+      ASSERT_EQ(tile.kv_first, first / shape.block_kv);
+      ASSERT_EQ(tile.kv_first + tile.kv_tiles, (end + shape.block_kv - 1) / shape.block_kv);
+      if (tile.kv_first > 0) ++offset_tiles;
+    }
+  }
+  EXPECT_GT(empty_tiles, 0) << "some tiles see no key";
+  EXPECT_GT(offset_tiles, 0) << "some tiles start past key 0";
 }
 
 TEST(ForwardTileOrder, CausalHeadGroupsHoldWholeKeyValueHeadsWithinTheL2BudgetAndFullMasksGoHeadByHead) {

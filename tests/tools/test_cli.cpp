@@ -372,7 +372,7 @@ TEST(Cli, PlanFullMaskRecommendsShift) {
   EXPECT_NE(text.text.find("recommended: shift"), std::string::npos) << text.text;
 }
 
-// A sliding window, which the library does not take yet, is planned directly: the mask reaches the JSON in
+// A sliding window is planned as the library plans the shape's window: the mask reaches the JSON in
 // FlashAttention's terms, symmetric shift folds the causal band (head dim 128: a slope of 2), shift says why it
 // does not apply, and auto keeps to shortest-first.
 TEST(Cli, PlanWithASlidingWindow) {
@@ -417,6 +417,38 @@ TEST(Cli, WindowFlagsAreCheckedLikeTheShapes) {
   EXPECT_TRUE(refused_with("emulate --window-right x", "--window-right: 'x' is not an integer"));
   EXPECT_TRUE(
       refused_with("plan --preset paper-example --window-left 100", "--preset sets the shape; drop --window-left"));
+}
+
+// --window L,R is the same window as --window-left L --window-right R, in every command; check and bench also
+// take --softcap. Their bad values are refused as bad command lines, and values the library refuses with its
+// message, before any device check.
+TEST(Cli, WindowPairAndSoftcapFlags) {
+  const Output pair = run("plan --seqlen 2048 --head-dim 64 --window 300,100 --json");
+  ASSERT_EQ(pair.status, 0) << pair.text;
+  const Output separate = run("plan --seqlen 2048 --head-dim 64 --window-left 300 --window-right 100 --json");
+  ASSERT_EQ(separate.status, 0) << separate.text;
+  EXPECT_EQ(pair.text, separate.text);
+  for (const char* command : {"plan", "emulate", "check", "bench"}) {
+    SCOPED_TRACE(command);
+    const std::string c = command;
+    EXPECT_TRUE(refused_with(c + " --window 5", "--window takes two bounds, L,R (-1 for an open side), got 1"));
+    EXPECT_TRUE(refused_with(c + " --window 5,6,7", "--window takes two bounds, L,R (-1 for an open side), got 3"));
+    EXPECT_TRUE(refused_with(c + " --window -2,0", "--window: "));
+    EXPECT_TRUE(refused_with(c + " --window 5,6 --window-left 3",
+                             "--window L,R sets both bounds: give it or --window-left/--window-right, not both"));
+  }
+  for (const char* command : {"check", "bench"}) {
+    SCOPED_TRACE(command);
+    const std::string c = command;
+    EXPECT_TRUE(refused_with(c + " --softcap -1", "--softcap: -1 is below 0"));
+    EXPECT_TRUE(refused_with(c + " --softcap nan", "--softcap: 'nan' is not a finite number"));
+    // The library's rule (softmax_scale / softcap finite), in its words.
+    EXPECT_TRUE(refused_with(c + " --head-dim 64 --softcap 1e-40",
+                             "the library refuses this shape: shape.softcap must be 0 or large enough"));
+  }
+  for (const char* command : {"plan", "emulate"}) {
+    EXPECT_NE(run(std::string(command) + " --help").text.find("--window L,R"), std::string::npos) << command;
+  }
 }
 
 TEST(Cli, EmulateWithASlidingWindow) {

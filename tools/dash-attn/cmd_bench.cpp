@@ -1,6 +1,6 @@
 // dash-attn bench (GPU): backward (or, with --fwd, forward) TFLOPS of every schedule on the paper's grid
 // (16384 tokens, hidden 2048, head dims 64 and 128, seqlen 512..16384, full and causal) or on one
-// shape. Each schedule is planned once per shape (plan_backward, untimed) and launched through the plan, as a
+// shape (with --window L,R and --softcap X where given). Each schedule is planned once per shape (plan_backward, untimed) and launched through the plan, as a
 // training loop does. Times loops of --iters back-to-back calls between CUDA events (median of kRepeats loops,
 // after --warmup), so the host's checks overlap earlier calls' kernels, and reports the host time of one call
 // (validation and launches, no planning) next to it; backward times include the preprocess and postprocess
@@ -46,7 +46,16 @@ struct Point {
   std::vector<Measurement> results;
 };
 
-std::string mask_name(const AttentionShape& s) { return s.causal ? "causal" : "full"; }
+// The mask's name in the tables and CSV, a window and softcap appended without commas (a CSV field):
+// "causal window(255;-1) softcap(30)".
+std::string mask_name(const AttentionShape& s) {
+  std::string name = s.causal ? "causal" : "full";
+  if (s.window_left >= 0 || s.window_right >= 0) {
+    name += " window(" + std::to_string(s.window_left) + ";" + std::to_string(s.window_right) + ")";
+  }
+  if (s.softcap > 0.0f) name += " softcap(" + format_number(s.softcap) + ")";
+  return name;
+}
 
 std::vector<AttentionShape> paper_grid(DType dtype) {
   std::vector<AttentionShape> grid;
@@ -202,6 +211,10 @@ int cmd_bench(const std::vector<std::string>& args) {
                     "Times the backward pass (every schedule) or, with --fwd, the forward pass on this GPU: the paper's\n"
                     "grid unless shape flags are given. TFLOPS = 4 B H Sq Sk_avg D (x 2.5 for the backward) / time.");
   add_shape_flags(parser, &shape_flags, /*with_sms=*/false);
+  WindowFlags window;
+  add_window_flags(parser, &window);
+  double softcap = 0.0;
+  add_softcap_flag(parser, &softcap);
   parser.add_string("dtype", "NAME", "bf16 or fp16", &dtype);
   parser.add_switch("fwd", "benchmark the forward pass instead of the backward pass", &fwd);
   parser.add_string("schedule", "NAME", "time only this backward schedule", &schedule_flag, "every schedule");
@@ -212,6 +225,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   parser.add_string("markdown", "FILE", "also write the table as Markdown", &markdown_path);
   parser.add_string("anchors", "FILE", "merge SDPA measurements (python/benchmarks/sdpa_anchors.py CSV)", &anchors_path);
   if (!parser.parse(args)) return kExitOk;
+  window.resolve(parser);
   if (dtype != "bf16" && dtype != "fp16") parser.fail("--dtype must be bf16 or fp16, got '" + dtype + "'");
   const DType element = dtype == "bf16" ? DType::kBF16 : DType::kFP16;
   std::vector<Schedule> schedules(std::begin(kAllSchedules), std::end(kAllSchedules));
@@ -226,6 +240,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   } else {
     AttentionShape s = make_shape(shape_flags, parser);
     s.dtype = element;
+    window.apply(&s);
+    s.softcap = static_cast<float>(softcap);
     check_library_accepts(s, parser);
     shapes = {s};
   }

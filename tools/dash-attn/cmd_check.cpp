@@ -73,7 +73,7 @@ CheckOutcome check_schedule(harness::Problem& p, Schedule schedule, int runs, in
       ++o.differing_runs;
     }
   }
-  const auto tol = harness::tolerance_for(p.shape.dtype);
+  const auto tol = harness::tolerance_for(p.shape);
   o.within_tolerance = harness::within(o.dq, tol) && harness::within(o.dk, tol) && harness::within(o.dv, tol);
   return o;
 }
@@ -108,13 +108,20 @@ int cmd_check(const std::vector<std::string>& args) {
                     "Runs the backward pass of one shape --runs times per schedule on this GPU, compares dQ, dK and\n"
                     "dV bit for bit across runs and against the float64 CPU reference on the same inputs.");
   add_shape_flags(parser, &shape_flags, /*with_sms=*/false);
+  WindowFlags window;
+  add_window_flags(parser, &window);
+  double softcap = 0.0;
+  add_softcap_flag(parser, &softcap);
   parser.add_string("dtype", "NAME", "bf16 or fp16", &dtype);
   parser.add_string("schedule", "NAME", "check only this schedule", &schedule_flag, "every schedule");
   parser.add_int("runs", "backward runs per schedule, compared bit for bit", &runs, 1, kMaxRuns);
   add_sm_margin_flag(parser, &sm_margin);
   parser.add_switch("json", "print exactly one JSON object instead of a table", &json);
   if (!parser.parse(args)) return kExitOk;
+  window.resolve(parser);
   AttentionShape shape = make_shape(shape_flags, parser);
+  window.apply(&shape);
+  shape.softcap = static_cast<float>(softcap);
   if (dtype != "bf16" && dtype != "fp16") parser.fail("--dtype must be bf16 or fp16, got '" + dtype + "'");
   shape.dtype = dtype == "bf16" ? DType::kBF16 : DType::kFP16;
   check_library_accepts(shape, parser);

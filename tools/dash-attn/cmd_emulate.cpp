@@ -1,7 +1,7 @@
 // dash-attn emulate: runs backward schedules on CPU threads (one per persistent CTA) with random
 // delays before every dQ reduction, several times each, and reports whether dQ, dK and dV kept the
-// same bits and how far they are from the float64 reference, also under a sliding window
-// (--window-left/--window-right, emulated without the library, which takes no window yet) and on varlen batches
+// same bits and how far they are from the float64 reference, also under a sliding window (--window L,R or
+// --window-left/--window-right, planned as the library plans the shape's window) and on varlen batches
 // (--cu-seqlens, varlen.hpp: each schedule planned from the maxima, its jobs fitted to each sequence as the kernels
 // will fit them). Exit code 1 when a deterministic schedule changed bits, deadlocked or missed the tolerance, or
 // when a schedule asked for by name does not apply.
@@ -168,6 +168,7 @@ int cmd_emulate(const std::vector<std::string>& args) {
   parser.add_double("tolerance", "largest accepted max |x - ref| / max |ref| per gradient", &f.tolerance, 0.0);
   parser.add_switch("json", "print exactly one JSON object instead of a table", &f.json);
   if (!parser.parse(args)) return kExitOk;
+  f.window.resolve(parser);
 
   const VarlenBatch varlen = make_varlen_batch(f.varlen, &f.shape, parser);
   const AttentionShape shape = make_shape(f.shape, parser);

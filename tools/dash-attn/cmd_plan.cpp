@@ -2,9 +2,9 @@
 // model: validity, deadlock freedom, critical path, simulated makespan, bubbles and lemma
 // violations; says which schedule it recommends and which one `auto` runs; draws a Gantt chart.
 // It plans only shapes the library accepts, and refuses costs whose model results are not finite. --sm-margin
-// plans for --sms less that many SMs, as the library does with FA3's sm_margin. A sliding window
-// (--window-left/--window-right), which the library does not take yet, goes to the planner directly.
-// A varlen batch (--cu-seqlens, varlen.hpp), which the library does not take yet either, is planned from the maxima
+// plans for --sms less that many SMs, as the library does with FA3's sm_margin. A sliding window (--window L,R or
+// --window-left/--window-right) goes to the planner as the library's plan_backward passes the shape's.
+// A varlen batch (--cu-seqlens, varlen.hpp), which the library does not take yet, is planned from the maxima
 // and proven for every length vector the plan admits (planner/varlen_plan.hpp); the same table then reports each
 // schedule fitted to the lengths given (validated, simulated), with each sequence's fitted job count. Exit code 1
 // when a schedule named with --schedule is refused for the shape or batch, or a proven varlen plan fails on the
@@ -439,6 +439,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   add_sm_margin_flag(parser, &f.sm_margin);
   parser.add_switch("json", "print exactly one JSON object instead of tables", &f.json);
   if (!parser.parse(args)) return kExitOk;
+  f.window.resolve(parser);
 
   if (!(f.costs.compute > 0.0)) parser.fail("--compute-cost must be > 0");
   // Past 0.5 a draw of c (1 - sqrt(3) jitter) can reach zero or below: a visit that takes no time.

@@ -193,17 +193,36 @@ void check_sm_margin_fits_device(int64_t sm_margin, const FlagParser& parser) {
 }
 
 void add_window_flags(FlagParser& parser, WindowFlags* flags) {
-  parser.add_int("window-left", "sliding window: keys a query row sees before its diagonal (FlashAttention's\n"
-                 "window_size[0]; -1: all), planned directly: the library takes no window yet",
-                 &flags->left, kNoWindowBound, kMaxSeqlen);
-  parser.add_int("window-right", "sliding window: keys a query row sees after its diagonal (window_size[1];\n"
-                 "-1: all; --causal makes it 0)", &flags->right, kNoWindowBound, kMaxSeqlen);
+  parser.add_int_list("window", "L,R", "sliding window (FlashAttention's window_size): keys a query row sees\n"
+                      "before (L) and after (R) its diagonal, -1: all; --causal makes R 0",
+                      &flags->pair, kNoWindowBound, kMaxSeqlen, "-1,-1");
+  parser.add_int("window-left", "the same as --window's L (window_size[0])", &flags->left, kNoWindowBound, kMaxSeqlen);
+  parser.add_int("window-right", "the same as --window's R (window_size[1])", &flags->right, kNoWindowBound,
+                 kMaxSeqlen);
+}
+
+void add_softcap_flag(FlagParser& parser, double* softcap) {
+  parser.add_double("softcap", "cap the scaled scores to X tanh(score / X) (Gemma 2's logit softcapping);\n"
+                    "0: no capping", softcap, 0.0);
+}
+
+void WindowFlags::resolve(const FlagParser& parser) {
+  if (!parser.given("window")) return;
+  if (parser.given("window-left") || parser.given("window-right")) {
+    parser.fail("--window L,R sets both bounds: give it or --window-left/--window-right, not both");
+  }
+  if (pair.size() != 2) {
+    parser.fail("--window takes two bounds, L,R (-1 for an open side), got " + std::to_string(pair.size()));
+  }
+  left = pair[0];
+  right = pair[1];
 }
 
 std::vector<std::string> given_shape_flags(const FlagParser& parser) {
   std::vector<std::string> given;
   for (const char* name : {"batch", "heads", "heads-kv", "seqlen", "seqlen-q", "seqlen-k", "head-dim", "causal",
-                           "window-left", "window-right", "cu-seqlens", "cu-seqlens-k", "keys-within-queries"}) {
+                           "window", "window-left", "window-right", "softcap", "cu-seqlens", "cu-seqlens-k",
+                           "keys-within-queries"}) {
     if (parser.given(name)) given.push_back(std::string("--") + name);
   }
   return given;
@@ -244,6 +263,10 @@ std::string describe_shape(const AttentionShape& s) {
   std::ostringstream out;
   out << "batch " << s.batch << ", heads " << s.heads_q << " (kv " << s.heads_kv << "), seqlen_q " << s.seqlen_q
       << ", seqlen_k " << s.seqlen_k << ", head_dim " << s.head_dim << ", " << (s.causal ? "causal" : "full mask");
+  if (s.window_left >= 0 || s.window_right >= 0) {
+    out << ", window (" << s.window_left << ", " << s.window_right << ")";
+  }
+  if (s.softcap > 0.0f) out << ", softcap " << format_number(s.softcap);
   return out.str();
 }
 

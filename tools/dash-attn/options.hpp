@@ -100,15 +100,27 @@ void add_sm_margin_flag(FlagParser& parser, int64_t* sm_margin);
 // check_current_device() succeeded).
 void check_sm_margin_fits_device(int64_t sm_margin, const FlagParser& parser);
 
-// --window-left N, --window-right N: FlashAttention's sliding window (window_size), -1 leaving a side open.
-// The library and its kernels take no window yet, so only the commands that run the planner or the emulator
-// directly (plan, emulate) offer them.
+// --window L,R (or --window-left L and --window-right R): FlashAttention's sliding window (window_size), -1
+// leaving a side open, --causal making R 0. Every command takes them: plan and emulate plan and emulate the window
+// (make_tiled_problem), check and bench run the library's kernels under it (AttentionShape's window fields).
 struct WindowFlags {
   int64_t left = kNoWindowBound;
   int64_t right = kNoWindowBound;
+  std::vector<int64_t> pair;  // --window L,R
   SlidingWindow window() const { return SlidingWindow{static_cast<int>(left), static_cast<int>(right)}; }
+  // Takes --window L,R into left and right, refusing it with --window-left or --window-right or with a count of
+  // entries other than two. Call it after parse().
+  void resolve(const FlagParser& parser);
+  // Sets shape's window fields.
+  void apply(AttentionShape* shape) const {
+    shape->window_left = left;
+    shape->window_right = right;
+  }
 };
 void add_window_flags(FlagParser& parser, WindowFlags* flags);
+// --softcap X: Gemma 2's score capping, softcap * tanh(score / softcap), 0 for none (check and bench, which run the
+// library's softcap kernels).
+void add_softcap_flag(FlagParser& parser, double* softcap);
 
 // The shape flags given on the command line other than --sms, e.g. {"--batch", "--causal"}, the window and varlen
 // flags (varlen.hpp) included: a preset replaces the shape and refuses them.

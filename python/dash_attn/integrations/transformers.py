@@ -14,9 +14,10 @@ Invariants:
   would be dropped without a word. Registering again changes nothing.
 - Nothing transformers passes is ignored in a way that changes the result. What DASH cannot compute (padding,
   packed sequences marked by position_ids or cu_seq_lens_*, sliding windows, mask overlays, caches whose keys are
-  not exactly the tokens seen, dropout, softcapping, attention sinks, position biases, attention weights, head dims
-  other than 64 and 128, fp32 outside autocast) raises NotImplementedError naming the argument as transformers
+  not exactly the tokens seen, dropout, attention sinks, position biases, attention weights, head dims other than
+  64 and 128, fp32 outside autocast) raises NotImplementedError naming the argument as transformers
   spells it, before any CUDA call.
+- softcap (Gemma 2's config.attn_logit_softcapping) goes to flash_attn_func's softcap.
 - dash_attention_mask runs once per forward, in transformers' mask creation. It returns None, the plain mask,
   or raises. A mask that reaches dash_attention_forward therefore did not come from it (a prepared 4-D mask, or a
   model that builds its own) and is refused.
@@ -61,7 +62,7 @@ from transformers.masking_utils import (  # noqa: E402
     causal_mask_function,
 )
 
-from .._arguments import SUPPORTED_DTYPES, check_flags, refuse_unsupported, resolve_scale  # noqa: E402
+from .._arguments import SUPPORTED_DTYPES, check_flags, refuse_unsupported, resolve_scale, resolve_softcap  # noqa: E402
 from .._library import HEAD_DIMS  # noqa: E402
 from ..fa2 import flash_attn_func  # noqa: E402
 
@@ -174,10 +175,16 @@ def dash_attention_forward(
         (0.0,),
         "DASH has no attention dropout (the model passes config.attention_dropout while training: set it to 0.0)",
     )
+    # The kernels take a window (flash_attn_func's window_size), but transformers hands the "dash_attn" mask hook
+    # a sliding-window mask function whose size it cannot read, so a windowed model is refused there and here.
     refuse_unsupported(
-        "sliding_window", sliding_window, (None,), "DASH has no sliding-window attention (config.sliding_window)"
+        "sliding_window",
+        sliding_window,
+        (None,),
+        "DASH's transformers integration has no sliding-window attention (config.sliding_window; "
+        "dash_attn.flash_attn_func takes window_size)",
     )
-    refuse_unsupported("softcap", softcap, (None, 0.0), "DASH has no logit softcapping")
+    cap = resolve_softcap(softcap)
     for name, reason in _UNSUPPORTED_KEYWORDS.items():
         refuse_unsupported(name, kwargs.get(name), (None,), reason)
     _refuse_packed_positions(kwargs.get("position_ids"))
@@ -194,6 +201,7 @@ def dash_attention_forward(
         causal=causal,
         deterministic=True if deterministic is None else deterministic,
         schedule=schedule,
+        softcap=cap,
     )
     return out, None
 

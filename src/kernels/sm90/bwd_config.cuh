@@ -42,7 +42,9 @@ struct StepRecord {
 template <int kHeadDim>
 using BackwardWarpRoles = WarpRoles<backward_tile_shape(kHeadDim).block_kv / kMmaWarpGroupRows>;
 
-template <int kHeadDim_, class Element_>
+// kSoftcap_: the softcap kernels (bwd_mma.cuh caps the recomputed scores and multiplies dS by tanh's derivative);
+// the others compile without a trace of it.
+template <int kHeadDim_, class Element_, bool kSoftcap_ = false>
 struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // The counts this configuration's own layouts use (names of a dependent base need declaring).
   using Roles = BackwardWarpRoles<kHeadDim_>;
@@ -52,6 +54,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   using Roles::kWarpGroupThreads;
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSoftcap = kSoftcap_;
   static constexpr int kBlockM = backward_tile_shape(kHeadDim).block_q;
   static constexpr int kBlockN = backward_tile_shape(kHeadDim).block_kv;
   static constexpr int kStages = 2;         // query/dO pipeline depth
@@ -137,7 +140,9 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     int heads_kv;
     int batch;
     float softmax_scale;
-    float scale_log2;  // softmax_scale * log2(e)
+    float scale_log2;  // softmax_scale * log2(e); softcap * log2(e) in the softcap kernels
+    float softcap_in;        // softcap kernels: softmax_scale / softcap, what S^T is multiplied by before the tanh
+    float softcap_rcp_log2;  // softcap kernels: 1 / (softcap * log2(e)), from P's exponent back to the tanh
   };
 };
 

@@ -13,10 +13,10 @@
 
 namespace dash::sm90 {
 
-template <int kHeadDim, class Element>
+template <int kHeadDim, class Element, bool kSoftcap>
 int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) {
   const BackwardArgs& a = params.args;
-  using Config = BackwardConfig<kHeadDim, Element>;
+  using Config = BackwardConfig<kHeadDim, Element, kSoftcap>;
   const AttentionShape& shape = a.shape;
   const TiledProblem& problem = params.plan.problem;
 
@@ -39,6 +39,12 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
   p.batch = static_cast<int>(shape.batch);
   p.softmax_scale = shape.softmax_scale;
   p.scale_log2 = shape.softmax_scale * kLog2e;
+  if constexpr (kSoftcap) {
+    // As in the forward (fwd_launch.cuh): P = exp2(tanh(S * scale / softcap) * softcap * log2(e) - LSE * log2(e)).
+    p.scale_log2 = shape.softcap * kLog2e;
+    p.softcap_in = shape.softmax_scale / shape.softcap;
+    p.softcap_rcp_log2 = 1.0f / p.scale_log2;
+  }
 
   PrepostParams pp{};
   pp.out = a.out.data;

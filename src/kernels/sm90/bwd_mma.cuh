@@ -3,6 +3,8 @@
 //   S^T = K Q^T, dP^T = V dO^T                      (wgmma, shared-memory operands)
 //   P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), masked
 //   dS^T = P^T o (dP^T - rowsum(dO o O))
+// (softcap kernels: S^T <- tanh(S^T * scale / softcap) with softcap * log2(e) in place of scale * log2(e), and
+// dS^T multiplied by 1 - tanh^2; see compute_probabilities and compute_ds)
 //   dV += P^T dO, dK += dS^T Q                       (wgmma, P^T and dS^T from registers)
 //   dQ_partial = dS K                                (wgmma, dS through shared memory)
 // and hand dQ_partial to the dQ writer. At the end of the job write dK * scale and dV.
@@ -61,7 +63,11 @@ struct BackwardMma {
     // (key row, query column) of each S^T element this thread holds.
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
 
-    const MaskShape mask{p.seqlen_q, p.seqlen_k, p.plan.problem.causal};
+    // The plan's mask: causal and the canonical sliding window (the planner's make_tiled_problem).
+    const MaskShape mask = p.plan.problem.mask();
+    // Whether a window bounds the keys on the left: tested first in each step's mask decision, so that the full
+    // and causal masks' steps do not compute the left end.
+    const bool left_bounded = mask.left_bound() >= 0;
     int steps = 0;
     for (int jobs = 0;; ++jobs) {
       const JobRecord job = smem.jobs.take(jobs);
@@ -86,13 +92,15 @@ struct BackwardMma {
         if (s > 0) commit_dq(smem, warp_group, steps - 1);
 
         warpgroup_wait<1>();
-        // P^T, in place of S^T. Only tiles crossing the causal diagonal or the key tail need the mask:
-        // visible_keys grows with the row, so the tile's first row bounds them all. The branch is
-        // uniform over the CTA, so each loop stays branch-free.
-        if (kv_row0 + kBlockN > mask.visible_keys(q_row0)) {
-          compute_probabilities<true>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p.scale_log2);
+        // P^T, in place of S^T. Only tiles crossing the causal diagonal, a sliding window's bounds or the key
+        // tail need the mask: visible_keys and first_visible_key grow with the row, so the tile's first row
+        // bounds the right ends and its last row the left ends (0 without a left bound; rows past seqlen_q
+        // have P = 0 anyway). The branch is uniform over the CTA, so each loop stays branch-free.
+        if (kv_row0 + kBlockN > mask.visible_keys(q_row0) ||
+            (left_bounded && kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
+          compute_probabilities<true>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
         } else {
-          compute_probabilities<false>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p.scale_log2);
+          compute_probabilities<false>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
         }
         // dS^T = P^T o (dP^T - dpsum). P^T and dS^T go straight to the MMA element type, so their fp32
         // copies die element by element and the register peak stays low.
@@ -100,7 +108,7 @@ struct BackwardMma {
         Tensor tdVrP = make_operand_a_for<Element>(tSrS);
         Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
         compute_ds(tSrS, tdPrdP, operand_in_accumulator_layout(tdVrP, tSrS), operand_in_accumulator_layout(tdKrdS, tdPrdP),
-                   tScS, smem.dpsum[stage]);
+                   tScS, smem.dpsum[stage], smem.lse_log2[stage], p);
         // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows. Stored
         // before the dV GEMM is issued, so the stores drain under its issue instead of stalling the fence.
         copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
@@ -131,34 +139,49 @@ struct BackwardMma {
     return make_tensor(f.data(), accumulator_rows_by_columns(f.layout()));
   }
 
-  // P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), 0 where the key is hidden from the query row.
+  // P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), 0 where the key is hidden from the query row. Softcap
+  // kernels recompute the forward's capped score first: S^T <- tanh(S^T * scale / softcap), and p.scale_log2 is
+  // softcap * log2(e).
   template <bool kMasked, class Fragment, class Coords>
   __device__ static void compute_probabilities(Fragment& s_frag, const Coords& coords_frag, const float* lse_log2,
-                                               const MaskShape& mask, int q_row0, int kv_row0, float scale_log2) {
+                                               const MaskShape& mask, int q_row0, int kv_row0, const Params& p) {
     Tensor s = by_rows_and_columns(s_frag);
     Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
+    const float scale_log2 = p.scale_log2;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s); c += 2) {
       const int query = get<1>(coords(0, c));
       const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + query);
       const int limits[2] = {kMasked ? mask.visible_keys(q_row0 + query) : 0,
                              kMasked ? mask.visible_keys(q_row0 + query + 1) : 0};
+      const int firsts[2] = {kMasked ? mask.first_visible_key(q_row0 + query) : 0,
+                             kMasked ? mask.first_visible_key(q_row0 + query + 1) : 0};
       CUTE_UNROLL
       for (int r = 0; r < size<0>(s); ++r) {
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
-          float x = s(r, c + h) * scale_log2 - (h == 0 ? lse.x : lse.y);
-          if constexpr (kMasked) x = kv_row0 + get<0>(coords(r, c + h)) >= limits[h] ? -INFINITY : x;
+          float score = s(r, c + h);
+          if constexpr (Config::kSoftcap) score = fast_tanh(score * p.softcap_in);
+          float x = score * scale_log2 - (h == 0 ? lse.x : lse.y);
+          if constexpr (kMasked) {
+            const int key = kv_row0 + get<0>(coords(r, c + h));
+            x = key >= limits[h] || key < firsts[h] ? -INFINITY : x;
+          }
           s(r, c + h) = fast_exp2(x);
         }
       }
     }
   }
 
-  // dS^T = P^T o (dP^T - dpsum), stored with P^T in the MMA element type.
+  // dS^T = P^T o (dP^T - dpsum), stored with P^T in the MMA element type. Softcap kernels multiply by the
+  // tanh's derivative 1 - t^2 as well (the scale is applied to dQ and dK later, as without softcap), where t,
+  // the capped score over softcap, comes back from P's exponent: t = (log2 P + LSE * log2(e)) / (softcap *
+  // log2(e)), rather than being kept in a second fragment of fp32 registers next to S^T and dP^T. Where P = 0
+  // (masked, underflowed, or a row without keys) t is -inf or NaN and is clamped to -1, so dS = 0 stays 0.
   template <class Fragment, class Slots, class Coords>
   __device__ static void compute_ds(const Fragment& p_frag, const Fragment& dp_frag, Slots p_slots, Slots ds_slots,
-                                    const Coords& coords_frag, const float* dpsum) {
+                                    const Coords& coords_frag, const float* dpsum, const float* lse_log2,
+                                    const Params& params) {
     Tensor p = make_tensor(p_frag.data(), accumulator_rows_by_columns(p_frag.layout()));
     Tensor dp = make_tensor(dp_frag.data(), accumulator_rows_by_columns(dp_frag.layout()));
     Tensor p_out = make_tensor(p_slots.data(), accumulator_rows_by_columns(p_slots.layout()));
@@ -167,11 +190,21 @@ struct BackwardMma {
     CUTE_UNROLL
     for (int c = 0; c < size<1>(dp); c += 2) {
       const float2 sum = *reinterpret_cast<const float2*>(dpsum + get<1>(coords(0, c)));
+      float2 lse_t{};  // softcap: LSE * log2(e) / (softcap * log2(e)) of the column pair
+      if constexpr (Config::kSoftcap) {
+        const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + get<1>(coords(0, c)));
+        lse_t = make_float2(lse.x * params.softcap_rcp_log2, lse.y * params.softcap_rcp_log2);
+      }
       CUTE_UNROLL
       for (int r = 0; r < size<0>(dp); ++r) {
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
-          ds_out(r, c + h) = static_cast<Element>(p(r, c + h) * (dp(r, c + h) - (h == 0 ? sum.x : sum.y)));
+          float ds = p(r, c + h) * (dp(r, c + h) - (h == 0 ? sum.x : sum.y));
+          if constexpr (Config::kSoftcap) {
+            const float t = fmaxf(fmaf(fast_log2(p(r, c + h)), params.softcap_rcp_log2, h == 0 ? lse_t.x : lse_t.y), -1.0f);
+            ds *= fmaf(-t, t, 1.0f);
+          }
+          ds_out(r, c + h) = static_cast<Element>(ds);
           p_out(r, c + h) = static_cast<Element>(p(r, c + h));
         }
       }

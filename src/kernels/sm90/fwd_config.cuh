@@ -35,7 +35,8 @@ using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows>;
 
 // kBlockQ_ x kBlockKv_: one of the forward's tile shapes (schedule/tile_config.hpp), chosen per shape at
 // launch.
-template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_>
+// kSoftcap_: the softcap kernels (fwd_mainloop.cuh caps the scores); the others compile without a trace of it.
+template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoftcap_ = false>
 struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   // The counts this configuration's own layouts use (names of a dependent base need declaring).
   using Roles = ForwardWarpRoles<kBlockQ_>;
@@ -45,6 +46,7 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   using Roles::kWarpGroupThreads;
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSoftcap = kSoftcap_;
   static constexpr int kBlockM = kBlockQ_;
   static constexpr int kBlockN = kBlockKv_;
   static constexpr int kStages = 2;  // key/value pipeline depth
@@ -117,7 +119,8 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
     int* tile_counter;
     ForwardTileOrder tiles;  // the mask, the tile shape, heads_q and batch
     int heads_kv;
-    float scale_log2;  // softmax_scale * log2(e)
+    float scale_log2;  // softmax_scale * log2(e); softcap * log2(e) in the softcap kernels
+    float softcap_in;  // softcap kernels: softmax_scale / softcap, what S is multiplied by before the tanh
   };
 };
 

@@ -12,10 +12,10 @@
 
 namespace dash::sm90 {
 
-template <int kHeadDim, class Element, int kBlockQ, int kBlockKv>
+template <int kHeadDim, class Element, bool kSoftcap, int kBlockQ, int kBlockKv>
 int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stream) {
   const ForwardArgs& a = params.args;
-  using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv>;
+  using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap>;
   const AttentionShape& shape = a.shape;
   typename Config::Params p{};
   p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), typename Config::SmemLayoutQ{});
@@ -29,14 +29,22 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
   copy_strides(p.out_strides, a.out.strides);
   p.lse = a.lse;
   p.tile_counter = params.tile_counter;
-  const MaskShape mask{static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k), shape.causal};
+  // The planner's canonical mask (mask.hpp), so the forward and the backward run one mask.
+  const MaskShape mask = canonical_mask(static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k),
+                                        shape.causal, shape.window_left, shape.window_right);
   const int heads_per_group = forward_heads_per_group(
-      shape.causal, shape.seqlen_k, kHeadDim, static_cast<int>(sizeof(Element)), static_cast<int>(shape.heads_q),
+      mask.causal, shape.seqlen_k, kHeadDim, static_cast<int>(sizeof(Element)), static_cast<int>(shape.heads_q),
       static_cast<int>(shape.heads_kv), static_cast<int>(shape.batch));
   p.tiles = ForwardTileOrder{mask, Config::kBlockM, Config::kBlockN, static_cast<int>(shape.heads_q),
                              static_cast<int>(shape.batch), heads_per_group};
   p.heads_kv = static_cast<int>(shape.heads_kv);
   p.scale_log2 = shape.softmax_scale * kLog2e;
+  if constexpr (kSoftcap) {
+    // The mainloop keeps tanh(S * scale / softcap), the capped score over softcap: the softmax's exponent
+    // scale becomes softcap * log2(e), and the LSE comes out in capped-score units.
+    p.scale_log2 = shape.softcap * kLog2e;
+    p.softcap_in = shape.softmax_scale / shape.softcap;
+  }
 
   cudaError_t err = cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream);
   if (err != cudaSuccess) return err;
@@ -49,21 +57,29 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
   return cudaGetLastError();
 }
 
-template <int kHeadDim, class Element>
+template <int kHeadDim, class Element, bool kSoftcap>
 int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   const AttentionShape& shape = params.args.shape;
-  const TileShape tile = forward_tile_shape(kHeadDim, shape.causal, shape.seqlen_q, shape.seqlen_k);
+  const MaskShape mask = canonical_mask(static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k),
+                                        shape.causal, shape.window_left, shape.window_right);
+  // Under a sliding window the tiles stay 128x128: the tall and wide tiles were measured on the full and causal
+  // masks only (tile_config.hpp), and would compute more of a narrow band's masked corners.
+  const bool windowed = mask.window.left >= 0 || mask.window.right >= 0;
+  const TileShape tile = windowed ? TileShape{kForwardBlockQ, kForwardBlockKv}
+                                  : forward_tile_shape(kHeadDim, mask.causal, shape.seqlen_q, shape.seqlen_k);
   if constexpr (forward_has_tall_tiles(kHeadDim)) {
     if (tile.block_q == kForwardTallBlockQ) {
-      return launch_forward_tiles<kHeadDim, Element, kForwardTallBlockQ, kForwardBlockKv>(params, stream);
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kForwardBlockKv>(params, stream);
     }
   }
-  if constexpr (forward_has_wide_tiles(kHeadDim)) {
+  // The softcap kernels keep 128-key tiles: at 128x176 their unmasked step loop spilled (7 local loads and 7
+  // stores per iteration, scripts/sass_report.sh), where 128x128 spills none.
+  if constexpr (forward_has_wide_tiles(kHeadDim) && !kSoftcap) {
     if (tile.block_kv == kForwardWideBlockKv) {
-      return launch_forward_tiles<kHeadDim, Element, kForwardBlockQ, kForwardWideBlockKv>(params, stream);
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv>(params, stream);
     }
   }
-  return launch_forward_tiles<kHeadDim, Element, kForwardBlockQ, kForwardBlockKv>(params, stream);
+  return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardBlockKv>(params, stream);
 }
 
 }  // namespace dash::sm90

@@ -1,6 +1,7 @@
 // Forward producer, warp 0 (one lane): takes query tiles from the global counter in the order of
 // schedule/forward_tile_order.hpp, announces each to the MMA warpgroups through the tile ring, loads
-// its Q once and streams the K and V tiles it visits through their two rings, all with TMA.
+// its Q once and streams the K and V tiles it visits ([kv_first, kv_first + kv_tiles)) through their two rings,
+// all with TMA.
 #pragma once
 
 #include "kernels/sm90/fwd_config.cuh"
@@ -36,14 +37,14 @@ struct ForwardLoader {
                     smem.q_stages.producer_expect(tiles, Config::kQBytes), sQ);
       for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
         const int k_stage = smem.k_stages.producer_acquire(kv_loads, "k_empty");
-        tma_load_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, j,
+        tma_load_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, tile.kv_first + j,
                       smem.k_stages.producer_expect(kv_loads, Config::kKVTileBytes), sK(_, _, k_stage));
         const int v_stage = smem.v_stages.producer_acquire(kv_loads, "v_empty");
-        tma_load_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, j,
+        tma_load_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, tile.kv_first + j,
                       smem.v_stages.producer_expect(kv_loads, Config::kKVTileBytes), sV(_, _, v_stage));
       }
     }
-    smem.tiles.publish(ForwardTileRecord{kEndOfTiles, 0, 0, 0}, tiles);
+    smem.tiles.publish(ForwardTileRecord{kEndOfTiles, 0, 0, 0, 0}, tiles);
   }
 
 };

@@ -5,6 +5,7 @@
 // GEMMs; then hands O, the running max and sum to the epilogue:
 //   m' = max(m, rowmax(S));  P = exp2((S - m') * c);  l' = l * exp2((m - m') * c) + rowsum(P)
 //   O = O * exp2((m - m') * c) + P V,   with c = scale * log2(e) and m in raw score units.
+// Softcap kernels first cap S: S <- tanh(S * scale / softcap), with c = softcap * log2(e) (cap_scores).
 #pragma once
 
 #include <cmath>
@@ -67,7 +68,13 @@ struct ForwardMainloop {
       Tensor scores = make_tensor(tSrS.data(), accumulator_rows_by_columns(tSrS.layout()));
       Tensor tOrP = make_operand_a_for<Element>(tSrS);
       float correction[kRows];
-      const int first_masked = mask.visible_keys(q_row0) / kBlockN;  // tiles from here on cross a boundary
+      // The tile visits key/value tiles [kv_first, kv_first + kv_tiles); j counts from kv_first. Those in
+      // [unmasked_begin, unmasked_end) lie within every row's keys; the others cross the causal diagonal, a sliding
+      // window's bounds or the key tail. Without a left window bound unmasked_begin is 0: what was there before.
+      const int kv_col_first = tile.kv_first * kBlockN;
+      const int unmasked_end = mask.visible_keys(q_row0) / kBlockN - tile.kv_first;
+      const int last_row = (q_row0 + kBlockM < mask.seqlen_q ? q_row0 + kBlockM : mask.seqlen_q) - 1;
+      const int unmasked_begin = ceil_div(mask.first_visible_key(last_row), kBlockN) - tile.kv_first;
       // A tile whose rows see no key visits no key/value tile (the loader loads none): O = 0, LSE = -inf.
       if (tile.kv_tiles > 0) {
         {
@@ -77,7 +84,9 @@ struct ForwardMainloop {
           turns.pass();
           warpgroup_wait<0>();
           release_after_s(smem, tile, tiles, kv_loads, 0);
-          softmax_tile(first_masked <= 0, scores, tScS, row_max, row_sum, correction, mask, q_row0, 0, p.scale_log2);
+          cap_scores(tSrS, p);
+          softmax_tile(unmasked_begin > 0 || unmasked_end <= 0, scores, tScS, row_max, row_sum, correction, mask,
+                       q_row0, kv_col_first, p.scale_log2);
           convert(tSrS, operand_in_accumulator_layout(tOrP, tSrS));
         }
         // One key/value tile of the pipelined loop, its softmax masked or not at compile time. The unmasked
@@ -93,17 +102,22 @@ struct ForwardMainloop {
           turns.pass();
           warpgroup_wait<1>();  // S_j is done; O += P_{j-1} V_{j-1} may still run
           release_after_s(smem, tile, tiles, kv_loads, j);
+          cap_scores(tSrS, p);
           online_softmax<decltype(masked)::value>(scores, tScS, row_max, row_sum, correction, mask, q_row0,
-                                                  j * kBlockN, p.scale_log2);
+                                                  kv_col_first + j * kBlockN, p.scale_log2);
           warpgroup_wait<0>();
           smem.v_stages.consumer_release(kv_loads + j - 1);
           rescale_rows(out, correction);
           convert(tSrS, operand_in_accumulator_layout(tOrP, tSrS));
         };
-        const int unmasked_end = first_masked < tile.kv_tiles ? first_masked : tile.kv_tiles;
+        // Masked tiles before the unmasked run (a left window bound's), the run, then the masked rest: one
+        // copy of each path. unmasked_end <= kv_tiles (visible_keys grows with the row).
         int j = 1;
-        for (; j < unmasked_end; ++j) step(j, false_type{});
-        for (; j < tile.kv_tiles; ++j) step(j, true_type{});
+        for (;;) {
+          for (; j < tile.kv_tiles && (j < unmasked_begin || j >= unmasked_end); ++j) step(j, true_type{});
+          if (j >= tile.kv_tiles) break;
+          for (; j < unmasked_end; ++j) step(j, false_type{});
+        }
         const int last = kv_loads + tile.kv_tiles - 1;
         const int v_stage = smem.v_stages.consumer_wait(last, "v_full");
         warpgroup_gemm<false>(mma_o, tOrP, tOrVt(_, _, _, v_stage), tOrO);
@@ -127,8 +141,18 @@ struct ForwardMainloop {
     if (j == tile.kv_tiles - 1) smem.q_stages.consumer_release(tiles);
   }
 
-  // online_softmax on the CTA-uniform path: masked only for tiles that cross the causal diagonal or the
-  // key tail, so the other path has no mask code.
+  // Softcap kernels: S becomes tanh(S * softmax_scale / softcap), the capped score over softcap (p.scale_log2
+  // is softcap * log2(e) there, so the softmax below runs on it unchanged). Nothing in the other kernels.
+  template <class Fragment>
+  __device__ static void cap_scores(Fragment& s, const Params& p) {
+    if constexpr (Config::kSoftcap) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(s); ++i) s(i) = fast_tanh(s(i) * p.softcap_in);
+    }
+  }
+
+  // online_softmax on the CTA-uniform path: masked only for tiles that cross the causal diagonal, a sliding
+  // window's bounds or the key tail, so the other path has no mask code.
   template <class Scores, class Coords>
   __device__ static void softmax_tile(bool masked, Scores& scores, const Coords& coords, float* row_max,
                                       float* row_sum, float* correction, const MaskShape& mask, int q_row0,
@@ -169,10 +193,13 @@ struct ForwardMainloop {
     for (int r = 0; r < size<0>(scores); ++r) {
       float tile_max = -INFINITY;
       if constexpr (kMasked) {
-        const int visible = mask.visible_keys(q_row0 + get<0>(coords(r, 0)));
+        const int row = q_row0 + get<0>(coords(r, 0));
+        const int visible = mask.visible_keys(row);
+        const int first = mask.first_visible_key(row);  // 0 without a left window bound
         CUTE_UNROLL
         for (int c = 0; c < size<1>(scores); ++c) {
-          if (kv_col0 + get<1>(coords(r, c)) >= visible) scores(r, c) = -INFINITY;
+          const int col = kv_col0 + get<1>(coords(r, c));
+          if (col >= visible || col < first) scores(r, c) = -INFINITY;
         }
       }
       CUTE_UNROLL

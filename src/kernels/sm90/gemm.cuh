@@ -89,6 +89,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// tanh(x) with the hardware approximation (MUFU.TANH; the PTX ISA gives a maximum relative error of about
+// 2^-11), for the softcap kernels: a capped score softcap * tanh(.) is off by at most about softcap * 2^-11.
+__device__ __forceinline__ float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// log2(x) with the hardware approximation (absolute error ~2^-22 near 1, relative elsewhere); log2(0) = -inf.
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The accumulator layout ((2, 2, N/8), M, N') of a 64 x N wgmma viewed as (rows, columns) of this
 // thread's values: ((2, M), (2, N/8, N')). Row r and r + 8 of each 16-row slab belong to the thread.
 template <class AccumulatorLayout>

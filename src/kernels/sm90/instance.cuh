@@ -1,4 +1,4 @@
-// Defines the launchers of one kernel instance (head dim, element type) for the kernel registry.
+// Defines the launchers of one kernel instance (head dim, element type, softcap) for the kernel registry.
 // Included only by the CMake-generated instance translation units.
 #pragma once
 
@@ -13,12 +13,13 @@ using ElementOf_bf16 = cutlass::bfloat16_t;
 using ElementOf_fp16 = cutlass::half_t;
 }  // namespace dash::kernels
 
-#define DASH_DEFINE_KERNEL_INSTANCE(HEAD_DIM, DTYPE)                                                   \
+// NAME is HEAD_DIM_DTYPE, with _softcap for the softcap instance (SOFTCAP true).
+#define DASH_DEFINE_KERNEL_INSTANCE(NAME, HEAD_DIM, DTYPE, SOFTCAP)                                     \
   namespace dash::kernels {                                                                             \
-  int launch_forward_##HEAD_DIM##_##DTYPE(const ForwardParams& params, cudaStream_t stream) {           \
-    return sm90::launch_forward<HEAD_DIM, ElementOf_##DTYPE>(params, stream);                           \
+  int launch_forward_##NAME(const ForwardParams& params, cudaStream_t stream) {                         \
+    return sm90::launch_forward<HEAD_DIM, ElementOf_##DTYPE, SOFTCAP>(params, stream);                  \
   }                                                                                                     \
-  int launch_backward_##HEAD_DIM##_##DTYPE(const BackwardParams& params, cudaStream_t stream) {         \
-    return sm90::launch_backward<HEAD_DIM, ElementOf_##DTYPE>(params, stream);                          \
+  int launch_backward_##NAME(const BackwardParams& params, cudaStream_t stream) {                       \
+    return sm90::launch_backward<HEAD_DIM, ElementOf_##DTYPE, SOFTCAP>(params, stream);                 \
   }                                                                                                     \
   }
