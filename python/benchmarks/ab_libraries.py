@@ -9,6 +9,8 @@ comparison). Several changes share one call this way, each judged against the sa
 
 usage: python3 ab_libraries.py A.so B.so [C.so ...] [--rounds 2] [--schedules auto] [--forward-only] [--out DIR]
        e.g. A = the commit before the change, B = after; all built on the CPU machine and carried.
+       LIB.so@DIR runs that library's interpreter with DIR first on PYTHONPATH: the dash_attn package of the
+       library's own commit, where a change moved the C ABI version and the checkout's package refuses it.
 """
 
 from __future__ import annotations
@@ -24,8 +26,17 @@ from pathlib import Path
 COMPARE = Path(__file__).resolve().parent / "compare.py"
 
 
-def run_compare(library: Path, schedules: str, out_csv: Path, forward_only: bool) -> None:
-    env = {**os.environ, "DASH_ATTN_LIBRARY": str(library)}
+def split_library(argument: str) -> tuple[Path, str | None]:
+    """LIB.so or LIB.so@DIR: the library and the Python package directory that loads it (None: the checkout's)."""
+    library, _, package = argument.partition("@")
+    return Path(library), package or None
+
+
+def run_compare(argument: str, schedules: str, out_csv: Path, forward_only: bool) -> None:
+    library, package = split_library(argument)
+    env = {**os.environ, "DASH_ATTN_LIBRARY": str(library.resolve())}
+    if package:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(package).resolve()), env.get("PYTHONPATH")]))
     command = [sys.executable, str(COMPARE), "--impls", "dash", "--schedules", schedules, "--csv", str(out_csv)]
     command += ["--forward-only"] if forward_only else []
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -47,8 +58,8 @@ def mean_over_rounds(runs: list[dict], key: tuple[str, str], field: str) -> floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("a", type=Path, help="library A (the baseline)")
-    parser.add_argument("changes", type=Path, nargs="+", help="libraries B, C, ... (the changes)")
+    parser.add_argument("a", help="library A (the baseline), LIB.so or LIB.so@PYTHON_PACKAGE_DIR")
+    parser.add_argument("changes", nargs="+", help="libraries B, C, ... (the changes), as A")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--schedules", default="auto", help="dash_attn schedules, as compare.py takes them")
     parser.add_argument("--forward-only", action="store_true", help="time the forward alone (compare.py's flag)")
@@ -60,7 +71,7 @@ def main() -> None:
     for round_index in range(1, args.rounds + 1):
         for name, library in libraries.items():
             out_csv = args.out / f"{name}_{round_index}.csv"
-            run_compare(library.resolve(), args.schedules, out_csv, args.forward_only)
+            run_compare(library, args.schedules, out_csv, args.forward_only)
             runs[name].append(load(out_csv))
     for name in list(libraries)[1:]:
         print(f"\n{name.upper()} = {libraries[name]} against A = {args.a}\n")

@@ -72,6 +72,11 @@ struct MaskShape {
   DASH_HOST_DEVICE static int clamp(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
 };
 
+// Which ends of each row's visible keys a step of the backward tests: none (the tile lies within every row's keys),
+// the right ends (it crosses the causal diagonal, a right window bound or the key tail), or both (a left window
+// bound as well). A compile-time choice, so that the full and causal masks' steps carry no left-end test.
+enum class MaskedEnds { kNone, kRight, kBoth };
+
 // The mask of a shape's (causal, window_left, window_right) in canonical form, one definition for the planner
 // (make_tiled_problem) and the forward kernel's launcher, so that both run the same mask: a window that reduces
 // to the full or causal mask becomes that mask. Causal keeps no right bound of its own (it is 0, whatever the

@@ -66,8 +66,9 @@ struct BackwardMma {
     // The plan's mask: causal and the canonical sliding window (the planner's make_tiled_problem).
     const MaskShape mask = p.plan.problem.mask();
     // Whether a window bounds the keys on the left: tested first in each step's mask decision, so that the full
-    // and causal masks' steps do not compute the left end.
-    const bool left_bounded = mask.left_bound() >= 0;
+    // and causal masks' steps do not compute the left end. Read from the kernel's parameters at each step rather
+    // than kept in a register, which the d = 64 step loop spilled (one local load per step).
+    const auto left_bounded = [&p] { return p.plan.problem.window.left >= 0; };
     int steps = 0;
     for (int jobs = 0;; ++jobs) {
       const JobRecord job = smem.jobs.take(jobs);
@@ -96,11 +97,15 @@ struct BackwardMma {
         // tail need the mask: visible_keys and first_visible_key grow with the row, so the tile's first row
         // bounds the right ends and its last row the left ends (0 without a left bound; rows past seqlen_q
         // have P = 0 anyway). The branch is uniform over the CTA, so each loop stays branch-free.
-        if (kv_row0 + kBlockN > mask.visible_keys(q_row0) ||
-            (left_bounded && kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
-          compute_probabilities<true>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
+        // The left ends are tested only under a left window bound, in a path of its own, so that the full and
+        // causal masks' masked steps run what they did before windows.
+        const bool crosses_right_ends = kv_row0 + kBlockN > mask.visible_keys(q_row0);
+        if (left_bounded() && (crosses_right_ends || kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
+          compute_probabilities<MaskedEnds::kBoth>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
+        } else if (crosses_right_ends) {
+          compute_probabilities<MaskedEnds::kRight>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
         } else {
-          compute_probabilities<false>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
+          compute_probabilities<MaskedEnds::kNone>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
         }
         // dS^T = P^T o (dP^T - dpsum). P^T and dS^T go straight to the MMA element type, so their fp32
         // copies die element by element and the register peak stays low.
@@ -142,7 +147,7 @@ struct BackwardMma {
   // P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), 0 where the key is hidden from the query row. Softcap
   // kernels recompute the forward's capped score first: S^T <- tanh(S^T * scale / softcap), and p.scale_log2 is
   // softcap * log2(e).
-  template <bool kMasked, class Fragment, class Coords>
+  template <MaskedEnds kMasked, class Fragment, class Coords>
   __device__ static void compute_probabilities(Fragment& s_frag, const Coords& coords_frag, const float* lse_log2,
                                                const MaskShape& mask, int q_row0, int kv_row0, const Params& p) {
     Tensor s = by_rows_and_columns(s_frag);
@@ -152,10 +157,12 @@ struct BackwardMma {
     for (int c = 0; c < size<1>(s); c += 2) {
       const int query = get<1>(coords(0, c));
       const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + query);
-      const int limits[2] = {kMasked ? mask.visible_keys(q_row0 + query) : 0,
-                             kMasked ? mask.visible_keys(q_row0 + query + 1) : 0};
-      const int firsts[2] = {kMasked ? mask.first_visible_key(q_row0 + query) : 0,
-                             kMasked ? mask.first_visible_key(q_row0 + query + 1) : 0};
+      constexpr bool kRight = kMasked != MaskedEnds::kNone;
+      constexpr bool kLeft = kMasked == MaskedEnds::kBoth;
+      const int limits[2] = {kRight ? mask.visible_keys(q_row0 + query) : 0,
+                             kRight ? mask.visible_keys(q_row0 + query + 1) : 0};
+      const int firsts[2] = {kLeft ? mask.first_visible_key(q_row0 + query) : 0,
+                             kLeft ? mask.first_visible_key(q_row0 + query + 1) : 0};
       CUTE_UNROLL
       for (int r = 0; r < size<0>(s); ++r) {
         CUTE_UNROLL
@@ -163,9 +170,9 @@ struct BackwardMma {
           float score = s(r, c + h);
           if constexpr (Config::kSoftcap) score = fast_tanh(score * p.softcap_in);
           float x = score * scale_log2 - (h == 0 ? lse.x : lse.y);
-          if constexpr (kMasked) {
+          if constexpr (kRight) {
             const int key = kv_row0 + get<0>(coords(r, c + h));
-            x = key >= limits[h] || key < firsts[h] ? -INFINITY : x;
+            x = key >= limits[h] || (kLeft && key < firsts[h]) ? -INFINITY : x;
           }
           s(r, c + h) = fast_exp2(x);
         }
