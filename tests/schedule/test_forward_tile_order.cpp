@@ -106,14 +106,15 @@ TEST(ForwardTileOrder, VisitsTheKeyValueTilesOfEachQueryTilesBandUnderASlidingWi
 
 TEST(ForwardTileOrder, CausalHeadGroupsHoldWholeKeyValueHeadsWithinTheL2BudgetAndFullMasksGoHeadByHead) {
   constexpr int kBytes = 2;
-  // One key/value head of K and V at d = 128, 8192 keys: 4 MiB, so 8 fit the budget; with 4 query heads
-  // per key/value head, 32 query heads.
-  EXPECT_EQ(forward_heads_per_group(true, 8192, 128, kBytes, 32, 8, 2), 32);
-  EXPECT_EQ(forward_heads_per_group(true, 8192, 128, kBytes, 16, 16, 2), 8);
+  // One key/value head of K and V at d = 128, 8192 keys: 4 MiB, so 4 fit the 16 MiB budget; with 4 query heads
+  // per key/value head, 16 query heads.
+  static_assert(kForwardL2Budget == int64_t{16} << 20, "the cases below count heads of a 16 MiB budget");
+  EXPECT_EQ(forward_heads_per_group(true, 8192, 128, kBytes, 32, 8, 2), 16);
+  EXPECT_EQ(forward_heads_per_group(true, 8192, 128, kBytes, 16, 16, 2), 4);
   // Never fewer than one key/value head's query heads, even when one head exceeds the budget.
   EXPECT_EQ(forward_heads_per_group(true, int64_t{1} << 20, 128, kBytes, 28, 4, 1), 7);
-  // 128 KiB per key/value head at d = 64 and 512 keys: 256 would fit, but the launch has only 8 heads.
-  EXPECT_EQ(forward_heads_per_group(true, 512, 64, kBytes, 32, 32, 32), 256);
+  // 128 KiB per key/value head at d = 64 and 512 keys: 128 fit, but the second launch has only 8 heads.
+  EXPECT_EQ(forward_heads_per_group(true, 512, 64, kBytes, 32, 32, 32), 128);
   EXPECT_EQ(forward_heads_per_group(true, 512, 64, kBytes, 4, 4, 2), 8);
   EXPECT_EQ(forward_heads_per_group(false, 8192, 128, kBytes, 32, 8, 2), 1);
   for (int64_t seqlen_k : {int64_t{1}, int64_t{300}, int64_t{4096}, int64_t{1} << 20}) {
