@@ -294,7 +294,7 @@ def short_kernel_name(demangled):
     """`backward_kernel<hd128,bf16>` from `void dash::sm90::backward_kernel<...<128, ...bfloat16_t>>(...)`, and
     `forward_kernel<hd128,bf16,128x176>` from `...forward_kernel<...ForwardConfig<128, ...bfloat16_t, 128, 176>>`:
     a configuration's numbers after the head dim are its tile shape, which tells one head dim's kernels apart, and
-    `softcap` marks the softcap instances."""
+    `softcap` and `left-window` mark the softcap kernels and the forward's kernels for a left window bound."""
     head = demangled.split("(")[0].removeprefix("void ")
     if "<" not in head:
         return head.split("::")[-1]
@@ -304,9 +304,10 @@ def short_kernel_name(demangled):
     parts += [DTYPE_NAMES[word] for word in re.findall(r"\w+", arguments) if word in DTYPE_NAMES]
     if len(numbers) > 1:
         parts.append("x".join(numbers[1:]))
-    # The softcap instances (ForwardConfig<..., true>, BackwardConfig<..., true>): `<hd64,bf16,softcap>`.
-    if re.search(r"\btrue\b", arguments):
-        parts.append("softcap")
+    # The configurations' flags, in order: softcap (ForwardConfig and BackwardConfig), then the forward's left window
+    # bound: `<hd64,bf16,128x128,softcap>`, `<hd64,bf16,128x128,left-window>`.
+    flags = re.findall(r"\b(true|false)\b", arguments)
+    parts += [name for name, flag in zip(("softcap", "left-window"), flags) if flag == "true"]
     return "%s<%s>" % (name.split("::")[-1], ",".join(parts))
 
 

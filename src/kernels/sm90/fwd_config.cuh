@@ -36,7 +36,9 @@ using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows>;
 // kBlockQ_ x kBlockKv_: one of the forward's tile shapes (schedule/tile_config.hpp), chosen per shape at
 // launch.
 // kSoftcap_: the softcap kernels (fwd_mainloop.cuh caps the scores); the others compile without a trace of it.
-template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoftcap_ = false>
+// kLeftBounded_: the kernels for a sliding window with a left bound, whose masked steps also hide the keys before
+// each row's first; the others carry no left-end test.
+template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoftcap_ = false, bool kLeftBounded_ = false>
 struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   // The counts this configuration's own layouts use (names of a dependent base need declaring).
   using Roles = ForwardWarpRoles<kBlockQ_>;
@@ -47,6 +49,7 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSoftcap = kSoftcap_;
+  static constexpr bool kLeftBounded = kLeftBounded_;
   static constexpr int kBlockM = kBlockQ_;
   static constexpr int kBlockN = kBlockKv_;
   static constexpr int kStages = 2;  // key/value pipeline depth

@@ -12,10 +12,10 @@
 
 namespace dash::sm90 {
 
-template <int kHeadDim, class Element, bool kSoftcap, int kBlockQ, int kBlockKv>
+template <int kHeadDim, class Element, bool kSoftcap, int kBlockQ, int kBlockKv, bool kLeftBounded = false>
 int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stream) {
   const ForwardArgs& a = params.args;
-  using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap>;
+  using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap, kLeftBounded>;
   const AttentionShape& shape = a.shape;
   typename Config::Params p{};
   p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), typename Config::SmemLayoutQ{});
@@ -65,6 +65,12 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   // Under a sliding window the tiles stay 128x128: the tall and wide tiles were measured on the full and causal
   // masks only (tile_config.hpp), and would compute more of a narrow band's masked corners.
   const bool windowed = mask.window.left >= 0 || mask.window.right >= 0;
+  // A left bound takes kernels of their own (fwd_config.cuh): testing it at run time in the others' masked steps
+  // cost 3-4% at 512-1024 causal tokens (same-run A/B on the H200, 2026-12-02, docs/PERF.md), and branching
+  // between two sets of step loops in one kernel made the d = 128 kernels spill.
+  if (mask.window.left >= 0) {
+    return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardBlockKv, true>(params, stream);
+  }
   const TileShape tile = windowed ? TileShape{kForwardBlockQ, kForwardBlockKv}
                                   : forward_tile_shape(kHeadDim, mask.causal, shape.seqlen_q, shape.seqlen_k);
   if constexpr (forward_has_tall_tiles(kHeadDim)) {

@@ -35,12 +35,13 @@ struct ForwardLoader {
       smem.q_stages.producer_acquire(tiles, "q_empty");
       tma_load_tile(p.tma_q, q_extent, tile.head, tile.batch, tile.q_tile,
                     smem.q_stages.producer_expect(tiles, Config::kQBytes), sQ);
+      const int kv_first = Config::kLeftBounded ? tile.kv_first : 0;  // 0 without a left bound
       for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
         const int k_stage = smem.k_stages.producer_acquire(kv_loads, "k_empty");
-        tma_load_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, tile.kv_first + j,
+        tma_load_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, kv_first + j,
                       smem.k_stages.producer_expect(kv_loads, Config::kKVTileBytes), sK(_, _, k_stage));
         const int v_stage = smem.v_stages.producer_acquire(kv_loads, "v_empty");
-        tma_load_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, tile.kv_first + j,
+        tma_load_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, kv_first + j,
                       smem.v_stages.producer_expect(kv_loads, Config::kKVTileBytes), sV(_, _, v_stage));
       }
     }

@@ -71,10 +71,10 @@ struct ForwardMainloop {
       // The tile visits key/value tiles [kv_first, kv_first + kv_tiles); j counts from kv_first. Those in
       // [unmasked_begin, unmasked_end) lie within every row's keys; the others cross the causal diagonal, a sliding
       // window's bounds or the key tail. Without a left window bound unmasked_begin is 0: what was there before.
-      const int kv_col_first = tile.kv_first * kBlockN;
-      const int unmasked_end = mask.visible_keys(q_row0) / kBlockN - tile.kv_first;
-      const int last_row = (q_row0 + kBlockM < mask.seqlen_q ? q_row0 + kBlockM : mask.seqlen_q) - 1;
-      const int unmasked_begin = ceil_div(mask.first_visible_key(last_row), kBlockN) - tile.kv_first;
+      const int kv_first = Config::kLeftBounded ? tile.kv_first : 0;  // 0 without a left bound
+      const int kv_col_first = kv_first * kBlockN;
+      const int unmasked_end = mask.visible_keys(q_row0) / kBlockN - kv_first;
+      const int unmasked_begin = first_unmasked(mask, tile, q_row0);
       // A tile whose rows see no key visits no key/value tile (the loader loads none): O = 0, LSE = -inf.
       if (tile.kv_tiles > 0) {
         {
@@ -110,13 +110,18 @@ struct ForwardMainloop {
           rescale_rows(out, correction);
           convert(tSrS, operand_in_accumulator_layout(tOrP, tSrS));
         };
-        // Masked tiles before the unmasked run (a left window bound's), the run, then the masked rest: one
-        // copy of each path. unmasked_end <= kv_tiles (visible_keys grows with the row).
         int j = 1;
-        for (;;) {
-          for (; j < tile.kv_tiles && (j < unmasked_begin || j >= unmasked_end); ++j) step(j, true_type{});
-          if (j >= tile.kv_tiles) break;
+        if constexpr (Config::kLeftBounded) {
+          // Masked tiles before the unmasked run (the left bound's), the run, then the masked rest: one copy of
+          // each path. unmasked_end <= kv_tiles (visible_keys grows with the row).
+          for (;;) {
+            for (; j < tile.kv_tiles && (j < unmasked_begin || j >= unmasked_end); ++j) step(j, true_type{});
+            if (j >= tile.kv_tiles) break;
+            for (; j < unmasked_end; ++j) step(j, false_type{});
+          }
+        } else {
           for (; j < unmasked_end; ++j) step(j, false_type{});
+          for (; j < tile.kv_tiles; ++j) step(j, true_type{});
         }
         const int last = kv_loads + tile.kv_tiles - 1;
         const int v_stage = smem.v_stages.consumer_wait(last, "v_full");
@@ -139,6 +144,17 @@ struct ForwardMainloop {
                                          int kv_loads, int j) {
     smem.k_stages.consumer_release(kv_loads + j);
     if (j == tile.kv_tiles - 1) smem.q_stages.consumer_release(tiles);
+  }
+
+  // The first of the tile's key/value tiles (counted from kv_first) that lies within every row's keys on the
+  // left: 0 without a left bound; with one, the tile holding the last row's first visible key or the next.
+  __device__ static int first_unmasked(const MaskShape& mask, const ForwardTileRecord& tile, int q_row0) {
+    if constexpr (Config::kLeftBounded) {
+      const int last_row = (q_row0 + kBlockM < mask.seqlen_q ? q_row0 + kBlockM : mask.seqlen_q) - 1;
+      return ceil_div(mask.first_visible_key(last_row), kBlockN) - tile.kv_first;
+    } else {
+      return 0;
+    }
   }
 
   // Softcap kernels: S becomes tanh(S * softmax_scale / softcap), the capped score over softcap (p.scale_log2
@@ -195,11 +211,11 @@ struct ForwardMainloop {
       if constexpr (kMasked) {
         const int row = q_row0 + get<0>(coords(r, 0));
         const int visible = mask.visible_keys(row);
-        const int first = mask.first_visible_key(row);  // 0 without a left window bound
+        const int first = Config::kLeftBounded ? mask.first_visible_key(row) : 0;
         CUTE_UNROLL
         for (int c = 0; c < size<1>(scores); ++c) {
           const int col = kv_col0 + get<1>(coords(r, c));
-          if (col >= visible || col < first) scores(r, c) = -INFINITY;
+          if (col >= visible || (Config::kLeftBounded && col < first)) scores(r, c) = -INFINITY;
         }
       }
       CUTE_UNROLL
