@@ -1,6 +1,7 @@
 // What the GPU tests in the test_sm90 binary share: the kernel instance a test runs, the shape it builds from
-// a case, why it must skip (no kernels, no Hopper GPU, instance not compiled), and the watchdog that turns a
-// hang into an exit with a message instead of a stuck CI job. Header-only: each test file keeps its own cases.
+// a case, why it must skip (no kernels, no Hopper GPU, instance not compiled), the watchdog that turns a
+// hang into an exit with a message instead of a stuck CI job, the forward run on poisoned outputs, and the
+// readers of what a run wrote. Header-only: each test file keeps its own cases.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,6 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
 
 #include "harness/device_harness.hpp"
 
@@ -52,6 +56,37 @@ inline void wait_or_die(cudaStream_t stream, const std::string& what) {
                  kWatchdogSeconds);
     std::_Exit(3);
   }
+}
+
+// The forward on `p`, its O and LSE poisoned first (so that an element it does not write reads as NaN), and
+// waited for under the watchdog.
+inline void run_forward(harness::Problem& p) {
+  size_t bytes = 0;
+  ASSERT_TRUE(forward_workspace_size(p.shape, &bytes).ok());
+  if (p.workspace.bytes() < bytes) p.workspace = harness::DeviceBuffer(bytes);
+  p.d_out.poison();
+  p.d_lse.poison();
+  const Status s = forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  wait_or_die(nullptr, "forward");
+}
+
+// Elements of a 16-bit output (or of LSE, where -inf is legitimate) that are NaN or infinite.
+inline size_t count_unwritten_halves(const harness::DeviceBuffer& buffer, size_t count, DType dtype) {
+  std::vector<uint16_t> bits(count);
+  buffer.download(bits.data(), count * sizeof(uint16_t));
+  size_t bad = 0;
+  for (uint16_t b : bits) bad += !std::isfinite(harness::from_bits(b, dtype));
+  return bad;
+}
+
+// dQ, dK and dV of `p`, bit for bit, in one vector.
+inline std::vector<uint16_t> download_gradients(const harness::Problem& p) {
+  std::vector<uint16_t> bits(p.q_elements() + 2 * p.kv_elements());
+  p.d_dq.download(bits.data(), p.q_elements() * 2);
+  p.d_dk.download(bits.data() + p.q_elements(), p.kv_elements() * 2);
+  p.d_dv.download(bits.data() + p.q_elements() + p.kv_elements(), p.kv_elements() * 2);
+  return bits;
 }
 
 }  // namespace dash::gpu_testing

@@ -23,8 +23,11 @@
 namespace dash {
 namespace {
 
+using gpu_testing::count_unwritten_halves;
+using gpu_testing::download_gradients;
 using gpu_testing::Instance;
 using gpu_testing::kWatchdogSeconds;
+using gpu_testing::run_forward;
 using gpu_testing::skip_reason;
 using gpu_testing::wait_or_die;
 using harness::DeviceBuffer;
@@ -56,17 +59,6 @@ const Instance kInstances[] = {{64, DType::kBF16}, {64, DType::kFP16}, {128, DTy
 
 AttentionShape make_shape(const ShapeCase& c, const Instance& inst) {
   return gpu_testing::make_attention_shape(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.causal, inst);
-}
-
-void run_forward(Problem& p) {
-  size_t bytes = 0;
-  ASSERT_TRUE(forward_workspace_size(p.shape, &bytes).ok());
-  if (p.workspace.bytes() < bytes) p.workspace = DeviceBuffer(bytes);
-  p.d_out.poison();
-  p.d_lse.poison();
-  const Status s = forward(forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  wait_or_die(nullptr, "forward");
 }
 
 // Runs the backward; returns false (without failing) when the schedule rejects the shape.
@@ -144,14 +136,6 @@ constexpr int kTile = 128;
 constexpr int64_t kRaggedBase = 1024;  // 8 or 9 query tiles x 16 heads x batch 3: about 3 tiles per CTA
 constexpr int kReferenceEvery = 16;
 
-// Elements of a 16-bit output (or of LSE, where -inf is legitimate) that are NaN or infinite.
-size_t count_unwritten_halves(const DeviceBuffer& buffer, size_t count, DType dtype) {
-  std::vector<uint16_t> bits(count);
-  buffer.download(bits.data(), count * sizeof(uint16_t));
-  size_t bad = 0;
-  for (uint16_t b : bits) bad += !std::isfinite(harness::from_bits(b, dtype));
-  return bad;
-}
 size_t count_nan_floats(const DeviceBuffer& buffer, size_t count) {
   std::vector<float> values(count);
   buffer.download(values.data(), count * sizeof(float));
@@ -319,15 +303,6 @@ static_assert(forward_has_tall_tiles(64) && forward_has_wide_tiles(128),
 
 // --- determinism ----------------------------------------------------------------------------------
 
-std::vector<uint16_t> download_all(const Problem& p) {
-  std::vector<uint16_t> bits(p.q_elements() + 2 * p.kv_elements());
-  uint16_t* at = bits.data();
-  p.d_dq.download(at, p.q_elements() * 2);
-  p.d_dk.download(at + p.q_elements(), p.kv_elements() * 2);
-  p.d_dv.download(at + p.q_elements() + p.kv_elements(), p.kv_elements() * 2);
-  return bits;
-}
-
 // Runs the backward kDeterminismRuns times; every other run a forward on a second stream competes for
 // the SMs (the persistent CTAs then start at different times). Returns how many runs differed from
 // the first, bit for bit.
@@ -346,7 +321,7 @@ int differing_runs(Problem& p, Problem& load, Schedule schedule) {
     }
     if (!run_backward(p, schedule)) break;
     if (!harness::synchronize_with_watchdog(side, kWatchdogSeconds)) std::_Exit(3);
-    std::vector<uint16_t> bits = download_all(p);
+    std::vector<uint16_t> bits = download_gradients(p);
     if (run == 0) {
       first = std::move(bits);
     } else if (std::memcmp(bits.data(), first.data(), bits.size() * 2) != 0) {

@@ -32,8 +32,11 @@
 namespace dash {
 namespace {
 
+using gpu_testing::count_unwritten_halves;
+using gpu_testing::download_gradients;
 using gpu_testing::Instance;
 using gpu_testing::kWatchdogSeconds;
+using gpu_testing::run_forward;
 using gpu_testing::skip_reason;
 using gpu_testing::wait_or_die;
 using harness::DeviceBuffer;
@@ -111,30 +114,10 @@ std::string variant_skip_reason(const Instance& inst, const VariantCase& c) {
   return {};
 }
 
-// Elements of a 16-bit tensor that are NaN or infinite (outputs start poisoned with NaN).
-size_t count_non_finite_halves(const DeviceBuffer& buffer, size_t count, DType dtype) {
-  std::vector<uint16_t> bits(count);
-  buffer.download(bits.data(), count * sizeof(uint16_t));
-  size_t bad = 0;
-  for (uint16_t b : bits) bad += !std::isfinite(harness::from_bits(b, dtype));
-  return bad;
-}
-
 std::vector<uint16_t> download_halves(const DeviceBuffer& buffer, size_t count) {
   std::vector<uint16_t> bits(count);
   buffer.download(bits.data(), count * sizeof(uint16_t));
   return bits;
-}
-
-void run_forward(Problem& p) {
-  size_t bytes = 0;
-  ASSERT_TRUE(forward_workspace_size(p.shape, &bytes).ok());
-  if (p.workspace.bytes() < bytes) p.workspace = DeviceBuffer(bytes);
-  p.d_out.poison();
-  p.d_lse.poison();
-  const Status s = forward(forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  wait_or_die(nullptr, "forward");
 }
 
 // Runs the backward with a fresh plan; false (without failing) when the planner refuses the schedule for the shape.
@@ -190,7 +173,7 @@ TEST_P(Sm90Variant, ForwardMatchesReferenceWritesEveryElementAndRepeatsItsBits) 
   Problem p = harness::make_problem(make_shape(c, inst), /*seed=*/0x3a1d0000u + c.seqlen_q * 13 + inst.head_dim);
   run_forward(p);
   const size_t rows = static_cast<size_t>(c.batch * c.heads_q * c.seqlen_q);
-  EXPECT_EQ(count_non_finite_halves(p.d_out, p.q_elements(), inst.dtype), 0u) << "O not written (or not finite)";
+  EXPECT_EQ(count_unwritten_halves(p.d_out, p.q_elements(), inst.dtype), 0u) << "O not written (or not finite)";
   EXPECT_TRUE(keyless_rows_are_zero(p));
   const auto tol = harness::tolerance_for(p.shape);
   const auto out = harness::compare(p.d_out, p.out, inst.dtype);
@@ -221,9 +204,9 @@ TEST_P(Sm90Variant, BackwardOfEveryScheduleThePlannerAcceptsMatchesReference) {
     if (!run_backward(p, schedule)) continue;
     ++ran;
     const std::string name(schedule_name(schedule));
-    EXPECT_EQ(count_non_finite_halves(p.d_dq, p.q_elements(), inst.dtype), 0u) << name << ": dQ not written";
-    EXPECT_EQ(count_non_finite_halves(p.d_dk, p.kv_elements(), inst.dtype), 0u) << name << ": dK not written";
-    EXPECT_EQ(count_non_finite_halves(p.d_dv, p.kv_elements(), inst.dtype), 0u) << name << ": dV not written";
+    EXPECT_EQ(count_unwritten_halves(p.d_dq, p.q_elements(), inst.dtype), 0u) << name << ": dQ not written";
+    EXPECT_EQ(count_unwritten_halves(p.d_dk, p.kv_elements(), inst.dtype), 0u) << name << ": dK not written";
+    EXPECT_EQ(count_unwritten_halves(p.d_dv, p.kv_elements(), inst.dtype), 0u) << name << ": dV not written";
     const auto dq = harness::compare(p.d_dq, p.dq, inst.dtype);
     const auto dk = harness::compare(p.d_dk, p.dk, inst.dtype);
     const auto dv = harness::compare(p.d_dv, p.dv, inst.dtype);
@@ -250,14 +233,6 @@ static_assert(forward_tile_shape(128, false, 2100, 1100).block_kv == kForwardWid
               "at d = 128 the shape would take the wide tiles, which the softcap kernels replace by 128x128");
 
 // --- determinism ----------------------------------------------------------------------------------
-
-std::vector<uint16_t> download_gradients(const Problem& p) {
-  std::vector<uint16_t> bits(p.q_elements() + 2 * p.kv_elements());
-  p.d_dq.download(bits.data(), p.q_elements() * 2);
-  p.d_dk.download(bits.data() + p.q_elements(), p.kv_elements() * 2);
-  p.d_dv.download(bits.data() + p.q_elements() + p.kv_elements(), p.kv_elements() * 2);
-  return bits;
-}
 
 // The backward kDeterminismRuns times with one plan; every other run a forward on a second stream competes for
 // the SMs. Returns how many runs differed from the first, bit for bit (-1 when the planner refuses the schedule).
