@@ -138,7 +138,7 @@ class EmulatedRun {
   EmulatedRun(const RunContext& context, const SchedulePlan& plan, const EmulatorOptions& options, int run)
       : in_(context.inputs), context_(context), delta_(context.delta), plan_(plan), p_(plan.problem),
         options_(options), run_(run), lq_(q_layout(in_.shape)), lk_(kv_layout(in_.shape)),
-        dim_(static_cast<int>(in_.shape.head_dim)), scale_(in_.shape.softmax_scale),
+        dim_(static_cast<int>(in_.shape.head_dim)), scale_(in_.shape.softmax_scale), softcap_(in_.shape.softcap),
         k_rows_(total_k_rows(context.sequences)), num_dq_tiles_(p_.batch * p_.heads_q() * p_.real_q_tiles()),
         semaphores_(std::make_unique<std::atomic<int>[]>(static_cast<size_t>(num_dq_tiles_))),
         dq_acc_(in_.q.size(), 0.0f),
@@ -253,10 +253,19 @@ class EmulatedRun {
         const float* k_row = k + lk_.at(kv_seq.k_row0 + col, kv.head_kv);
         const float* v_row = v + lk_.at(kv_seq.k_row0 + col, kv.head_kv);
         const bool seen = mask.visible(row, col) && std::isfinite(lse);
-        const float p = seen ? std::exp(scale_ * dot(q_row, k_row, dim_) - lse) : 0.0f;
+        // Under softcap the score is capped to softcap * tanh(score / softcap), and dS picks up the cap's
+        // derivative 1 - tanh^2 (the kernels' arithmetic, with tanh exact here).
+        float score = scale_ * dot(q_row, k_row, dim_);
+        float cap_slope = 1.0f;
+        if (softcap_ > 0.0f) {
+          const float t = std::tanh(score / softcap_);
+          score = softcap_ * t;
+          cap_slope = 1.0f - t * t;
+        }
+        const float p = seen ? std::exp(score - lse) : 0.0f;
         const float dp = dot(dout_row, v_row, dim_);
         s.p[r * cols + c] = p;
-        s.ds[r * cols + c] = p * (dp - delta_[stat]);
+        s.ds[r * cols + c] = p * (dp - delta_[stat]) * cap_slope;
       }
     }
     // The products below sum over keys (dQ) or rows (dK, dV) in ascending order for every element; the
@@ -384,6 +393,7 @@ class EmulatedRun {
   const Layout lk_;
   const int dim_;
   const float scale_;
+  const float softcap_;  // 0: no capping
   const int64_t k_rows_;
   const int num_dq_tiles_;
   std::unique_ptr<std::atomic<int>[]> semaphores_;
@@ -500,12 +510,12 @@ EmulatorInputs make_varlen_emulator_inputs(const AttentionShape& max_shape, cons
     const int64_t ko = lk.at(seq.k_row0, 0);
     const int64_t so = seq.stat(max_shape.heads_q, 0, 0);
     reference::attention_forward<float>(one, in.q.data() + qo, in.k.data() + ko, in.v.data() + ko, in.out.data() + qo,
-                                        in.lse.data() + so, window);
+                                        in.lse.data() + so, window, max_shape.softcap);
     reference::attention_forward<double>(one, q.data() + qo, k.data() + ko, v.data() + ko, out.data() + qo,
-                                         lse.data() + so, window);
+                                         lse.data() + so, window, max_shape.softcap);
     reference::attention_backward<double>(one, q.data() + qo, k.data() + ko, v.data() + ko, out.data() + qo,
                                           dout.data() + qo, lse.data() + so, in.ref_dq.data() + qo,
-                                          in.ref_dk.data() + ko, in.ref_dv.data() + ko, window);
+                                          in.ref_dk.data() + ko, in.ref_dv.data() + ko, window, max_shape.softcap);
   }
   return in;
 }

@@ -16,8 +16,9 @@
 
 namespace dash {
 
-// Random inputs of one shape (fixed seed) and what the references compute from them, under the shape's mask
-// and FlashAttention's sliding window (none by default; passed apart from the shape, whose window fields the emulator does not read).
+// Random inputs of one shape (fixed seed) and what the references compute from them, under the shape's mask and
+// softcap and FlashAttention's sliding window (none by default; passed apart from the shape, whose window fields the
+// emulator does not read).
 // A varlen batch (`lengths` not empty) packs its sequences one after another, FlashAttention's cu_seqlens layout:
 // q, dout and out are (total_q, Hq, D) and k, v (total_k, Hkv, D), sequence b starting at row sum of the lengths
 // before it; lse is (Hq, seqlen_q[b]) per sequence, in sequence order. `shape` then holds the maximum lengths

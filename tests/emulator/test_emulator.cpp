@@ -1,9 +1,10 @@
 // Tests of the CPU emulator: every deterministic schedule gives bitwise-identical gradients under
-// random timing and matches the float64 reference, under sliding windows too; the nondeterministic
+// random timing and matches the float64 reference, under sliding windows and softcap too; the nondeterministic
 // schedule is caught; the key/value-ordered schedules do not depend on the SM count; a plan that cannot
 // finish is reported, and a plan of another shape or window is refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -137,6 +138,46 @@ TEST(Emulator, TheGpuTestsWindowsAtTheKernelsTiles) {
             << r.error_vs_reference.dv;
       }
     }
+  }
+}
+
+// Softcap (Gemma 2's cap of the scaled scores, here at 0.5, where scores of about +-1 bend hard): every deterministic
+// schedule keeps its bits and matches the float64 reference of the capped attention, and differs from the uncapped
+// one by far more than the tolerance, so the comparison would catch an emulator that ignored the cap.
+TEST(Emulator, SoftcapSchedulesMatchTheCappedReference) {
+  const Case cases[] = {
+      {"causal_softcap", 1, 2, 2, 200, 200, true, 5, 0},
+      {"window_softcap_gqa", 1, 4, 2, 224, 192, false, 4, 0, {40, 20}},
+  };
+  constexpr float kSoftcap = 0.5f;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    AttentionShape shape = shape_of(c);
+    shape.softmax_scale = 1.0f;  // scores of order 1 with inputs in [-1, 1] and 64 dims: past the cap
+    const EmulatorInputs uncapped = make_emulator_inputs(shape, /*seed=*/21, c.window);
+    shape.softcap = kSoftcap;
+    const EmulatorInputs inputs = make_emulator_inputs(shape, /*seed=*/21, c.window);
+    double largest = 0.0, apart = 0.0;
+    for (size_t i = 0; i < inputs.ref_dq.size(); ++i) {
+      largest = std::max(largest, std::abs(inputs.ref_dq[i]));
+      apart = std::max(apart, std::abs(inputs.ref_dq[i] - uncapped.ref_dq[i]));
+    }
+    EXPECT_GT(apart, 100 * kFloat32Tolerance * largest) << "the cap must change dQ";
+    const TiledProblem problem = make_emulator_problem(shape, kSmallTiles, c.group_splits, c.window);
+    int emulated = 0;
+    for (Schedule schedule : kAllSchedules) {
+      if (schedule == Schedule::kAuto || schedule == Schedule::kNondeterministic) continue;
+      const PlanResult planned = make_schedule_plan(problem, schedule, c.sms);
+      if (!planned.ok()) continue;
+      SCOPED_TRACE(std::string(schedule_name(schedule)));
+      const EmulationResult r = emulate(inputs, planned.plan, options());
+      ASSERT_TRUE(r.completed) << r.error;
+      EXPECT_TRUE(r.bitwise_identical);
+      EXPECT_LT(r.max_rel_error(), kFloat32Tolerance)
+          << "dq " << r.error_vs_reference.dq << " dk " << r.error_vs_reference.dk << " dv " << r.error_vs_reference.dv;
+      ++emulated;
+    }
+    EXPECT_GE(emulated, 3);
   }
 }
 

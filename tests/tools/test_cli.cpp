@@ -708,6 +708,24 @@ TEST(Cli, EmulateVarlen) {
   EXPECT_TRUE(k["schedules"].array.at(0)["within_tolerance"].boolean);
 }
 
+// emulate --softcap caps the scores in the tile arithmetic and in the reference (the emulator's tests check the
+// numbers); a negative or non-finite cap is refused naming the flag.
+TEST(Cli, EmulateTakesSoftcap) {
+  const std::string shape = "emulate --heads 2 --seqlen 200 --head-dim 16 --block-q 16 --block-kv 32 --sms 5 --causal ";
+  const Output out = run(shape + "--softcap 0.5 --schedule shortest-first --json");
+  ASSERT_EQ(out.status, 0) << out.text;
+  const Json report = parse_json(out.text);
+  EXPECT_TRUE(report["bitwise_identical"].boolean);
+  EXPECT_TRUE(report["schedules"].array.at(0)["within_tolerance"].boolean);
+  const Output table = run(shape + "--softcap 0.5 --schedule shortest-first");
+  EXPECT_NE(table.text.find("softcap 0.5"), std::string::npos) << table.text;
+  for (const char* bad : {"-1", "inf", "nan"}) {
+    const Output refused = run(shape + "--softcap " + bad, /*want_stderr=*/true);
+    EXPECT_NE(refused.status, 0) << bad;
+    EXPECT_NE(refused.text.find("--softcap"), std::string::npos) << refused.text;
+  }
+}
+
 // As plan: a schedule asked for by name that the batch refuses fails with the planner's reason.
 TEST(Cli, EmulateVarlenRefusedScheduleFails) {
   const std::string args = "emulate --cu-seqlens 0,100,300 --cu-seqlens-k 0,90,250 --schedule shift";

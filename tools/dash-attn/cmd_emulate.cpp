@@ -1,12 +1,14 @@
 // dash-attn emulate: runs backward schedules on CPU threads (one per persistent CTA) with random
 // delays before every dQ reduction, several times each, and reports whether dQ, dK and dV kept the
 // same bits and how far they are from the float64 reference, also under a sliding window (--window L,R or
-// --window-left/--window-right, planned as the library plans the shape's window) and on varlen batches
+// --window-left/--window-right, planned as the library plans the shape's window), with softcap (--softcap X) and on
+// varlen batches
 // (--cu-seqlens, varlen.hpp: each schedule planned from the maxima, its jobs fitted to each sequence as the kernels
 // will fit them). Exit code 1 when a deterministic schedule changed bits, deadlocked or missed the tolerance, or
 // when a schedule asked for by name does not apply.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -43,6 +45,7 @@ struct EmulateFlags {
   // Small enough to run every schedule in a few seconds, large enough for 4 partials per dQ tile.
   ShapeFlags shape{.batch = 1, .heads = 2, .seqlen = 512, .head_dim = 32, .sms = 4};
   WindowFlags window;
+  double softcap = 0.0;
   VarlenFlags varlen;
   int64_t block_q = 0;
   int64_t block_kv = 0;
@@ -154,6 +157,7 @@ int cmd_emulate(const std::vector<std::string>& args) {
                     "A varlen batch (--cu-seqlens) is planned from its maxima and fitted to each sequence.");
   add_shape_flags(parser, &f.shape);
   add_window_flags(parser, &f.window);
+  add_softcap_flag(parser, &f.softcap);
   add_varlen_flags(parser, &f.varlen);
   parser.add_int("block-q", "query tile rows", &f.block_q, 1, kMaxBlock, "the GPU kernel's for --head-dim");
   parser.add_int("block-kv", "key/value tile rows", &f.block_kv, 1, kMaxBlock, "the GPU kernel's for --head-dim");
@@ -171,7 +175,11 @@ int cmd_emulate(const std::vector<std::string>& args) {
   f.window.resolve(parser);
 
   const VarlenBatch varlen = make_varlen_batch(f.varlen, &f.shape, parser);
-  const AttentionShape shape = make_shape(f.shape, parser);
+  AttentionShape shape = make_shape(f.shape, parser);
+  if (!std::isfinite(f.softcap) || !(f.softcap >= 0.0)) {
+    parser.fail("--softcap must be finite and >= 0 (0: no capping), got " + format_number(f.softcap));
+  }
+  shape.softcap = static_cast<float>(f.softcap);
   const int sms = static_cast<int>(f.shape.sms);
   const TileShape kernel_tiles = backward_tile_shape(static_cast<int>(shape.head_dim));
   const TileShape tiles{f.block_q > 0 ? static_cast<int>(f.block_q) : kernel_tiles.block_q,

@@ -119,7 +119,8 @@ struct WindowFlags {
 };
 void add_window_flags(FlagParser& parser, WindowFlags* flags);
 // --softcap X: Gemma 2's score capping, softcap * tanh(score / softcap), 0 for none (check and bench, which run the
-// library's softcap kernels).
+// library's softcap kernels, and emulate, whose tile arithmetic caps the scores as they do). plan has none: the cap
+// changes no tile's visits, so no schedule.
 void add_softcap_flag(FlagParser& parser, double* softcap);
 
 // The shape flags given on the command line other than --sms, e.g. {"--batch", "--causal"}, the window and varlen
