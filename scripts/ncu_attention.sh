@@ -6,7 +6,7 @@
 # FA3's. Clocks are left as they are (--clock-control none), as in every DASH measurement.
 #
 # usage: scripts/ncu_attention.sh {forward,backward} OUT_DIR HEAD_DIM SEQLEN {causal,full} [IMPL ...]
-#        IMPL: dash-det dash-nondet fa3-det fa3-nondet (default: all four for the backward, dash-det and
+#        IMPL: dash-det dash-nondet fa3-det fa3-nondet cudnn (cudnn: PyTorch SDPA's cuDNN forward; default: all four for the backward, dash-det and
 #        fa3-det for the forward, where the flag changes nothing); fa3-* need flash_attn_interface, e.g.
 #        PYTHONPATH=$PWD/python:/tmp/peers/fa3up/hopper after ../shared/peers/build_peers.sh fa3
 # Writes OUT_DIR/<impl>.ncu-rep, <impl>_details.txt, <impl>_source.csv (the SASS source page, which
@@ -31,6 +31,7 @@ main_kernel() {  # the filter on the demangled name of an implementation's main 
     dash-*-backward) echo "regex:backward_kernel" ;;
     fa3-*-forward) echo "regex:FlashAttnFwdSm90" ;;
     fa3-*-backward) echo "regex:FlashAttnBwdSm90" ;;
+    cudnn-forward) echo "regex:fprop" ;;  # cuDNN's generated SDPA kernels name the forward "..._fprop_..."
   esac
 }
 

@@ -6,8 +6,9 @@ given, bf16. The pass runs three times before the profiled call (the backward af
 call finds plans, proofs and autotuning done and its kernels alone are in the range.
 
 usage: python3 profile_attention.py {forward,backward} IMPL HEAD_DIM SEQLEN {causal,full} [HEADS_Q HEADS_KV]
-       IMPL: dash-det | dash-nondet | fa3-det | fa3-nondet (FA3 needs flash_attn_interface on PYTHONPATH); the
-       -det/-nondet choice is the backward's and changes nothing in the forward
+       IMPL: dash-det | dash-nondet | fa3-det | fa3-nondet | cudnn (FA3 needs flash_attn_interface on PYTHONPATH;
+       cudnn is PyTorch SDPA's cuDNN backend, forward only); the -det/-nondet choice is the backward's and changes
+       nothing in the forward
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ def forward_of(impl: str, causal: bool) -> Callable[[torch.Tensor, torch.Tensor,
         import dash_attn
 
         return lambda q, k, v: dash_attn.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+    if impl == "cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention
+
+        def cudnn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            # SDPA takes (batch, heads, seqlen, head_dim); the views keep the (batch, seqlen, heads) memory.
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                    is_causal=causal, enable_gqa=k.shape[2] != q.shape[2])
+
+        return cudnn_forward
     from flash_attn_interface import flash_attn_func as fa3
 
     def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -40,7 +52,7 @@ def forward_of(impl: str, causal: bool) -> Callable[[torch.Tensor, torch.Tensor,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pass_", metavar="pass", choices=["forward", "backward"])
-    parser.add_argument("impl", choices=["dash-det", "dash-nondet", "fa3-det", "fa3-nondet"])
+    parser.add_argument("impl", choices=["dash-det", "dash-nondet", "fa3-det", "fa3-nondet", "cudnn"])
     parser.add_argument("head_dim", type=int)
     parser.add_argument("seqlen", type=int)
     parser.add_argument("mask", choices=["causal", "full"])
@@ -56,6 +68,8 @@ def main() -> None:
                            requires_grad=requires_grad)
 
     backward = args.pass_ == "backward"
+    if backward and args.impl == "cudnn":
+        parser.error("cudnn: forward only (its backward is not one of the peers this script profiles)")
     q, k, v = tensor(heads_q, backward), tensor(heads_kv, backward), tensor(heads_kv, backward)
     forward = forward_of(args.impl, args.mask == "causal")
     if backward:
