@@ -26,6 +26,21 @@ def median_ms(step: Callable[[], object], warmup: int, iters: int) -> float:
     return statistics.median(start.elapsed_time(stop) for start, stop in zip(starts, stops))
 
 
+def milliseconds_per_call(fn: Callable[[], object], calls_per_loop: int, repeats: int) -> float:
+    """Median over `repeats` of one loop of `calls_per_loop` back-to-back calls between two CUDA events, divided by
+    the calls: per-call GPU time with launches queued ahead, which single-call timing would overstate."""
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls_per_loop):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / calls_per_loop)
+    return statistics.median(times)
+
+
 def environment() -> dict[str, str]:
     """What a reader needs to compare numbers across runs: software versions, GPU and date."""
     return {

@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import statistics
 import sys
 from dataclasses import dataclass
 
 import torch
+
+from _common import milliseconds_per_call
 
 DASH_SCHEDULES = ("auto", "ascending", "descending", "shortest-first", "shift", "symmetric-shift")
 TOKENS = 16384          # tokens per grid point (batch = TOKENS / seqlen)
@@ -107,19 +108,6 @@ def implementations(impls: list[str], schedules: list[str]) -> dict:
     if "flash" in impls:
         calls["sdpa:flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
     return calls
-
-
-def milliseconds_per_call(fn, calls_per_loop: int, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls_per_loop):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) / calls_per_loop)
-    return statistics.median(times)
 
 
 def make_inputs(shape: Shape) -> tuple[torch.Tensor, ...]:
