@@ -88,7 +88,7 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
   backward_postprocess_kernel<Config><<<tiles, Config::kMmaThreads, 0, stream>>>(pp);
 
   if (problem.group_splits > 1) {
-    SplitSumParams sp{};
+    SplitSumParamsOf<kVarlen> sp{};
     sp.dk_accum = params.buffers.dk_accum;
     sp.dv_accum = params.buffers.dv_accum;
     sp.dk = a.dk.data;
@@ -101,7 +101,7 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
     sp.seqlen_k = p.seqlen_k;
     sp.padded_rows = problem.num_kv_tiles() * problem.block_kv;
     sp.head_dim = kHeadDim;
-    sp.packed = packed;
+    if constexpr (kVarlen) sp.packed = packed;
     const int rows_per_block = kPrepostThreads / kHeadDim;
     const dim3 grid(static_cast<unsigned>((shape.seqlen_k + rows_per_block - 1) / rows_per_block),
                     static_cast<unsigned>(shape.heads_kv), static_cast<unsigned>(shape.batch));

@@ -13,6 +13,7 @@
 #include <cutlass/array.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/sm90/bwd_config.cuh"
 #include "kernels/sm90/gemm.cuh"
@@ -178,13 +179,21 @@ struct SplitSumParams {
   int seqlen_k;
   int padded_rows;  // rows per (split, batch, head) in the accumulators
   int head_dim;
-  PackedBatch packed;  // varlen kernels only: cu_seqlens and their bounds
 };
+
+// The varlen split sum's parameters: the dense ones and cu_seqlens with their bounds (a type of its own, so that
+// the dense kernel's parameters stay as they were).
+struct PackedSplitSumParams : SplitSumParams {
+  PackedBatch packed;
+};
+
+template <bool kVarlen>
+using SplitSumParamsOf = std::conditional_t<kVarlen, PackedSplitSumParams, SplitSumParams>;
 
 // Grid (ceil(seqlen_k / rows per block), heads_kv, batch); sums splits 0, 1, ... in that order. kVarlen: the rows
 // of sequence `batch`, stored from its offset in the packed dk and dv (whose batch strides are 0).
 template <class Element, bool kVarlen = false>
-__global__ void __launch_bounds__(kPrepostThreads) sum_dkv_splits_kernel(const SplitSumParams p) {
+__global__ void __launch_bounds__(kPrepostThreads) sum_dkv_splits_kernel(const SplitSumParamsOf<kVarlen> p) {
   const int head = blockIdx.y, batch = blockIdx.z;
   const int rows_per_block = kPrepostThreads / p.head_dim;
   const int row = blockIdx.x * rows_per_block + static_cast<int>(threadIdx.x) / p.head_dim;
