@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 #include "reference/attention_reference.hpp"
 
@@ -52,7 +53,8 @@ size_t VarlenProblem::kv_elements() const { return static_cast<size_t>(total_k *
 size_t VarlenProblem::lse_elements() const { return static_cast<size_t>(shape.heads_q * total_q); }
 
 VarlenProblem make_varlen_problem(AttentionShape shape, const std::vector<SequenceLengths>& lengths,
-                                  int64_t padding_rows, uint64_t seed, SequenceLengths max_lengths) {
+                                  int64_t padding_rows, uint64_t seed, SequenceLengths max_lengths,
+                                  bool with_reference) {
   if (lengths.empty()) throw std::invalid_argument("make_varlen_problem: at least one sequence");
   VarlenProblem p;
   p.cu_seqlens_q = offsets(lengths, true);
@@ -82,6 +84,13 @@ VarlenProblem make_varlen_problem(AttentionShape shape, const std::vector<Sequen
   p.d_cu_seqlens_k = DeviceBuffer(p.cu_seqlens_k.size() * sizeof(int32_t));
   p.d_cu_seqlens_k.upload(p.cu_seqlens_k.data(), p.cu_seqlens_k.size() * sizeof(int32_t));
 
+  if (!with_reference) {
+    const std::vector<uint16_t> zero_halves(p.q_elements(), 0);
+    p.d_ref_out.upload(zero_halves.data(), zero_halves.size() * kHalfBytes);
+    const std::vector<float> zero_lse(p.lse_elements(), 0.0f);
+    p.d_ref_lse.upload(zero_lse.data(), zero_lse.size() * sizeof(float));
+    return p;
+  }
   p.out.assign(p.q_elements(), kPadding);
   p.dq.assign(p.q_elements(), kPadding);
   p.dk.assign(p.kv_elements(), kPadding);
@@ -89,7 +98,9 @@ VarlenProblem make_varlen_problem(AttentionShape shape, const std::vector<Sequen
   p.lse.assign(p.lse_elements(), kPadding);
   std::vector<double> out_rounded(p.q_elements(), 0.0);
   const SlidingWindow window = reference_window(shape);
-  for (size_t b = 0; b < lengths.size(); ++b) {
+  // Each sequence's reference on its own thread (they write disjoint rows): the reference is the slow part.
+  std::vector<std::thread> threads;
+  const auto reference_of = [&](size_t b) {
     const int64_t sq = lengths[b].seqlen_q, sk = lengths[b].seqlen_k;
     const size_t qo = static_cast<size_t>(p.cu_seqlens_q[b] * hq * d);
     const size_t ko = static_cast<size_t>(p.cu_seqlens_k[b] * hkv * d);
@@ -97,7 +108,7 @@ VarlenProblem make_varlen_problem(AttentionShape shape, const std::vector<Sequen
     // Keys no query sees (a sequence without queries) get zero gradients; queries without keys O = 0, LSE = -inf.
     std::fill_n(p.dk.begin() + ko, nk, 0.0);
     std::fill_n(p.dv.begin() + ko, nk, 0.0);
-    if (sq == 0) continue;
+    if (sq == 0) return;
     std::vector<double> lse(static_cast<size_t>(hq * sq), -INFINITY);
     std::fill_n(p.out.begin() + qo, nq, 0.0);
     std::fill_n(p.dq.begin() + qo, nq, 0.0);
@@ -117,7 +128,9 @@ VarlenProblem make_varlen_problem(AttentionShape shape, const std::vector<Sequen
     for (int64_t h = 0; h < hq; ++h) {
       for (int64_t i = 0; i < sq; ++i) p.lse[h * p.total_q + p.cu_seqlens_q[b] + i] = lse[h * sq + i];
     }
-  }
+  };
+  for (size_t b = 0; b < lengths.size(); ++b) threads.emplace_back(reference_of, b);
+  for (std::thread& t : threads) t.join();
   upload_halves(out_rounded, shape.dtype, p.d_ref_out);
   std::vector<float> lse_float(p.lse.size());
   // Padding rows of the reference LSE the backward reads: any finite value, no call may read it.

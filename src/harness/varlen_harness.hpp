@@ -36,9 +36,12 @@ struct VarlenProblem {
 
 // A batch of `lengths` (one entry per sequence) under `shape`'s heads, head dim, dtype, mask and softcap, with
 // `padding_rows` rows after the last sequence in every packed tensor; shape.batch, seqlen_q and seqlen_k are set
-// from the lengths (the maxima, at least 1) unless `max_lengths` raises them.
+// from the lengths (the maxima, at least 1) unless `max_lengths` raises them. `with_reference` false skips the CPU
+// reference (determinism runs, which compare bits alone): `out` and the gradients are then empty, and the device
+// copies of the reference O and LSE hold zeros.
 VarlenProblem make_varlen_problem(AttentionShape shape, const std::vector<SequenceLengths>& lengths,
-                                  int64_t padding_rows, uint64_t seed, SequenceLengths max_lengths = {1, 1});
+                                  int64_t padding_rows, uint64_t seed, SequenceLengths max_lengths = {1, 1},
+                                  bool with_reference = true);
 
 VarlenBatch varlen_batch(const VarlenProblem& p);
 ForwardArgs forward_args(VarlenProblem& p);
