@@ -49,7 +49,10 @@ bool varlen_kernel_available(int64_t head_dim, DType dtype);
 Status validate(const AttentionShape& shape);
 
 // Checks `args` without touching the GPU (validate(args.shape), then pointers, alignment, strides, overlap, and
-// sm_margin >= 0; its upper bound, the device's SM count, is checked where the device is known).
+// sm_margin >= 0; its upper bound, the device's SM count, is checked where the device is known). A varlen call
+// (args.varlen.packed()) also needs both offset pointers (4-byte aligned), totals > 0 within the kernels' 32-bit
+// indices, and packed tensors with strides.batch == 0, sized by the totals (the LSE as (heads_q, total_q)); what
+// cu_seqlens hold is never read on the host.
 Status validate(const ForwardArgs& args);
 Status validate(const BackwardArgs& args);
 
