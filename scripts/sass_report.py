@@ -294,7 +294,8 @@ def short_kernel_name(demangled):
     """`backward_kernel<hd128,bf16>` from `void dash::sm90::backward_kernel<...<128, ...bfloat16_t>>(...)`, and
     `forward_kernel<hd128,bf16,128x176>` from `...forward_kernel<...ForwardConfig<128, ...bfloat16_t, 128, 176>>`:
     a configuration's numbers after the head dim are its tile shape, which tells one head dim's kernels apart, and
-    `softcap` and `left-window` mark the softcap kernels and the forward's kernels for a left window bound."""
+    `softcap`, `left-window` and `varlen` mark the softcap kernels, the forward's kernels for a left window bound
+    and the kernels of packed varlen batches."""
     head = demangled.split("(")[0].removeprefix("void ")
     if "<" not in head:
         return head.split("::")[-1]
@@ -304,10 +305,17 @@ def short_kernel_name(demangled):
     parts += [DTYPE_NAMES[word] for word in re.findall(r"\w+", arguments) if word in DTYPE_NAMES]
     if len(numbers) > 1:
         parts.append("x".join(numbers[1:]))
-    # The configurations' flags, in order: softcap (ForwardConfig and BackwardConfig), then the forward's left window
-    # bound: `<hd64,bf16,128x128,softcap>`, `<hd64,bf16,128x128,left-window>`.
+    # The configurations' flags, in order: ForwardConfig's softcap, left window bound and varlen
+    # (`<hd64,bf16,128x128,softcap>`, `<hd64,bf16,128x128,left-window,varlen>`), BackwardConfig's softcap and varlen,
+    # and the split sum's varlen (`sum_dkv_splits_kernel<bf16,varlen>`).
     flags = re.findall(r"\b(true|false)\b", arguments)
-    parts += [name for name, flag in zip(("softcap", "left-window"), flags) if flag == "true"]
+    if "ForwardConfig" in arguments:
+        flag_names = ("softcap", "left-window", "varlen")
+    elif "BackwardConfig" in arguments:
+        flag_names = ("softcap", "varlen")
+    else:
+        flag_names = ("varlen",)
+    parts += [name for name, flag in zip(flag_names, flags) if flag == "true"]
     return "%s<%s>" % (name.split("::")[-1], ",".join(parts))
 
 

@@ -40,6 +40,8 @@ namespace dash {
 // kernels are instances of their own, DASH_SOFTCAP_KERNELS).
 bool kernels_available();
 bool kernel_available(int64_t head_dim, DType dtype, bool softcap = false);
+// Whether this build has the varlen kernels (VarlenBatch calls) of (head dim, dtype); they are built without softcap.
+bool varlen_kernel_available(int64_t head_dim, DType dtype);
 
 // Checks the shape alone without touching the GPU: sizes, dtype, head dim, GQA divisibility, softmax scale,
 // sliding window (each bound >= -1), softcap (finite, >= 0, softmax_scale / softcap finite), and the limits of the kernels' indices and launch grids. Every entry point runs it first; a tool that
@@ -47,7 +49,10 @@ bool kernel_available(int64_t head_dim, DType dtype, bool softcap = false);
 Status validate(const AttentionShape& shape);
 
 // Checks `args` without touching the GPU (validate(args.shape), then pointers, alignment, strides, overlap, and
-// sm_margin >= 0; its upper bound, the device's SM count, is checked where the device is known).
+// sm_margin >= 0; its upper bound, the device's SM count, is checked where the device is known). A varlen call
+// (args.varlen.packed()) also needs both offset pointers (4-byte aligned), totals > 0 within the kernels' 32-bit
+// indices, and packed tensors with strides.batch == 0, sized by the totals (the LSE as (heads_q, total_q)); what
+// cu_seqlens hold is never read on the host.
 Status validate(const ForwardArgs& args);
 Status validate(const BackwardArgs& args);
 
@@ -102,6 +107,10 @@ class BackwardPlan {
   // grid never exceeds it, and a static schedule needs that many of its CTAs resident at once.
   int planned_sm_count() const;
   size_t workspace_bytes() const;
+  // A plan of plan_varlen_backward(): for packed varlen batches whose maximum problem is shape(), and whether it
+  // holds them to the promise seqlen_k <= seqlen_q per sequence.
+  bool varlen() const;
+  bool keys_within_queries() const;
 
  private:
   friend struct BackwardPlanAccess;  // api/backward_plan.hpp: the library makes plans and reads them
@@ -124,6 +133,20 @@ Status plan_backward(const AttentionShape& shape, Schedule schedule, int sm_marg
 Status plan_backward(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device, BackwardPlan* plan);
 Status plan_backward(const AttentionShape& shape, Schedule schedule, BackwardPlan* plan);
 
+// Plans the backward of packed varlen batches (VarlenBatch, dash/types.hpp) whose maximum problem is `shape` (batch =
+// the number of sequences, seqlen_q and seqlen_k = the maximum lengths), as plan_backward() plans a dense shape. The
+// plan holds for every vector of lengths within the maxima, so a launch reads no length on the host (no copy of
+// cu_seqlens; CUDA-graph capturable): the schedule is planned for the maximum problem and proven for every length
+// vector, and the kernels fit each sequence's jobs to its lengths (schedule/varlen.hpp). `keys_within_queries` is
+// VarlenBatch's promise; the calls it launches must carry the same. Schedules: ascending, descending,
+// shortest-first and nondeterministic for every batch; shift (full mask) and symmetric shift (causal, no window)
+// only with the promise; kAuto picks the best of those the batch admits (planner/varlen_plan.hpp says why).
+// kScheduleRejected, naming the rule, for the others.
+Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, Schedule schedule, int sm_margin,
+                            const DeviceInfo& device, BackwardPlan* plan);
+Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, Schedule schedule, int sm_margin,
+                            BackwardPlan* plan);
+
 // dQ, dK, dV = d attention / d(Q, K, V) for upstream gradient dO, summed in the order the plan's schedule
 // fixes, without planning again. args.shape must equal plan.shape() in every field, args.schedule must be
 // plan.requested_schedule() and args.sm_margin plan.sm_margin(): a mismatch is refused, naming the field, before
@@ -134,7 +157,8 @@ Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* worksp
                 cudaStream_t stream);
 
 // The same, planning args.schedule for args.shape with args.sm_margin on the current device at every call (the
-// proof is cached per plan, the planning is not); a caller that repeats shapes keeps a BackwardPlan instead.
+// proof is cached per plan, the planning is not); a caller that repeats shapes keeps a BackwardPlan instead. A
+// varlen call (args.varlen) is planned with plan_varlen_backward() and its promise.
 Status backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace dash

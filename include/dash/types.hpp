@@ -94,16 +94,41 @@ struct MutableTensorRef {
   operator TensorRef() const { return {data, strides}; }
 };
 
+// A packed variable-length batch (FlashAttention's varlen): shape.batch sequences, sequence b's query rows
+// [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of the packed (total_q, heads_q, head_dim) q, out, dout and dq, its key rows
+// [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of the packed (total_k, heads_kv, head_dim) k, v, dk and dv; shape.seqlen_q
+// and shape.seqlen_k are the maximum lengths (FlashAttention's max_seqlen_q, max_seqlen_k). The packed tensors are
+// TensorRefs whose strides.batch is 0 (no batch dimension); the LSE is (heads_q, total_q) float32. The masks are
+// each sequence's own (causal and the window aligned to its bottom-right corner).
+// cu_seqlens stay in device memory: no entry point reads them on the host, so a call is CUDA-graph capturable. The
+// kernels read them; their contract (unchecked, it would take a copy): shape.batch + 1 int32 offsets starting at 0,
+// non-decreasing, each sequence within the maxima, the last offsets at most total_q and total_k, and, with
+// keys_within_queries, seqlen_k <= seqlen_q per sequence. Offsets that break it give the sequences concerned
+// unspecified results, but no kernel reads or writes outside the tensors or hangs: each sequence is clamped to the
+// totals and the maxima first (schedule/varlen.hpp, packed_sequence).
+struct VarlenBatch {
+  const int32_t* cu_seqlens_q = nullptr;  // device memory; both null: not a varlen call
+  const int32_t* cu_seqlens_k = nullptr;
+  int64_t total_q = 0;  // rows of the packed q, out, dout, dq
+  int64_t total_k = 0;  // rows of the packed k, v, dk, dv
+  // The caller's promise that every sequence has seqlen_k <= seqlen_q (true when cu_seqlens_k is cu_seqlens_q, as
+  // in self-attention). The backward plans shift and symmetric shift only under it (planner/varlen_plan.hpp).
+  bool keys_within_queries = false;
+
+  bool packed() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
+};
+
 struct ForwardArgs {
   AttentionShape shape;
   TensorRef q;           // (B, Sq, Hq, D)
   TensorRef k;           // (B, Sk, Hkv, D)
   TensorRef v;           // (B, Sk, Hkv, D)
   MutableTensorRef out;  // (B, Sq, Hq, D)
-  float* lse = nullptr;  // (B, Hq, Sq) packed, natural-log logsumexp of each scaled score row
+  float* lse = nullptr;  // (B, Hq, Sq) packed, natural-log logsumexp of each scaled score row; varlen: (Hq, total_q)
   // SMs the persistent grid leaves to other work: at most SM count - sm_margin CTAs run. Needs
   // 0 <= sm_margin < the device's SM count. It does not change the result.
   int sm_margin = 0;
+  VarlenBatch varlen;  // a packed varlen batch, or none (the default)
 };
 
 struct BackwardArgs {
@@ -113,7 +138,7 @@ struct BackwardArgs {
   TensorRef v;
   TensorRef out;               // forward output O
   TensorRef dout;              // dL/dO, same shape as O
-  const float* lse = nullptr;  // forward LSE, (B, Hq, Sq) packed
+  const float* lse = nullptr;  // forward LSE, (B, Hq, Sq) packed; varlen: (Hq, total_q)
   MutableTensorRef dq;         // outputs, same shapes as q, k, v
   MutableTensorRef dk;
   MutableTensorRef dv;
@@ -121,6 +146,7 @@ struct BackwardArgs {
   // SMs the backward leaves to other work: the schedule is planned for SM count - sm_margin persistent CTAs
   // (see plan_backward()). Needs 0 <= sm_margin < the device's SM count.
   int sm_margin = 0;
+  VarlenBatch varlen;  // a packed varlen batch, or none (the default)
 };
 
 }  // namespace dash

@@ -4,7 +4,8 @@ The kernels live in libdash_attn_c.so (the C ABI of the C++ library), loaded wit
 the ops are registered with torch.library so they work under torch.compile. See README.md.
 
 The top-level flash_attn_func, flash_attn_kvpacked_func and flash_attn_qkvpacked_func take FlashAttention-2's
-arguments in FA2's order, as `from flash_attn import ...` gives them (fa2.py). dash_attn.fa3 has FA3's order,
+arguments in FA2's order, as `from flash_attn import ...` gives them (fa2.py); flash_attn_varlen_func takes packed
+variable-length batches with cu_seqlens (varlen.py). dash_attn.fa3 has FA3's order,
 and scaled_dot_product_attention has torch's (sdpa.py). attention_backward (gradients.py) runs the backward alone
 on a forward's out and LSE. Unlike FlashAttention, every entry point defaults to deterministic=True.
 `python -m dash_attn.info` says whether the library can run here.
@@ -22,6 +23,7 @@ _TORCH_ENTRY_POINTS = (
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
     "scaled_dot_product_attention",
 )
 
@@ -30,6 +32,7 @@ try:
     from .fa2 import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
     from .gradients import attention_backward
     from .sdpa import scaled_dot_product_attention
+    from .varlen import flash_attn_varlen_func
 except ModuleNotFoundError as _error:
     if _error.name != "torch":
         raise
@@ -51,6 +54,7 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
     "library_path",
     "scaled_dot_product_attention",
 ]

@@ -34,7 +34,7 @@ LIBRARY_FILE = "libdash_attn_c.so"
 LIBRARY_ENV = "DASH_ATTN_LIBRARY"
 
 # DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 # The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
 # library is loaded; load() verifies that the library agrees.
@@ -92,6 +92,19 @@ class Tensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("strides", ctypes.c_int64 * 4)]
 
 
+class Varlen(ctypes.Structure):
+    """struct dash_varlen: a packed varlen batch, its cu_seqlens device addresses, the packed row counts and the
+    promise that every sequence has seqlen_k <= seqlen_q (keys_within_queries != 0)."""
+
+    _fields_ = [
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("total_q", ctypes.c_int64),
+        ("total_k", ctypes.c_int64),
+        ("keys_within_queries", ctypes.c_int),
+    ]
+
+
 class Device(ctypes.Structure):
     """struct dash_device: the current CUDA device as the planner sees it (multiprocessor_count SMs)."""
 
@@ -141,7 +154,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     """Gives every function its C signature, so ctypes converts (and checks) arguments instead of guessing."""
     c_int64, c_int, c_size_t = ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
     c_char_p, c_void_p = ctypes.c_char_p, ctypes.c_void_p
-    shape_p, tensor_p = ctypes.POINTER(Shape), ctypes.POINTER(Tensor)
+    shape_p, tensor_p, varlen_p = ctypes.POINTER(Shape), ctypes.POINTER(Tensor), ctypes.POINTER(Varlen)
     size_p = ctypes.POINTER(c_size_t)
     message = [c_char_p, c_size_t]
     signatures = {
@@ -149,6 +162,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dash_schedule_names": (c_char_p, []),
         "dash_kernel_available": (c_int, [c_int64, c_int]),
         "dash_softcap_kernel_available": (c_int, [c_int64, c_int]),
+        "dash_varlen_kernel_available": (c_int, [c_int64, c_int]),
         "dash_library_version": (c_char_p, []),
         "dash_cuda_runtime_version": (c_int, []),
         "dash_cuda_driver_version": (c_int, []),
@@ -178,6 +192,19 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dash_backward_plan_create": (
             c_int,
             [shape_p, c_char_p, c_int, ctypes.POINTER(Device), ctypes.POINTER(c_void_p), *message],
+        ),
+        "dash_forward_varlen": (
+            c_int,
+            [shape_p, varlen_p, *[tensor_p] * 4, c_void_p, c_int, c_void_p, c_size_t, c_void_p, *message],
+        ),
+        "dash_backward_plan_create_varlen": (
+            c_int,
+            [shape_p, c_int, c_char_p, c_int, ctypes.POINTER(Device), ctypes.POINTER(c_void_p), *message],
+        ),
+        "dash_backward_plan_run_varlen": (
+            c_int,
+            [c_void_p, shape_p, varlen_p, *[tensor_p] * 5, c_void_p, *[tensor_p] * 3, c_void_p, c_size_t, c_void_p,
+             *message],
         ),
         "dash_backward_plan_destroy": (None, [c_void_p]),
         "dash_backward_plan_workspace_size": (c_int, [c_void_p, size_p, *message]),
@@ -254,6 +281,12 @@ def kernel_available(head_dim: int, dtype: int, softcap: bool = False) -> bool:
     return bool(load().dash_kernel_available(head_dim, dtype))
 
 
+def varlen_kernel_available(head_dim: int, dtype: int) -> bool:
+    """Whether the library has the varlen kernels (packed batches with cu_seqlens) for (head_dim, dtype); they are
+    built without softcap."""
+    return bool(load().dash_varlen_kernel_available(head_dim, dtype))
+
+
 def compiled_kernels() -> list[tuple[int, str]]:
     """The (head_dim, dtype name) pairs this build has kernels for, e.g. [(64, "bf16"), (128, "bf16")]."""
     return [(d, name) for d in HEAD_DIMS for code, name in DTYPE_NAMES.items() if kernel_available(d, code)]
@@ -325,6 +358,27 @@ def forward(
     _check_status("forward", code, buffer)
 
 
+def forward_varlen(
+    shape: Shape,
+    varlen: Varlen,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: int,
+    workspace: int,
+    workspace_bytes: int,
+    stream: int | None,
+    sm_margin: int = 0,
+) -> None:
+    """forward() of a packed varlen batch: `shape` is its maximum problem, `lse` the (heads_q, total_q) fp32 LSE."""
+    buffer = _message_buffer()
+    code = load().dash_forward_varlen(
+        shape, varlen, q, k, v, out, lse, sm_margin, workspace, workspace_bytes, stream, buffer, _MESSAGE_BYTES
+    )
+    _check_status("varlen forward", code, buffer)
+
+
 def backward(
     shape: Shape,
     q: Tensor,
@@ -371,18 +425,43 @@ class BackwardPlan:
     proven, with its workspace size and the SM count it was planned for (`sm_count`: the device's less the
     margin). Running it plans nothing; the library refuses a call whose shape is not the plan's, naming the field."""
 
-    def __init__(self, shape: Shape, schedule: str, device: Device | None = None, sm_margin: int = 0) -> None:
+    def __init__(
+        self,
+        shape: Shape,
+        schedule: str,
+        device: Device | None = None,
+        sm_margin: int = 0,
+        varlen: bool = False,
+        keys_within_queries: bool = False,
+    ) -> None:
+        """varlen=True plans packed varlen batches whose maximum problem is `shape` (dash_backward_plan_create_varlen),
+        with the promise `keys_within_queries` (every sequence has seqlen_k <= seqlen_q); run it with
+        backward_varlen."""
         lib = load()
         handle = ctypes.c_void_p()
-        _call(
-            "backward plan",
-            "dash_backward_plan_create",
-            ctypes.byref(shape),
-            schedule.encode(),
-            sm_margin,
-            None if device is None else ctypes.byref(device),
-            ctypes.byref(handle),
-        )
+        device_p = None if device is None else ctypes.byref(device)
+        if varlen:
+            _call(
+                "varlen backward plan",
+                "dash_backward_plan_create_varlen",
+                ctypes.byref(shape),
+                int(keys_within_queries),
+                schedule.encode(),
+                sm_margin,
+                device_p,
+                ctypes.byref(handle),
+            )
+        else:
+            _call(
+                "backward plan",
+                "dash_backward_plan_create",
+                ctypes.byref(shape),
+                schedule.encode(),
+                sm_margin,
+                device_p,
+                ctypes.byref(handle),
+            )
+        self.varlen = varlen
         self._handle = handle.value
         # weakref.finalize frees the handle once: at collection, at exit or at close(), whichever comes first.
         self._free = weakref.finalize(self, lib.dash_backward_plan_destroy, self._handle)
@@ -427,3 +506,30 @@ class BackwardPlan:
             _MESSAGE_BYTES,
         )
         _check_status("backward", code, buffer)
+
+    def backward_varlen(
+        self,
+        shape: Shape,
+        varlen: Varlen,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        dout: Tensor,
+        lse: int,
+        dq: Tensor,
+        dk: Tensor,
+        dv: Tensor,
+        workspace: int,
+        workspace_bytes: int,
+        stream: int | None,
+    ) -> None:
+        """backward() of a varlen plan on a packed batch; `varlen` must carry the plan's keys_within_queries."""
+        if self.closed:
+            raise ValueError("this BackwardPlan is closed; make a new one")
+        buffer = _message_buffer()
+        code = load().dash_backward_plan_run_varlen(
+            self._handle, shape, varlen, q, k, v, out, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream,
+            buffer, _MESSAGE_BYTES,
+        )
+        _check_status("varlen backward", code, buffer)

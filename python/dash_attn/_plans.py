@@ -74,6 +74,19 @@ def _make_backward_plan(key: tuple) -> _library.BackwardPlan:
 backward_plans: PlanCache[_library.BackwardPlan] = PlanCache(PLAN_CACHE_CAPACITY, _make_backward_plan)
 
 
+def _make_varlen_backward_plan(key: tuple) -> _library.BackwardPlan:
+    _device, shape_fields, schedule, sm_margin, keys_within_queries = key
+    return _library.BackwardPlan(
+        _library.Shape(*shape_fields), schedule, sm_margin=sm_margin, varlen=True,
+        keys_within_queries=keys_within_queries,
+    )
+
+
+# Plans of packed varlen batches, keyed as backward_plans with the promise keys_within_queries appended: the maximum
+# problem's shape, not the lengths (which stay on the device), decides them.
+varlen_backward_plans: PlanCache[_library.BackwardPlan] = PlanCache(PLAN_CACHE_CAPACITY, _make_varlen_backward_plan)
+
+
 def backward_plan(device: int, shape: _library.Shape, schedule: str, sm_margin: int = 0) -> _library.BackwardPlan:
     """The backward plan of `shape` and `schedule` on CUDA device `device`, which must be the current device
     (a plan is made for the current device; the library refuses to run it on another), for its SMs less

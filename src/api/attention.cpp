@@ -39,6 +39,32 @@ Status find_instance(const AttentionShape& shape, const kernels::KernelInstance*
   return Status::success();
 }
 
+enum class Pass { kForward, kBackward };
+
+// find_instance for a call, varlen or not: a varlen call needs the instance's varlen kernel of its pass.
+Status find_call_instance(const AttentionShape& shape, const VarlenBatch& varlen, Pass pass,
+                          const kernels::KernelInstance** instance) {
+  if (Status s = find_instance(shape, instance); !s.ok()) return s;
+  const bool has_varlen = pass == Pass::kForward ? (*instance)->forward_varlen != nullptr
+                                                 : (*instance)->backward_varlen != nullptr;
+  if (varlen.packed() && !has_varlen) {
+    return {StatusCode::kNotAvailable,
+            "this build has no varlen kernel for head_dim " + std::to_string(shape.head_dim) + " and dtype " +
+                dtype_name(shape.dtype) +
+                (shape.softcap > 0.0f ? " with softcap (varlen kernels are built without softcap: a varlen call "
+                                        "needs softcap == 0)"
+                                      : " (see DASH_VARLEN_KERNELS)")};
+  }
+  return Status::success();
+}
+
+// The device pointers of a varlen call's offsets; nothing for a dense call.
+Status check_varlen_pointers(const VarlenBatch& varlen) {
+  if (!varlen.packed()) return Status::success();
+  if (Status s = check_device_pointer(varlen.cu_seqlens_q, "varlen.cu_seqlens_q"); !s.ok()) return s;
+  return check_device_pointer(varlen.cu_seqlens_k, "varlen.cu_seqlens_k");
+}
+
 Status check_pointers(std::initializer_list<std::pair<const void*, const char*>> pointers) {
   for (const auto& [p, name] : pointers) {
     if (Status s = check_device_pointer(p, name); !s.ok()) return s;
@@ -87,12 +113,14 @@ Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, c
       !s.ok()) {
     return s;
   }
+  if (Status s = check_varlen_pointers(args.varlen); !s.ok()) return s;
   if (Status s = check_workspace(workspace, workspace_bytes, plan.workspace.total_bytes); !s.ok()) return s;
   kernels::BackwardParams params{};
   params.args = args;
   params.plan = plan.schedule_plan;
   params.buffers = plan.workspace.carve(workspace);
-  return cuda_status(static_cast<cudaError_t>(instance.backward(params, stream)), "backward launch");
+  const kernels::BackwardLauncher launch = plan.varlen ? instance.backward_varlen : instance.backward;
+  return cuda_status(static_cast<cudaError_t>(launch(params, stream)), "backward launch");
 }
 
 }  // namespace
@@ -103,6 +131,14 @@ bool kernel_available(int64_t head_dim, DType dtype, bool softcap) {
   const auto instances = kernels::kernel_instances();
   return std::any_of(instances.begin(), instances.end(), [&](const kernels::KernelInstance& k) {
     return k.head_dim == head_dim && k.dtype == dtype && k.softcap == softcap;
+  });
+}
+
+bool varlen_kernel_available(int64_t head_dim, DType dtype) {
+  const auto instances = kernels::kernel_instances();
+  return std::any_of(instances.begin(), instances.end(), [&](const kernels::KernelInstance& k) {
+    return k.head_dim == head_dim && k.dtype == dtype && !k.softcap && k.forward_varlen != nullptr &&
+           k.backward_varlen != nullptr;
   });
 }
 
@@ -126,7 +162,7 @@ Status backward_workspace_size(const AttentionShape& shape, Schedule schedule, s
 Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
   const kernels::KernelInstance* instance = nullptr;
-  if (Status s = find_instance(args.shape, &instance); !s.ok()) return s;
+  if (Status s = find_call_instance(args.shape, args.varlen, Pass::kForward, &instance); !s.ok()) return s;
   const DeviceInfo* device = nullptr;
   if (Status s = usable_current_device(&device); !s.ok()) return s;
   if (Status s = check_sm_margin(args.sm_margin, *device); !s.ok()) return s;
@@ -135,6 +171,7 @@ Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
       !s.ok()) {
     return s;
   }
+  if (Status s = check_varlen_pointers(args.varlen); !s.ok()) return s;
   if (Status s = check_workspace(workspace, workspace_bytes, kernels::kForwardWorkspaceBytes); !s.ok()) return s;
   kernels::ForwardParams params{};
   params.args = args;
@@ -142,7 +179,8 @@ Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
   // The forward's grid is persistent (tiles come from a counter, no CTA waits on another): it needs no SM to be
   // free, but it leaves sm_margin SMs to other work as the backward does.
   params.num_sms = device->multiprocessor_count - args.sm_margin;
-  return cuda_status(static_cast<cudaError_t>(instance->forward(params, stream)), "forward launch");
+  const kernels::ForwardLauncher launch = args.varlen.packed() ? instance->forward_varlen : instance->forward;
+  return cuda_status(static_cast<cudaError_t>(launch(params, stream)), "forward launch");
 }
 
 Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,
@@ -152,7 +190,7 @@ Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* worksp
   if (Status s = check_args_match_plan(args, *data); !s.ok()) return s;
   if (Status s = validate(args); !s.ok()) return s;
   const kernels::KernelInstance* instance = nullptr;
-  if (Status s = find_instance(args.shape, &instance); !s.ok()) return s;
+  if (Status s = find_call_instance(args.shape, args.varlen, Pass::kBackward, &instance); !s.ok()) return s;
   return launch_backward(args, *data, *instance, workspace, workspace_bytes, stream);
 }
 
@@ -160,9 +198,13 @@ Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* worksp
 Status backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
   const kernels::KernelInstance* instance = nullptr;
-  if (Status s = find_instance(args.shape, &instance); !s.ok()) return s;
+  if (Status s = find_call_instance(args.shape, args.varlen, Pass::kBackward, &instance); !s.ok()) return s;
   BackwardPlan plan;
-  if (Status s = plan_backward(args.shape, args.schedule, args.sm_margin, &plan); !s.ok()) return s;
+  const Status planned =
+      args.varlen.packed()
+          ? plan_varlen_backward(args.shape, args.varlen.keys_within_queries, args.schedule, args.sm_margin, &plan)
+          : plan_backward(args.shape, args.schedule, args.sm_margin, &plan);
+  if (!planned.ok()) return planned;
   return launch_backward(args, *BackwardPlanAccess::data(plan), *instance, workspace, workspace_bytes, stream);
 }
 

@@ -12,6 +12,7 @@
 #include "api/proven_schedules.hpp"
 #include "api/validate.hpp"
 #include "planner/schedule_plan.hpp"
+#include "planner/varlen_plan.hpp"
 #include "schedule/shift_schedules.hpp"
 
 namespace dash {
@@ -61,13 +62,56 @@ Status check_plan_request(const AttentionShape& shape, Schedule schedule, int sm
   return check_sm_margin(sm_margin);
 }
 
+// What a plan is for beyond its shape: a dense batch, or a packed varlen batch with or without the promise that
+// every sequence has seqlen_k <= seqlen_q.
+struct BatchKind {
+  bool varlen = false;
+  bool keys_within_queries = false;
+};
+
+// The varlen plan of `schedule` for the maximum problem `problem`, proven for every admitted vector of lengths
+// (planner/varlen_plan.hpp); kScheduleRejected saying why where it is not.
+Status plan_varlen(const TiledProblem& problem, bool keys_within_queries, Schedule schedule, int planned_sm_count,
+                   SchedulePlan* plan) {
+  const VarlenPlanResult planned = plan_varlen_schedule(problem, keys_within_queries, schedule, planned_sm_count);
+  if (!planned.ok()) {
+    return {StatusCode::kScheduleRejected,
+            "schedule '" + std::string(schedule_name(schedule)) + "' cannot run this varlen batch: " + planned.rejected};
+  }
+  if (const PlanProof proof = prove_varlen_plan(planned.plan); !proof.ok()) {
+    return {StatusCode::kScheduleRejected, "the " + std::string(schedule_name(planned.plan.plan.kind)) +
+                                               " plan failed validation for this varlen batch: " + proof.summary};
+  }
+  *plan = planned.plan.plan;
+  return Status::success();
+}
+
 // Plans and proves a request that passed check_plan_request() for a device that passed check_device_info(), on
 // the device's SMs less sm_margin.
-Status make_plan(const AttentionShape& shape, Schedule schedule, int sm_margin, const DeviceInfo& device,
-                 BackwardPlan* plan) {
+Status make_plan(const AttentionShape& shape, BatchKind batch, Schedule schedule, int sm_margin,
+                 const DeviceInfo& device, BackwardPlan* plan) {
   if (Status s = check_sm_margin(sm_margin, device); !s.ok()) return s;
   const int planned_sm_count = device.multiprocessor_count - sm_margin;
   const TiledProblem problem = make_tiled_problem(shape);
+  if (batch.varlen) {
+    SchedulePlan varlen_plan{};
+    if (Status s = plan_varlen(problem, batch.keys_within_queries, schedule, planned_sm_count, &varlen_plan); !s.ok()) {
+      return s;
+    }
+    *plan = BackwardPlanAccess::make(BackwardPlanData{
+        .shape = shape,
+        .requested_schedule = schedule,
+        .device_index = device.index,
+        .multiprocessor_count = device.multiprocessor_count,
+        .sm_margin = sm_margin,
+        .planned_sm_count = planned_sm_count,
+        .varlen = true,
+        .keys_within_queries = batch.keys_within_queries,
+        .schedule_plan = varlen_plan,
+        .workspace = kernels::BackwardWorkspace::layout(shape, varlen_plan.problem),
+    });
+    return Status::success();
+  }
   const PlanResult planned = plan_schedule(problem, schedule, planned_sm_count);
   if (!planned.ok()) {
     return {StatusCode::kScheduleRejected,
@@ -106,12 +150,14 @@ int BackwardPlan::multiprocessor_count() const { return data_or_empty(*this).mul
 int BackwardPlan::sm_margin() const { return data_or_empty(*this).sm_margin; }
 int BackwardPlan::planned_sm_count() const { return data_or_empty(*this).planned_sm_count; }
 size_t BackwardPlan::workspace_bytes() const { return data_or_empty(*this).workspace.total_bytes; }
+bool BackwardPlan::varlen() const { return data_or_empty(*this).varlen; }
+bool BackwardPlan::keys_within_queries() const { return data_or_empty(*this).keys_within_queries; }
 
 Status plan_backward(const AttentionShape& shape, Schedule schedule, int sm_margin, const DeviceInfo& device,
                      BackwardPlan* plan) {
   if (Status s = check_plan_request(shape, schedule, sm_margin, plan); !s.ok()) return s;
   if (Status s = check_device_info(device); !s.ok()) return s;
-  return make_plan(shape, schedule, sm_margin, device, plan);
+  return make_plan(shape, BatchKind{}, schedule, sm_margin, device, plan);
 }
 
 // The request is checked before the device, so a bad one gets its own message on any machine.
@@ -119,7 +165,22 @@ Status plan_backward(const AttentionShape& shape, Schedule schedule, int sm_marg
   if (Status s = check_plan_request(shape, schedule, sm_margin, plan); !s.ok()) return s;
   const DeviceInfo* device = nullptr;
   if (Status s = usable_current_device(&device); !s.ok()) return s;
-  return make_plan(shape, schedule, sm_margin, *device, plan);
+  return make_plan(shape, BatchKind{}, schedule, sm_margin, *device, plan);
+}
+
+Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, Schedule schedule, int sm_margin,
+                            const DeviceInfo& device, BackwardPlan* plan) {
+  if (Status s = check_plan_request(shape, schedule, sm_margin, plan); !s.ok()) return s;
+  if (Status s = check_device_info(device); !s.ok()) return s;
+  return make_plan(shape, BatchKind{true, keys_within_queries}, schedule, sm_margin, device, plan);
+}
+
+Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, Schedule schedule, int sm_margin,
+                            BackwardPlan* plan) {
+  if (Status s = check_plan_request(shape, schedule, sm_margin, plan); !s.ok()) return s;
+  const DeviceInfo* device = nullptr;
+  if (Status s = usable_current_device(&device); !s.ok()) return s;
+  return make_plan(shape, BatchKind{true, keys_within_queries}, schedule, sm_margin, *device, plan);
 }
 
 Status plan_backward(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device, BackwardPlan* plan) {
@@ -166,6 +227,15 @@ Status check_args_match_plan(const BackwardArgs& args, const BackwardPlanData& p
     return mismatch("schedule", quoted(args.schedule), quoted(plan.requested_schedule));
   }
   if (args.sm_margin != plan.sm_margin) return mismatch("sm_margin", args.sm_margin, plan.sm_margin);
+  // A varlen plan's units and workspace are the maximum problem's, read per sequence from cu_seqlens: a dense call
+  // on it (or a varlen call on a dense plan) would run the wrong kernels on the wrong layout.
+  if (args.varlen.packed() != plan.varlen) {
+    return mismatch("varlen", std::string(args.varlen.packed() ? "a packed batch" : "none"),
+                    std::string(plan.varlen ? "a packed batch (plan_varlen_backward)" : "none"));
+  }
+  if (plan.varlen && args.varlen.keys_within_queries != plan.keys_within_queries) {
+    return mismatch("varlen.keys_within_queries", args.varlen.keys_within_queries, plan.keys_within_queries);
+  }
   return Status::success();
 }
 

@@ -19,6 +19,10 @@ struct BackwardPlanData {
   int multiprocessor_count = 0;          // the device's SM count
   int sm_margin = 0;                     // SMs left to other work
   int planned_sm_count = 0;              // multiprocessor_count - sm_margin: what the schedule was planned for
+  // Packed varlen batches: `shape` is the maximum problem, schedule_plan its plan, proven for every vector of lengths
+  // within the maxima (and seqlen_k <= seqlen_q per sequence where keys_within_queries), planner/varlen_plan.hpp.
+  bool varlen = false;
+  bool keys_within_queries = false;
   SchedulePlan schedule_plan{};          // proven for `shape` on min(units, planned_sm_count) persistent CTAs
   kernels::BackwardWorkspace workspace;  // the layout of schedule_plan's buffers
 };
@@ -34,8 +38,9 @@ struct BackwardPlanAccess {
 };
 
 // kOk if `args` is a call of `plan`: args.shape equal to plan.shape in every field, args.schedule the
-// requested schedule and args.sm_margin the plan's. Otherwise kInvalidArgument naming the first field that
-// differs ("shape.seqlen_q", as validate() names it, "schedule" or "sm_margin"), with both values.
+// requested schedule, args.sm_margin the plan's, and a varlen call for a varlen plan with its promise
+// (keys_within_queries). Otherwise kInvalidArgument naming the first field that differs ("shape.seqlen_q", as
+// validate() names it, "schedule", "sm_margin", "varlen" or "varlen.keys_within_queries"), with both values.
 Status check_args_match_plan(const BackwardArgs& args, const BackwardPlanData& plan);
 
 }  // namespace dash

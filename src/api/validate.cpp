@@ -12,6 +12,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -149,19 +150,75 @@ Status check_layout(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpa
   return make_span(t.name, t.output, t.tensor.data, last_byte, span);
 }
 
+// The rows of a call's tensors: (batch, seqlen) of a dense call, one batch of the packed rows of a varlen call;
+// and the floats of its LSE.
+struct CallRows {
+  int64_t batch;
+  int64_t rows_q;
+  int64_t rows_k;
+  int64_t lse_floats;
+};
+
+CallRows call_rows(const AttentionShape& shape, const VarlenBatch& varlen) {
+  if (varlen.packed()) return {1, varlen.total_q, varlen.total_k, shape.heads_q * varlen.total_q};
+  return {shape.batch, shape.seqlen_q, shape.seqlen_k, shape.batch * shape.heads_q * shape.seqlen_q};
+}
+
+// A varlen call's own arguments (VarlenBatch, dash/types.hpp), after validate(shape): both offset arrays present
+// and aligned, the totals positive and within the kernels' 32-bit indices. What cu_seqlens hold is not checked
+// here: that would take a copy from the device.
+Status check_varlen_batch(const AttentionShape& shape, const VarlenBatch& varlen) {
+  const std::pair<const char*, const int32_t*> offsets[] = {{"varlen.cu_seqlens_q", varlen.cu_seqlens_q},
+                                                            {"varlen.cu_seqlens_k", varlen.cu_seqlens_k}};
+  for (const auto& [name, data] : offsets) {
+    if (data == nullptr) {
+      return invalid(cat(name, " must not be null in a varlen call (set both cu_seqlens_q and cu_seqlens_k, ",
+                         "shape.batch + 1 int32 offsets each in device memory)"));
+    }
+    if (Status s = check_pointer(name, data, alignof(int32_t), "it holds int32 offsets"); !s.ok()) return s;
+  }
+  const std::tuple<const char*, int64_t, int64_t, const char*> totals[] = {
+      {"varlen.total_q", varlen.total_q, shape.heads_q, "heads_q"},
+      {"varlen.total_k", varlen.total_k, shape.heads_kv, "heads_kv"}};
+  for (const auto& [name, total, heads, heads_name] : totals) {
+    if (total <= 0) {
+      return invalid(cat(name, " must be > 0 (the rows of the packed tensors; a batch without rows has nothing to ",
+                         "compute), got ", total));
+    }
+    // total <= kMaxKernelIndex / (heads * head_dim) keeps it and the element count within int32 without overflow.
+    if (total >= kMaxKernelIndex / (heads * shape.head_dim)) {
+      return not_supported(cat(name, " * ", heads_name, " * head_dim must be < ", kMaxKernelIndex,
+                               " (the kernels index packed rows with 32-bit integers), got ", name, " = ", total));
+    }
+  }
+  return Status::success();
+}
+
+// A packed tensor has no batch dimension: its strides.batch must be 0, so that no layout reads it as one.
+Status check_packed_strides(std::span<const TensorArg> tensors) {
+  for (const TensorArg& t : tensors) {
+    if (t.tensor.strides.batch != 0) {
+      return invalid(cat(t.name, ".strides.batch must be 0 in a varlen call (a packed (total, heads, head_dim) ",
+                         "tensor has no batch dimension), got ", t.tensor.strides.batch));
+    }
+  }
+  return Status::success();
+}
+
 // Checks pointers and layouts of all tensors of a call, then that no output shares a byte with another tensor.
-Status check_tensors(const AttentionShape& shape, std::span<const TensorArg> tensors, const float* lse,
-                     bool lse_output) {
+Status check_tensors(const AttentionShape& shape, const CallRows& rows, std::span<const TensorArg> tensors,
+                     const float* lse, bool lse_output) {
   std::vector<ByteSpan> spans;
   for (const TensorArg& t : tensors) {
     if (Status s = check_pointer(t.name, t.tensor.data, kTmaAlignmentBytes, "TMA needs it"); !s.ok()) return s;
     ByteSpan span{};
-    if (Status s = check_layout(t, shape.batch, shape.head_dim, &span); !s.ok()) return s;
+    if (Status s = check_layout(t, rows.batch, shape.head_dim, &span); !s.ok()) return s;
     spans.push_back(span);
   }
   if (Status s = check_pointer("lse", lse, kLseAlignmentBytes, "it holds floats"); !s.ok()) return s;
-  // validate(shape) bounded batch * heads_q * seqlen_q below 2^31, so this cannot overflow.
-  const int64_t lse_bytes = shape.batch * shape.heads_q * shape.seqlen_q * static_cast<int64_t>(sizeof(float));
+  // validate(shape) bounded batch * heads_q * seqlen_q below 2^31 (check_varlen_batch heads_q * total_q), so this
+  // cannot overflow.
+  const int64_t lse_bytes = rows.lse_floats * static_cast<int64_t>(sizeof(float));
   ByteSpan lse_span{};
   if (Status s = make_span("lse", lse_output, lse, lse_bytes - 1, &lse_span); !s.ok()) return s;
   spans.push_back(lse_span);
@@ -273,13 +330,20 @@ Status validate(const AttentionShape& shape) {
 Status validate(const ForwardArgs& args) {
   const AttentionShape& shape = args.shape;
   if (Status s = validate(shape); !s.ok()) return s;
+  if (args.varlen.packed()) {
+    if (Status s = check_varlen_batch(shape, args.varlen); !s.ok()) return s;
+  }
+  const CallRows rows = call_rows(shape, args.varlen);
   const TensorArg tensors[] = {
-      {"q", args.q, shape.seqlen_q, shape.heads_q, false},
-      {"k", args.k, shape.seqlen_k, shape.heads_kv, false},
-      {"v", args.v, shape.seqlen_k, shape.heads_kv, false},
-      {"out", args.out, shape.seqlen_q, shape.heads_q, true},
+      {"q", args.q, rows.rows_q, shape.heads_q, false},
+      {"k", args.k, rows.rows_k, shape.heads_kv, false},
+      {"v", args.v, rows.rows_k, shape.heads_kv, false},
+      {"out", args.out, rows.rows_q, shape.heads_q, true},
   };
-  if (Status s = check_tensors(shape, tensors, args.lse, true); !s.ok()) return s;
+  if (args.varlen.packed()) {
+    if (Status s = check_packed_strides(tensors); !s.ok()) return s;
+  }
+  if (Status s = check_tensors(shape, rows, tensors, args.lse, true); !s.ok()) return s;
   return check_sm_margin(args.sm_margin);
 }
 
@@ -287,17 +351,24 @@ Status validate(const BackwardArgs& args) {
   const AttentionShape& shape = args.shape;
   if (Status s = validate(shape); !s.ok()) return s;
   if (Status s = check_schedule(args.schedule); !s.ok()) return s;
+  if (args.varlen.packed()) {
+    if (Status s = check_varlen_batch(shape, args.varlen); !s.ok()) return s;
+  }
+  const CallRows rows = call_rows(shape, args.varlen);
   const TensorArg tensors[] = {
-      {"q", args.q, shape.seqlen_q, shape.heads_q, false},
-      {"k", args.k, shape.seqlen_k, shape.heads_kv, false},
-      {"v", args.v, shape.seqlen_k, shape.heads_kv, false},
-      {"out", args.out, shape.seqlen_q, shape.heads_q, false},
-      {"dout", args.dout, shape.seqlen_q, shape.heads_q, false},
-      {"dq", args.dq, shape.seqlen_q, shape.heads_q, true},
-      {"dk", args.dk, shape.seqlen_k, shape.heads_kv, true},
-      {"dv", args.dv, shape.seqlen_k, shape.heads_kv, true},
+      {"q", args.q, rows.rows_q, shape.heads_q, false},
+      {"k", args.k, rows.rows_k, shape.heads_kv, false},
+      {"v", args.v, rows.rows_k, shape.heads_kv, false},
+      {"out", args.out, rows.rows_q, shape.heads_q, false},
+      {"dout", args.dout, rows.rows_q, shape.heads_q, false},
+      {"dq", args.dq, rows.rows_q, shape.heads_q, true},
+      {"dk", args.dk, rows.rows_k, shape.heads_kv, true},
+      {"dv", args.dv, rows.rows_k, shape.heads_kv, true},
   };
-  if (Status s = check_tensors(shape, tensors, args.lse, false); !s.ok()) return s;
+  if (args.varlen.packed()) {
+    if (Status s = check_packed_strides(tensors); !s.ok()) return s;
+  }
+  if (Status s = check_tensors(shape, rows, tensors, args.lse, false); !s.ok()) return s;
   return check_sm_margin(args.sm_margin);
 }
 

@@ -158,6 +158,39 @@ dash::BackwardArgs to_backward_args(const dash_shape& shape, const BackwardTenso
   return args;
 }
 
+dash::VarlenBatch to_varlen(const dash_varlen& v) {
+  dash::VarlenBatch varlen;
+  varlen.cu_seqlens_q = v.cu_seqlens_q;
+  varlen.cu_seqlens_k = v.cu_seqlens_k;
+  varlen.total_q = v.total_q;
+  varlen.total_k = v.total_k;
+  varlen.keys_within_queries = v.keys_within_queries != 0;
+  return varlen;
+}
+
+// A varlen call's dash_varlen must be present and name a packed batch: both offset pointers null would make it a
+// dense call under a varlen name.
+dash::Status check_varlen_present(const dash_varlen* varlen) {
+  if (dash::Status s = check_present({{varlen, "varlen"}}); !s.ok()) return s;
+  if (varlen->cu_seqlens_q == nullptr && varlen->cu_seqlens_k == nullptr) {
+    return invalid("varlen.cu_seqlens_q and varlen.cu_seqlens_k must not be null in a varlen call");
+  }
+  return dash::Status::success();
+}
+
+dash::ForwardArgs to_forward_args(const dash_shape& shape, const dash_tensor& q, const dash_tensor& k,
+                                  const dash_tensor& v, const dash_tensor& out, float* lse, int sm_margin) {
+  dash::ForwardArgs args;
+  args.shape = to_shape(shape);
+  args.q = to_tensor(q);
+  args.k = to_tensor(k);
+  args.v = to_tensor(v);
+  args.out = to_tensor(out);
+  args.lse = lse;
+  args.sm_margin = sm_margin;
+  return args;
+}
+
 dash::Status check_backward_present(const dash_shape* shape, const BackwardTensors& t) {
   return check_present({{shape, "shape"},
                         {t.q, "q"},
@@ -199,6 +232,10 @@ int dash_kernel_available(int64_t head_dim, int dtype) {
 
 int dash_softcap_kernel_available(int64_t head_dim, int dtype) {
   return dash::kernel_available(head_dim, static_cast<dash::DType>(dtype), /*softcap=*/true) ? 1 : 0;
+}
+
+int dash_varlen_kernel_available(int64_t head_dim, int dtype) {
+  return dash::varlen_kernel_available(head_dim, static_cast<dash::DType>(dtype)) ? 1 : 0;
 }
 
 const char* dash_library_version(void) { return DASH_C_LIBRARY_VERSION; }
@@ -248,15 +285,39 @@ int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tenso
     if (dash::Status s = check_present({{shape, "shape"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) {
       return s;
     }
-    dash::ForwardArgs args;
-    args.shape = to_shape(*shape);
-    args.q = to_tensor(*q);
-    args.k = to_tensor(*k);
-    args.v = to_tensor(*v);
-    args.out = to_tensor(*out);
-    args.lse = lse;
-    args.sm_margin = sm_margin;
+    return dash::forward(to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin), workspace, workspace_bytes,
+                         to_stream(stream));
+  });
+}
+
+int dash_forward_varlen(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
+                        const dash_tensor* v, const dash_tensor* out, float* lse, int sm_margin, void* workspace,
+                        size_t workspace_bytes, void* stream, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (dash::Status s = check_present({{shape, "shape"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) {
+      return s;
+    }
+    if (dash::Status s = check_varlen_present(varlen); !s.ok()) return s;
+    dash::ForwardArgs args = to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin);
+    args.varlen = to_varlen(*varlen);
     return dash::forward(args, workspace, workspace_bytes, to_stream(stream));
+  });
+}
+
+int dash_backward_varlen(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
+                         const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout, const float* lse,
+                         const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv, const char* schedule,
+                         int sm_margin, void* workspace, size_t workspace_bytes, void* stream, char* message,
+                         size_t message_size) {
+  return guarded(message, message_size, [&] {
+    const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
+    if (dash::Status s = check_backward_present(shape, tensors); !s.ok()) return s;
+    if (dash::Status s = check_varlen_present(varlen); !s.ok()) return s;
+    dash::BackwardArgs args = to_backward_args(*shape, tensors);
+    if (dash::Status s = parse(schedule, &args.schedule); !s.ok()) return s;
+    args.sm_margin = sm_margin;
+    args.varlen = to_varlen(*varlen);
+    return dash::backward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
 
@@ -286,6 +347,33 @@ int dash_backward_plan_create(const dash_shape* shape, const char* schedule, int
                           : dash::plan_backward(to_shape(*shape), parsed, sm_margin, to_device_info(*device), &made);
     if (!planned.ok()) return planned;
     *plan = new dash_backward_plan{std::move(made)};
+    return dash::Status::success();
+  });
+}
+
+int dash_backward_plan_create_varlen(const dash_shape* shape, int keys_within_queries, const char* schedule,
+                                     int sm_margin, const dash_device* device, dash_backward_plan** plan,
+                                     char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (dash::Status s = check_present({{shape, "shape"}, {plan, "plan"}}); !s.ok()) return s;
+    dash::Schedule parsed = dash::Schedule::kAuto;
+    if (dash::Status s = parse(schedule, &parsed); !s.ok()) return s;
+    dash::BackwardPlan made;
+    const bool promise = keys_within_queries != 0;
+    const dash::Status planned =
+        device == nullptr
+            ? dash::plan_varlen_backward(to_shape(*shape), promise, parsed, sm_margin, &made)
+            : dash::plan_varlen_backward(to_shape(*shape), promise, parsed, sm_margin, to_device_info(*device), &made);
+    if (!planned.ok()) return planned;
+    *plan = new dash_backward_plan{std::move(made)};
+    return dash::Status::success();
+  });
+}
+
+int dash_backward_plan_is_varlen(const dash_backward_plan* plan, int* is_varlen, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (dash::Status s = check_present({{plan, "plan"}, {is_varlen, "is_varlen"}}); !s.ok()) return s;
+    *is_varlen = plan->plan.varlen() ? 1 : 0;
     return dash::Status::success();
   });
 }
@@ -322,6 +410,24 @@ int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* sha
     // The handle carries the schedule and the SM margin; the C call does not.
     args.schedule = plan->plan.requested_schedule();
     args.sm_margin = plan->plan.sm_margin();
+    return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
+  });
+}
+
+int dash_backward_plan_run_varlen(const dash_backward_plan* plan, const dash_shape* shape, const dash_varlen* varlen,
+                                  const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
+                                  const dash_tensor* out, const dash_tensor* dout, const float* lse,
+                                  const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv, void* workspace,
+                                  size_t workspace_bytes, void* stream, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (dash::Status s = check_present({{plan, "plan"}}); !s.ok()) return s;
+    const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
+    if (dash::Status s = check_backward_present(shape, tensors); !s.ok()) return s;
+    if (dash::Status s = check_varlen_present(varlen); !s.ok()) return s;
+    dash::BackwardArgs args = to_backward_args(*shape, tensors);
+    args.schedule = plan->plan.requested_schedule();
+    args.sm_margin = plan->plan.sm_margin();
+    args.varlen = to_varlen(*varlen);
     return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
   });
 }

@@ -29,8 +29,10 @@ extern "C" {
  *      last input (lse, schedule), and dash_backward_plan_sm_count reads what a plan was planned for. No struct
  *      changed; the signatures did, so a binding of version 3 would pass its arguments in the wrong places.
  *   5: sliding window and softcap: dash_shape gains windowed, window_left, window_right and softcap after causal, and
- *      dash_softcap_kernel_available says whether the softcap kernels were built. */
-#define DASH_C_ABI_VERSION 5
+ *      dash_softcap_kernel_available says whether the softcap kernels were built.
+ *   6: packed varlen batches: dash_varlen, dash_varlen_kernel_available, dash_forward_varlen, dash_backward_varlen,
+ *      dash_backward_plan_create_varlen, dash_backward_plan_is_varlen and dash_backward_plan_run_varlen. */
+#define DASH_C_ABI_VERSION 6
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -78,6 +80,23 @@ typedef struct dash_tensor {
   int64_t strides[4];
 } dash_tensor;
 
+/* dash::VarlenBatch: a packed variable-length batch (FlashAttention's varlen). With it, dash_shape's batch is the
+ * number of sequences and seqlen_q, seqlen_k the maximum lengths; sequence b's query rows are rows
+ * [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of the packed (total_q, heads_q, head_dim) q, out, dout and dq, its key rows
+ * those of cu_seqlens_k in the (total_k, heads_kv, head_dim) k, v, dk and dv; every packed dash_tensor has
+ * strides[0] == 0 (no batch dimension), and the LSE is (heads_q, total_q) fp32. cu_seqlens_q and cu_seqlens_k are
+ * batch + 1 int32 offsets in device memory, never read on the host (a call is CUDA-graph capturable); their contract
+ * and what the kernels do when it is broken (clamp, never hang or touch memory outside the tensors) are those of
+ * include/dash/types.hpp. keys_within_queries != 0 promises seqlen_k <= seqlen_q for every sequence (true when
+ * cu_seqlens_k is cu_seqlens_q), under which the backward may plan shift and symmetric shift. */
+typedef struct dash_varlen {
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  int64_t total_q;
+  int64_t total_k;
+  int keys_within_queries;
+} dash_varlen;
+
 DASH_C_API int dash_abi_version(void);
 
 /* Stable short name of a code, e.g. "invalid-argument"; "unknown-status" for a value that is none. */
@@ -89,6 +108,8 @@ DASH_C_API const char* dash_schedule_names(void);
 /* Nonzero if this build has kernels for (head_dim, dtype); the second: its softcap kernels (softcap > 0). */
 DASH_C_API int dash_kernel_available(int64_t head_dim, int dtype);
 DASH_C_API int dash_softcap_kernel_available(int64_t head_dim, int dtype);
+/* Nonzero if this build has the varlen kernels of (head_dim, dtype) (built without softcap). */
+DASH_C_API int dash_varlen_kernel_available(int64_t head_dim, int dtype);
 
 /* The version of the DASH sources this library was built from (the CMake project version, e.g. "0.1.0"); a
  * static string. */
@@ -150,6 +171,20 @@ DASH_C_API int dash_backward(const dash_shape* shape, const dash_tensor* q, cons
                              void* workspace, size_t workspace_bytes, void* stream, char* message,
                              size_t message_size);
 
+/* dash_forward and dash_backward of a packed varlen batch (dash_varlen above); dash_backward_varlen plans with
+ * dash_backward_plan_create_varlen's rules at every call. The workspace sizes are the dense queries' of *shape, the
+ * maximum problem (dash_backward_plan_workspace_size of a varlen plan for the backward). */
+DASH_C_API int dash_forward_varlen(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q,
+                                   const dash_tensor* k, const dash_tensor* v, const dash_tensor* out, float* lse,
+                                   int sm_margin, void* workspace, size_t workspace_bytes, void* stream, char* message,
+                                   size_t message_size);
+DASH_C_API int dash_backward_varlen(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q,
+                                    const dash_tensor* k, const dash_tensor* v, const dash_tensor* out,
+                                    const dash_tensor* dout, const float* lse, const dash_tensor* dq,
+                                    const dash_tensor* dk, const dash_tensor* dv, const char* schedule, int sm_margin,
+                                    void* workspace, size_t workspace_bytes, void* stream, char* message,
+                                    size_t message_size);
+
 /* dash::BackwardPlan: the backward planned once for one shape, schedule, SM margin and device (the schedule resolved,
  * planned for the device's SM count less the margin and proven) with the workspace size it needs. Immutable: one
  * handle may be run from any number of threads at once, until it is destroyed. */
@@ -163,6 +198,19 @@ typedef struct dash_backward_plan dash_backward_plan;
 DASH_C_API int dash_backward_plan_create(const dash_shape* shape, const char* schedule, int sm_margin,
                                          const dash_device* device, dash_backward_plan** plan, char* message,
                                          size_t message_size);
+
+/* dash::plan_varlen_backward: dash_backward_plan_create for packed varlen batches whose maximum problem is *shape
+ * (batch = sequences, seqlen_q and seqlen_k = the maximum lengths), with the promise keys_within_queries (nonzero:
+ * every sequence has seqlen_k <= seqlen_q). The plan holds for every vector of lengths within the maxima; shift and
+ * symmetric shift only with the promise (DASH_STATUS_SCHEDULE_REJECTED, naming the rule, otherwise). Freed by
+ * dash_backward_plan_destroy, run by dash_backward_plan_run_varlen. */
+DASH_C_API int dash_backward_plan_create_varlen(const dash_shape* shape, int keys_within_queries, const char* schedule,
+                                                int sm_margin, const dash_device* device, dash_backward_plan** plan,
+                                                char* message, size_t message_size);
+
+/* *is_varlen = 1 for a plan of dash_backward_plan_create_varlen, 0 otherwise; written only on success. */
+DASH_C_API int dash_backward_plan_is_varlen(const dash_backward_plan* plan, int* is_varlen, char* message,
+                                            size_t message_size);
 
 /* Frees a handle of dash_backward_plan_create; NULL is allowed and does nothing. */
 DASH_C_API void dash_backward_plan_destroy(dash_backward_plan* plan);
@@ -184,6 +232,14 @@ DASH_C_API int dash_backward_plan_run(const dash_backward_plan* plan, const dash
                                       const dash_tensor* dout, const float* lse, const dash_tensor* dq,
                                       const dash_tensor* dk, const dash_tensor* dv, void* workspace,
                                       size_t workspace_bytes, void* stream, char* message, size_t message_size);
+
+/* dash_backward_plan_run for a varlen plan: *varlen must carry the plan's keys_within_queries. */
+DASH_C_API int dash_backward_plan_run_varlen(const dash_backward_plan* plan, const dash_shape* shape,
+                                             const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
+                                             const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout,
+                                             const float* lse, const dash_tensor* dq, const dash_tensor* dk,
+                                             const dash_tensor* dv, void* workspace, size_t workspace_bytes,
+                                             void* stream, char* message, size_t message_size);
 
 #ifdef __cplusplus
 }

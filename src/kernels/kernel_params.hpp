@@ -48,6 +48,7 @@ struct BackwardWorkspace {
   size_t dq_accum = 0, dq_semaphores = 0, lse_log2 = 0, dpsum = 0, dk_accum = 0, dv_accum = 0, unit_counter = 0;
   size_t total_bytes = 0;
 
+  // `problem` is the plan's (the maximum problem of a varlen batch: its buffers are numbered by it).
   static BackwardWorkspace layout(const AttentionShape& shape, const TiledProblem& problem);
   BackwardBuffers carve(void* workspace) const;
 };
@@ -64,6 +65,11 @@ struct KernelInstance {
   bool softcap;  // the softcap kernels (AttentionShape::softcap > 0), compiled apart so the others stay as they are
   ForwardLauncher forward;
   BackwardLauncher backward;
+  // Packed varlen batches (args.varlen): kernels of their own, compiled in a translation unit of their own, so the
+  // dense kernels above stay as they are; null where this build has none (the softcap instances: varlen kernels
+  // are built without softcap to bound the build time).
+  ForwardLauncher forward_varlen;
+  BackwardLauncher backward_varlen;
 };
 
 // The instances compiled into this build (empty without DASH_BUILD_KERNELS).

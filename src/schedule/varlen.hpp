@@ -1,5 +1,6 @@
 // Variable-length batches (FlashAttention's cu_seqlens): the schedule functions of a plan made from the maximum
-// lengths, fitted at run time to each sequence's real lengths. No kernel includes this header yet.
+// lengths, fitted at run time to each sequence's real lengths, and where each sequence's rows lie in the packed
+// tensors (packed_sequence, which the varlen kernels call on the device to read cu_seqlens).
 //
 // A varlen plan is an ordinary SchedulePlan of the *maximum* problem: batch = number of sequences, seqlen_q and
 // seqlen_k = the maximum lengths, heads and tiles as for a dense batch. It fixes everything that must not depend
@@ -35,6 +36,45 @@ struct SequenceLengths {
   int seqlen_q;
   int seqlen_k;
 };
+
+// A packed varlen batch as the kernels read it: the device's cu_seqlens and the bounds every sequence is clamped
+// to. The host knows the bounds without reading cu_seqlens (no copy per call).
+struct PackedBatch {
+  const int* cu_seqlens_q;    // num_seqs + 1 offsets into the packed query rows (device memory)
+  const int* cu_seqlens_k;    // num_seqs + 1 offsets into the packed key rows
+  int total_q;                // rows of the packed q, out, dout, dq (and LSE columns)
+  int total_k;                // rows of the packed k, v, dk, dv
+  int max_seqlen_q;           // the plan's maxima
+  int max_seqlen_k;
+  bool keys_within_queries;   // the plan admits only seqlen_k <= seqlen_q
+};
+
+// Sequence b's rows in the packed tensors: query rows [q_offset, q_offset + lengths.seqlen_q), key rows
+// [k_offset, k_offset + lengths.seqlen_k).
+struct PackedSequence {
+  int q_offset;
+  int k_offset;
+  SequenceLengths lengths;
+};
+
+// Sequence b of `batch`, read from cu_seqlens and clamped so that whatever cu_seqlens hold, the kernels stay
+// inside the packed tensors and run a plan they were proven for: each offset within [0, total], each end within
+// [offset, total], each length at most its maximum, and seqlen_k at most seqlen_q where the plan was made with
+// keys_within_queries. For cu_seqlens that keep the contract (non-decreasing from 0, ends within the totals,
+// lengths within the maxima, the promise kept) this changes nothing; otherwise the sequences it changes get
+// unspecified results (rows of overlapping sequences may be written by both), but no kernel hangs or touches
+// memory outside the tensors.
+DASH_HOST_DEVICE PackedSequence packed_sequence(const PackedBatch& batch, int b) {
+  const auto clamp = [](int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); };
+  const int q_offset = clamp(batch.cu_seqlens_q[b], 0, batch.total_q);
+  const int k_offset = clamp(batch.cu_seqlens_k[b], 0, batch.total_k);
+  const int seqlen_q = clamp(batch.cu_seqlens_q[b + 1], q_offset, batch.total_q) - q_offset;
+  const int seqlen_k = clamp(batch.cu_seqlens_k[b + 1], k_offset, batch.total_k) - k_offset;
+  SequenceLengths lengths{seqlen_q < batch.max_seqlen_q ? seqlen_q : batch.max_seqlen_q,
+                          seqlen_k < batch.max_seqlen_k ? seqlen_k : batch.max_seqlen_k};
+  if (batch.keys_within_queries && lengths.seqlen_k > lengths.seqlen_q) lengths.seqlen_k = lengths.seqlen_q;
+  return PackedSequence{q_offset, k_offset, lengths};
+}
 
 // The tiled problem of one sequence: the maximum problem with the sequence's lengths. batch and heads are kept,
 // so that the plan's head numbers name the same (sequence, key/value head, split) in it.

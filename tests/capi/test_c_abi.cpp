@@ -583,5 +583,88 @@ TEST(CBackwardPlanRun, AMatchingCallGetsPastThePlanChecks) {
   dash_backward_plan_destroy(plan);
 }
 
+// --- packed varlen batches (dash_varlen, ABI 6) ------------------------------------------------------------
+
+TEST(CVarlen, TheAbiVersionIsSix) { EXPECT_EQ(dash_abi_version(), 6); }
+
+TEST(CVarlen, VarlenKernelsComeWithThePlainOnesAndWithoutSoftcap) {
+  for (const int64_t head_dim : {64, 128}) {
+    for (const int dtype : {DASH_DTYPE_BF16, DASH_DTYPE_FP16}) {
+      if (dash_kernel_available(head_dim, dtype) == 0) {
+        EXPECT_EQ(dash_varlen_kernel_available(head_dim, dtype), 0);
+      }
+    }
+  }
+}
+
+dash_backward_plan* kUntouchedVarlenPlan = reinterpret_cast<dash_backward_plan*>(uintptr_t{0x5a5a});
+
+TEST(CVarlenPlan, IsMadeForADeviceDescribedByHandAndSaysSo) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  const dash_device device = h200();
+  dash_backward_plan* plan = nullptr;
+  Result r = call([&](char* m, size_t n) {
+    return dash_backward_plan_create_varlen(&c_shape, /*keys_within_queries=*/0, "auto", 0, &device, &plan, m, n);
+  });
+  ASSERT_EQ(r.code, DASH_STATUS_OK) << r.message;
+  int is_varlen = -1;
+  r = call([&](char* m, size_t n) { return dash_backward_plan_is_varlen(plan, &is_varlen, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_OK) << r.message;
+  EXPECT_EQ(is_varlen, 1);
+  EXPECT_GT(plan_workspace_size(plan), 0u);
+  dash_backward_plan_destroy(plan);
+  dash_backward_plan* dense = create_plan(testing::valid_workspace_shape(), "auto");
+  r = call([&](char* m, size_t n) { return dash_backward_plan_is_varlen(dense, &is_varlen, m, n); });
+  EXPECT_EQ(is_varlen, 0);
+  dash_backward_plan_destroy(dense);
+}
+
+TEST(CVarlenPlan, RefusesTheShiftSchedulesWithoutThePromiseLeavingTheHandle) {
+  AttentionShape shape = testing::valid_workspace_shape();
+  shape.seqlen_k = shape.seqlen_q;
+  const dash_shape c_shape = to_c(shape);
+  const dash_device device = h200();
+  dash_backward_plan* plan = kUntouchedVarlenPlan;
+  const Result r = call([&](char* m, size_t n) {
+    return dash_backward_plan_create_varlen(&c_shape, 0, "symmetric-shift", 0, &device, &plan, m, n);
+  });
+  EXPECT_EQ(r.code, DASH_STATUS_SCHEDULE_REJECTED);
+  EXPECT_NE(r.message.find("keys_within_queries"), std::string::npos) << r.message;
+  EXPECT_EQ(plan, kUntouchedVarlenPlan);
+}
+
+TEST(CVarlenCall, NamesAMissingOrEmptyVarlen) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  dash_tensor t{};
+  Result r = call([&](char* m, size_t n) {
+    return dash_forward_varlen(&c_shape, nullptr, &t, &t, &t, &t, nullptr, 0, nullptr, 0, nullptr, m, n);
+  });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "varlen must not be null");
+  const dash_varlen empty{};
+  r = call([&](char* m, size_t n) {
+    return dash_forward_varlen(&c_shape, &empty, &t, &t, &t, &t, nullptr, 0, nullptr, 0, nullptr, m, n);
+  });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(r.message.find("varlen.cu_seqlens_q and varlen.cu_seqlens_k must not be null"), std::string::npos)
+      << r.message;
+}
+
+TEST(CVarlenCall, ADenseRunOfAVarlenPlanIsRefusedNamingVarlen) {
+  const AttentionShape shape = testing::valid_workspace_shape();
+  const dash_shape c_shape = to_c(shape);
+  const dash_device device = h200();
+  dash_backward_plan* plan = nullptr;
+  ASSERT_EQ(call([&](char* m, size_t n) {
+              return dash_backward_plan_create_varlen(&c_shape, 0, "auto", 0, &device, &plan, m, n);
+            }).code,
+            DASH_STATUS_OK);
+  const Result r = FakeBackwardCall(shape).run(plan);
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(r.message.find("varlen is none, but the plan was made for a packed batch"), std::string::npos)
+      << r.message;
+  dash_backward_plan_destroy(plan);
+}
+
 }  // namespace
 }  // namespace dash

@@ -1,6 +1,7 @@
 // The varlen flags of dash-attn plan and emulate: a batch of sequences of different lengths, given as FlashAttention
 // gives it (cu_seqlens), checked against the shape flags, and planned as planner/varlen_plan.hpp plans it. The
-// kernels run no varlen batch yet, so check, bench and prove do not take these flags.
+// kernels run varlen batches (the API's VarlenBatch), but check, bench and prove do not take these flags yet: the GPU
+// tests (tests/kernels/test_sm90_varlen.cpp) and flash_attn_varlen_func run them.
 //
 //   --cu-seqlens 0,100,100,3100   b + 1 query offsets of b sequences (here 100, 0 and 3000 queries): FlashAttention's
 //                                 cu_seqlens_q. Offsets start at 0 and never decrease; sequence i has

@@ -15,7 +15,9 @@
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/pipeline.cuh"
 #include "kernels/sm90/warp_roles.cuh"
+#include "schedule/mask.hpp"
 #include "schedule/tile_config.hpp"
+#include "schedule/varlen.hpp"
 
 namespace dash::sm90 {
 
@@ -32,6 +34,13 @@ struct JobRecord {
 };
 inline constexpr int kEndOfWork = -1;
 
+// The varlen kernels' job record: a job of one sequence, with the sequence's mask (the plan's with the sequence's
+// lengths) and its first key row in the packed k, v, dk and dv.
+struct PackedJobRecord : JobRecord {
+  MaskShape mask;
+  int k_offset;
+};
+
 struct StepRecord {
   int q_tile;    // real query tile of this step
   int dq_index;  // dQ tile (and semaphore) the partial goes to
@@ -44,7 +53,12 @@ using BackwardWarpRoles = WarpRoles<backward_tile_shape(kHeadDim).block_kv / kMm
 
 // kSoftcap_: the softcap kernels (bwd_mma.cuh caps the recomputed scores and multiplies dS by tanh's derivative);
 // the others compile without a trace of it.
-template <int kHeadDim_, class Element_, bool kSoftcap_ = false>
+// kVarlen_: the kernels of packed varlen batches (schedule/varlen.hpp): the loader fits each unit's jobs to its
+// sequence's lengths read from cu_seqlens and loads the sequence's rows at its offsets, the MMA warpgroups run the
+// sequence's mask and store dK and dV clipped at its end, the pre- and postprocess kernels map the packed rows. dQ
+// tiles, semaphores and the LSE and dpsum rows of the workspace keep the maximum problem's numbering. The dense
+// kernels compile as before.
+template <int kHeadDim_, class Element_, bool kSoftcap_ = false, bool kVarlen_ = false>
 struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // The counts this configuration's own layouts use (names of a dependent base need declaring).
   using Roles = BackwardWarpRoles<kHeadDim_>;
@@ -55,6 +69,8 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSoftcap = kSoftcap_;
+  static constexpr bool kVarlen = kVarlen_;
+  using JobRecordType = std::conditional_t<kVarlen, PackedJobRecord, JobRecord>;
   static constexpr int kBlockM = backward_tile_shape(kHeadDim).block_q;
   static constexpr int kBlockN = backward_tile_shape(kHeadDim).block_kv;
   static constexpr int kStages = 2;         // query/dO pipeline depth
@@ -108,7 +124,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dpsum[kStages][kBlockM];
     StepRecord steps[kStepRing];
-    RecordRing<JobRecord, kJobSlots> jobs;  // loader -> MMA warpgroups and dQ writer
+    RecordRing<JobRecordType, kJobSlots> jobs;  // loader -> MMA warpgroups and dQ writer
     PipelineRing<kStages> q_stages;             // loader -> MMA warpgroups: Q, dO, LSE, dpsum (per step)
     PipelineRing<1> kv_stages;                  // loader -> MMA warpgroups: K, V (per job)
     PipelineRing<1> dq_stages[kMmaWarpGroups];  // MMA warpgroup -> dQ writer: its dQ partial (per step)
@@ -143,6 +159,9 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     float scale_log2;  // softmax_scale * log2(e); softcap * log2(e) in the softcap kernels
     float softcap_in;        // softcap kernels: softmax_scale / softcap, what S^T is multiplied by before the tanh
     float softcap_rcp_log2;  // softcap kernels: 1 / (softcap * log2(e)), from P's exponent back to the tanh
+    // Varlen kernels: cu_seqlens and the bounds each sequence is clamped to; plan, seqlen_q, seqlen_k and batch are
+    // then the maximum problem's, and the descriptors span the packed rows.
+    std::conditional_t<kVarlen, PackedBatch, NoPackedBatch> packed;
   };
 };
 

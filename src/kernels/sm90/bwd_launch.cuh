@@ -13,19 +13,33 @@
 
 namespace dash::sm90 {
 
-template <int kHeadDim, class Element, bool kSoftcap>
+// kVarlen: a packed varlen batch (args.varlen) on a varlen plan (plan_varlen_backward): the maximum problem's grids
+// and workspace, the descriptors over the packed rows, each sequence read from cu_seqlens in the kernels.
+template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen = false>
 int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) {
   const BackwardArgs& a = params.args;
-  using Config = BackwardConfig<kHeadDim, Element, kSoftcap>;
+  using Config = BackwardConfig<kHeadDim, Element, kSoftcap, kVarlen>;
   const AttentionShape& shape = a.shape;
   const TiledProblem& problem = params.plan.problem;
 
   typename Config::Params p{};
   const auto q_tile_layout = take<0, 2>(typename Config::SmemLayoutQ{});
-  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), q_tile_layout);
-  p.tma_dout = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.dout.data, shape.seqlen_q, shape.heads_q, shape.batch, a.dout.strides), q_tile_layout);
-  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.k.strides), typename Config::SmemLayoutKV{});
-  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.v.strides), typename Config::SmemLayoutKV{});
+  PackedBatch packed{};
+  if constexpr (kVarlen) {
+    const VarlenBatch& v = a.varlen;
+    p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.q.data, v.total_q, shape.heads_q, a.q.strides), q_tile_layout);
+    p.tma_dout = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.dout.data, v.total_q, shape.heads_q, a.dout.strides), q_tile_layout);
+    p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.k.data, v.total_k, shape.heads_kv, a.k.strides), typename Config::SmemLayoutKV{});
+    p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.v.data, v.total_k, shape.heads_kv, a.v.strides), typename Config::SmemLayoutKV{});
+    packed = PackedBatch{v.cu_seqlens_q, v.cu_seqlens_k, static_cast<int>(v.total_q), static_cast<int>(v.total_k),
+                         static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k), v.keys_within_queries};
+    p.packed = packed;
+  } else {
+    p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), q_tile_layout);
+    p.tma_dout = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.dout.data, shape.seqlen_q, shape.heads_q, shape.batch, a.dout.strides), q_tile_layout);
+    p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.k.strides), typename Config::SmemLayoutKV{});
+    p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.v.strides), typename Config::SmemLayoutKV{});
+  }
   p.plan = params.plan;
   p.buffers = params.buffers;
   p.dk = static_cast<Element*>(a.dk.data);
@@ -60,6 +74,7 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
   pp.softmax_scale = shape.softmax_scale;
   pp.sums_in_order = sums_in_order(params.plan);
   pp.buffers = params.buffers;
+  pp.packed = packed;
 
   const dim3 tiles(static_cast<unsigned>(problem.real_q_tiles()), static_cast<unsigned>(shape.heads_q),
                    static_cast<unsigned>(shape.batch));
@@ -73,7 +88,7 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
   backward_postprocess_kernel<Config><<<tiles, Config::kMmaThreads, 0, stream>>>(pp);
 
   if (problem.group_splits > 1) {
-    SplitSumParams sp{};
+    SplitSumParamsOf<kVarlen> sp{};
     sp.dk_accum = params.buffers.dk_accum;
     sp.dv_accum = params.buffers.dv_accum;
     sp.dk = a.dk.data;
@@ -86,12 +101,23 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
     sp.seqlen_k = p.seqlen_k;
     sp.padded_rows = problem.num_kv_tiles() * problem.block_kv;
     sp.head_dim = kHeadDim;
+    if constexpr (kVarlen) sp.packed = packed;
     const int rows_per_block = kPrepostThreads / kHeadDim;
     const dim3 grid(static_cast<unsigned>((shape.seqlen_k + rows_per_block - 1) / rows_per_block),
                     static_cast<unsigned>(shape.heads_kv), static_cast<unsigned>(shape.batch));
-    sum_dkv_splits_kernel<Element><<<grid, kPrepostThreads, 0, stream>>>(sp);
+    sum_dkv_splits_kernel<Element, kVarlen><<<grid, kPrepostThreads, 0, stream>>>(sp);
   }
   return cudaGetLastError();
+}
+
+}  // namespace dash::sm90
+
+namespace dash::sm90 {
+
+// The backward of a packed varlen batch on a varlen plan.
+template <int kHeadDim, class Element, bool kSoftcap>
+int launch_backward_varlen(const kernels::BackwardParams& params, cudaStream_t stream) {
+  return launch_backward<kHeadDim, Element, kSoftcap, true>(params, stream);
 }
 
 }  // namespace dash::sm90

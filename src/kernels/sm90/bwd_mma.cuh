@@ -63,16 +63,18 @@ struct BackwardMma {
     // (key row, query column) of each S^T element this thread holds.
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
 
-    // The plan's mask: causal and the canonical sliding window (the planner's make_tiled_problem).
-    const MaskShape mask = p.plan.problem.mask();
+    // The plan's mask: causal and the canonical sliding window (the planner's make_tiled_problem); in the varlen
+    // kernels each job runs its sequence's (job_mask).
+    const MaskShape plan_mask = p.plan.problem.mask();
     // Whether a window bounds the keys on the left: tested first in each step's mask decision, so that the full
     // and causal masks' steps do not compute the left end. Read from the kernel's parameters at each step rather
     // than kept in a register, which the d = 64 step loop spilled (one local load per step).
     const auto left_bounded = [&p] { return p.plan.problem.window.left >= 0; };
     int steps = 0;
     for (int jobs = 0;; ++jobs) {
-      const JobRecord job = smem.jobs.take(jobs);
+      const typename Config::JobRecordType job = smem.jobs.take(jobs);
       if (job.num_steps == kEndOfWork) break;
+      const MaskShape mask = job_mask(job, plan_mask);
 
       Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
       Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
@@ -137,6 +139,15 @@ struct BackwardMma {
   }
 
  private:
+  // The mask the job runs: the plan's, or in the varlen kernels its sequence's.
+  __device__ static MaskShape job_mask(const typename Config::JobRecordType& job, const MaskShape& plan_mask) {
+    if constexpr (Config::kVarlen) {
+      return job.mask;
+    } else {
+      return plan_mask;
+    }
+  }
+
   // The thread's S^T fragment viewed as (key rows, query columns); columns come in pairs of adjacent
   // queries, so their LSE and dpsum are read as one float2 per pair.
   template <class Fragment>
@@ -243,9 +254,13 @@ struct BackwardMma {
   // dK * scale and dV for the job's rows: to dK/dV through shared memory, or, when the query-head group
   // is split over several jobs, straight to the fp32 per-split accumulators that the postprocess sums in
   // split order (a float pair fills a 32-byte sector per row and warp instruction already).
+  //
+  // Varlen kernels: the rows past the sequence's end are not written (they belong to the next sequence), and the
+  // rows start at the sequence's offset in the packed dk and dv; the per-split accumulators keep the maximum
+  // problem's rows.
   template <class Fragment>
-  __device__ static void store_dkv(const Params& p, SharedStorage& smem, const JobRecord& job, const Fragment& dk,
-                                   const Fragment& dv, int thread) {
+  __device__ static void store_dkv(const Params& p, SharedStorage& smem, const typename Config::JobRecordType& job,
+                                   const Fragment& dk, const Fragment& dv, int thread) {
     typename Config::TiledMmadKV mma_dkv;
     constexpr int kHeadDim = Config::kHeadDim;
     const int row0 = job.kv_tile * kBlockN;
@@ -261,9 +276,15 @@ struct BackwardMma {
       store_accumulator_rows<float, kBlockN, kHeadDim>(mma_dkv, thread, dv, p.buffers.dv_accum + at, kHeadDim, kBlockN, unscaled);
       return;
     }
-    const int valid_rows = p.seqlen_k - row0;
+    int valid_rows = p.seqlen_k - row0;
     Element* dk_tile = p.dk + job.batch * p.dk_strides[0] + job.head_kv * p.dk_strides[2] + row0 * p.dk_strides[1];
     Element* dv_tile = p.dv + job.batch * p.dv_strides[0] + job.head_kv * p.dv_strides[2] + row0 * p.dv_strides[1];
+    if constexpr (Config::kVarlen) {
+      valid_rows = job.mask.seqlen_k - row0;
+      // The packed tensors' batch strides are 0: the sequence's rows start at its offset.
+      dk_tile += static_cast<int64_t>(job.k_offset) * p.dk_strides[1];
+      dv_tile += static_cast<int64_t>(job.k_offset) * p.dv_strides[1];
+    }
     // dK, then dV, go out through the dS buffer, free once both warpgroups' last dQ GEMMs (each reads
     // all of dS) are done; the next job's first dS store waits until neither warpgroup reads it.
     static_assert(cosize_v<typename Config::SmemLayoutdS> >= kBlockN * kHeadDim, "dS holds a dK or dV tile");

@@ -5,11 +5,15 @@
 //   postprocess: dQ = scale * dQ_accum, converted, undoing the fragment order of the accumulator; a dQ
 //                tile that no contribution reached (its rows see no key) is 0;
 //   split sum:   for GQA groups split over several jobs, dK and dV = sum of the splits, in split order.
+// Varlen kernels (Config::kVarlen, and the split sum's kVarlen): the grids are the maximum problem's, each block reads
+// its sequence from cu_seqlens (packed_sequence) and touches only that sequence's packed rows; workspace rows past
+// the sequence's end get LSE +inf and dpsum 0, as rows past seqlen_q do in a dense batch.
 #pragma once
 
 #include <cutlass/array.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/sm90/bwd_config.cuh"
 #include "kernels/sm90/gemm.cuh"
@@ -33,7 +37,27 @@ struct PrepostParams {
   float softmax_scale;
   bool sums_in_order;  // the schedule's dQ sums are ordered (sums_in_order(plan))
   kernels::BackwardBuffers buffers;
+  PackedBatch packed;  // varlen kernels only: cu_seqlens and their bounds
 };
+
+// Where one (batch, head) slice's query rows are: how many, the row of the first in the tensors (0 in a dense
+// batch, the sequence's offset in a packed one, whose batch strides are 0), and the LSE index of the first.
+struct SliceRows {
+  int seqlen_q;
+  int64_t first_row;
+  int64_t lse_first;
+};
+
+template <bool kVarlen>
+__device__ SliceRows slice_rows(const PrepostParams& p, int batch, int head) {
+  if constexpr (kVarlen) {
+    const PackedSequence sequence = packed_sequence(p.packed, batch);
+    return {sequence.lengths.seqlen_q, sequence.q_offset,
+            static_cast<int64_t>(head) * p.packed.total_q + sequence.q_offset};
+  } else {
+    return {p.seqlen_q, 0, (static_cast<int64_t>(batch) * p.heads_q + head) * p.seqlen_q};
+  }
+}
 
 // Grid (query tiles, heads_q, batch). Each row's dot product is split over kRowThreads adjacent lanes
 // that each read 16 bytes of O and of dO; every lane of a warp runs the same rows, so the shuffles
@@ -50,13 +74,15 @@ __global__ void __launch_bounds__(kPrepostThreads) backward_preprocess_kernel(co
   const int64_t dq_tile = (static_cast<int64_t>(batch) * p.heads_q + head) * p.real_q_tiles + tile;
   const int64_t row_base = dq_tile * kBlockM;
   const int column = static_cast<int>(threadIdx.x) % kRowThreads * Vector::kElements;
-  const auto* out = static_cast<const Element*>(p.out) + batch * p.out_strides[0] + head * p.out_strides[2] + column;
-  const auto* dout =
-      static_cast<const Element*>(p.dout) + batch * p.dout_strides[0] + head * p.dout_strides[2] + column;
+  const SliceRows rows = slice_rows<Config::kVarlen>(p, batch, head);
+  const auto* out = static_cast<const Element*>(p.out) + batch * p.out_strides[0] + head * p.out_strides[2] +
+                    rows.first_row * p.out_strides[1] + column;
+  const auto* dout = static_cast<const Element*>(p.dout) + batch * p.dout_strides[0] + head * p.dout_strides[2] +
+                     rows.first_row * p.dout_strides[1] + column;
   for (int r = static_cast<int>(threadIdx.x) / kRowThreads; r < kBlockM; r += kRowsPerPass) {
     const int row = tile * kBlockM + r;
     float sum = 0.0f;
-    if (row < p.seqlen_q) {
+    if (row < rows.seqlen_q) {
       const Vector o = *reinterpret_cast<const Vector*>(out + row * p.out_strides[1]);
       const Vector d = *reinterpret_cast<const Vector*>(dout + row * p.dout_strides[1]);
       CUTE_UNROLL
@@ -64,8 +90,7 @@ __global__ void __launch_bounds__(kPrepostThreads) backward_preprocess_kernel(co
     }
     for (int offset = kRowThreads / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     if (column == 0) {
-      const float lse = row < p.seqlen_q ? p.lse[(static_cast<int64_t>(batch) * p.heads_q + head) * p.seqlen_q + row]
-                                         : -INFINITY;
+      const float lse = row < rows.seqlen_q ? p.lse[rows.lse_first + row] : -INFINITY;
       // +inf makes every P of a row that sees no key (or lies past seqlen_q) exactly 0.
       p.buffers.lse_log2[row_base + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
       p.buffers.dpsum[row_base + r] = sum;
@@ -123,7 +148,9 @@ __global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kern
   }
   __syncthreads();
 
-  auto* dq = static_cast<Element*>(p.dq) + batch * p.dq_strides[0] + head * p.dq_strides[2];
+  const SliceRows rows = slice_rows<Config::kVarlen>(p, batch, head);
+  auto* dq = static_cast<Element*>(p.dq) + batch * p.dq_strides[0] + head * p.dq_strides[2] +
+             rows.first_row * p.dq_strides[1];
   constexpr int kRowVectors = kHeadDim / Vector::kElements;
   constexpr int kStoresPerThread = kBlockM * kRowVectors / Config::kMmaThreads;
   static_assert(kStoresPerThread * Config::kMmaThreads == kBlockM * kRowVectors, "every thread stores as many vectors");
@@ -132,7 +159,7 @@ __global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kern
     const int i = k * Config::kMmaThreads + thread;
     const int r = i / kRowVectors, column = i % kRowVectors * Vector::kElements;
     const int row = tile * kBlockM + r;
-    if (row < p.seqlen_q) {
+    if (row < rows.seqlen_q) {
       *reinterpret_cast<Vector*>(dq + row * p.dq_strides[1] + column) =
           *reinterpret_cast<const Vector*>(staged + staged_offset<kHeadDim>(r, column));
     }
@@ -154,13 +181,29 @@ struct SplitSumParams {
   int head_dim;
 };
 
-// Grid (ceil(seqlen_k / rows per block), heads_kv, batch); sums splits 0, 1, ... in that order.
-template <class Element>
-__global__ void __launch_bounds__(kPrepostThreads) sum_dkv_splits_kernel(const SplitSumParams p) {
+// The varlen split sum's parameters: the dense ones and cu_seqlens with their bounds (a type of its own, so that
+// the dense kernel's parameters stay as they were).
+struct PackedSplitSumParams : SplitSumParams {
+  PackedBatch packed;
+};
+
+template <bool kVarlen>
+using SplitSumParamsOf = std::conditional_t<kVarlen, PackedSplitSumParams, SplitSumParams>;
+
+// Grid (ceil(seqlen_k / rows per block), heads_kv, batch); sums splits 0, 1, ... in that order. kVarlen: the rows
+// of sequence `batch`, stored from its offset in the packed dk and dv (whose batch strides are 0).
+template <class Element, bool kVarlen = false>
+__global__ void __launch_bounds__(kPrepostThreads) sum_dkv_splits_kernel(const SplitSumParamsOf<kVarlen> p) {
   const int head = blockIdx.y, batch = blockIdx.z;
   const int rows_per_block = kPrepostThreads / p.head_dim;
   const int row = blockIdx.x * rows_per_block + static_cast<int>(threadIdx.x) / p.head_dim;
   const int col = static_cast<int>(threadIdx.x) % p.head_dim;
+  int out_row = row;  // the row of dk and dv the sum goes to
+  if constexpr (kVarlen) {
+    const PackedSequence sequence = packed_sequence(p.packed, batch);
+    if (row >= sequence.lengths.seqlen_k) return;
+    out_row = sequence.k_offset + row;
+  }
   if (row >= p.seqlen_k || threadIdx.x >= rows_per_block * p.head_dim) return;
   const int64_t split_stride = static_cast<int64_t>(p.batch) * p.heads_kv * p.padded_rows * p.head_dim;
   const int64_t at = ((static_cast<int64_t>(batch) * p.heads_kv + head) * p.padded_rows + row) * p.head_dim + col;
@@ -169,9 +212,9 @@ __global__ void __launch_bounds__(kPrepostThreads) sum_dkv_splits_kernel(const S
     dk += p.dk_accum[s * split_stride + at];
     dv += p.dv_accum[s * split_stride + at];
   }
-  static_cast<Element*>(p.dk)[batch * p.dk_strides[0] + row * p.dk_strides[1] + head * p.dk_strides[2] + col] =
+  static_cast<Element*>(p.dk)[batch * p.dk_strides[0] + out_row * p.dk_strides[1] + head * p.dk_strides[2] + col] =
       static_cast<Element>(dk);
-  static_cast<Element*>(p.dv)[batch * p.dv_strides[0] + row * p.dv_strides[1] + head * p.dv_strides[2] + col] =
+  static_cast<Element*>(p.dv)[batch * p.dv_strides[0] + out_row * p.dv_strides[1] + head * p.dv_strides[2] + col] =
       static_cast<Element>(dv);
 }
 

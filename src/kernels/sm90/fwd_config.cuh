@@ -19,6 +19,7 @@
 #include "kernels/sm90/warp_roles.cuh"
 #include "schedule/forward_tile_order.hpp"
 #include "schedule/tile_config.hpp"
+#include "schedule/varlen.hpp"
 
 namespace dash::sm90 {
 
@@ -29,6 +30,14 @@ using namespace cute;
 using ForwardTileRecord = ForwardTile;
 inline constexpr int kEndOfTiles = -1;
 
+// The varlen kernels' record: a query tile of one sequence, with the sequence's own mask (the plan's with the
+// sequence's lengths) and where its query rows start in the packed q, out and LSE. kv_first and kv_tiles are the
+// sequence's.
+struct PackedForwardTileRecord : ForwardTile {
+  MaskShape mask;
+  int q_offset;
+};
+
 // The forward's warp roles for query tiles of kBlockQ rows: one MMA warpgroup per 64 rows.
 template <int kBlockQ>
 using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows>;
@@ -38,7 +47,12 @@ using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows>;
 // kSoftcap_: the softcap kernels (fwd_mainloop.cuh caps the scores); the others compile without a trace of it.
 // kLeftBounded_: the kernels for a sliding window with a left bound, whose masked steps also hide the keys before
 // each row's first; the others carry no left-end test.
-template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoftcap_ = false, bool kLeftBounded_ = false>
+// kVarlen_: the kernels of packed varlen batches (schedule/varlen.hpp): the loader reads each tile's sequence from
+// cu_seqlens and loads its rows at the sequence's offset, the mainloop runs the sequence's mask, the epilogue stores
+// O with predicated stores clipped at the sequence's end (a TMA store clips only at the tensor's end, and the next
+// sequence's rows follow). The dense kernels compile as before.
+template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoftcap_ = false, bool kLeftBounded_ = false,
+          bool kVarlen_ = false>
 struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   // The counts this configuration's own layouts use (names of a dependent base need declaring).
   using Roles = ForwardWarpRoles<kBlockQ_>;
@@ -50,6 +64,8 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr bool kLeftBounded = kLeftBounded_;
+  static constexpr bool kVarlen = kVarlen_;
+  using TileRecord = std::conditional_t<kVarlen, PackedForwardTileRecord, ForwardTileRecord>;
   static constexpr int kBlockM = kBlockQ_;
   static constexpr int kBlockN = kBlockKv_;
   static constexpr int kStages = 2;  // key/value pipeline depth
@@ -91,14 +107,14 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
     std::conditional_t<kStaged, array_aligned<Element, cosize_v<SmemLayoutO>, 1024>, NoStaging> o_staging;
-    RecordRing<ForwardTileRecord, kTileSlots> tiles;  // loader -> MMA warpgroups
+    RecordRing<TileRecord, kTileSlots> tiles;  // loader -> MMA warpgroups
     PipelineRing<1> q_stages;        // loader -> MMA warpgroups: Q (per query tile)
     // K and V of each key/value tile visited, in rings of their own: K_j is free once S_j is done, while
     // V_j is read until O += P_j V_j, which the mainloop issues one tile later (fwd_mainloop.cuh).
     PipelineRing<kStages> k_stages;  // loader -> MMA warpgroups
     PipelineRing<kStages> v_stages;  // loader -> MMA warpgroups
   };
-  static constexpr bool kStagedO = sizeof(Storage<true>) <= kMaxSharedBytesPerBlock;
+  static constexpr bool kStagedO = !kVarlen && sizeof(Storage<true>) <= kMaxSharedBytesPerBlock;
   using SharedStorage = Storage<kStagedO>;
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");
@@ -124,6 +140,9 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
     int heads_kv;
     float scale_log2;  // softmax_scale * log2(e); softcap * log2(e) in the softcap kernels
     float softcap_in;  // softcap kernels: softmax_scale / softcap, what S is multiplied by before the tanh
+    // Varlen kernels: cu_seqlens and the bounds each sequence is clamped to; tiles.mask and tiles.batch are then
+    // the maximum problem's (its tile order), and the q, k, v, out descriptors span the packed rows.
+    std::conditional_t<kVarlen, PackedBatch, NoPackedBatch> packed;
   };
 };
 

@@ -25,8 +25,11 @@ struct ForwardEpilogue {
   // Invariant: the quad shuffles run in every lane, before any lane leaves its row. A row past
   // seqlen_q can share a warp with rows before it (seqlen_q need not be a multiple of 8), and a
   // full-mask shuffle that some lanes skip is undefined behaviour: on the H200 it hung the kernel.
+  //
+  // Varlen kernels: rows past the sequence's end are not written either (they belong to the next sequence); O goes
+  // out by predicated stores (the configuration stages none), the LSE to its (heads_q, total_q) row.
   template <class Out>
-  __device__ static void store(const Params& p, SharedStorage& smem, const ForwardTileRecord& tile,
+  __device__ static void store(const Params& p, SharedStorage& smem, const typename Config::TileRecord& tile,
                                const Out& out_frag, const float* row_max, const float* row_sum, int thread) {
     typename Config::TiledMmaO mma_o;
     constexpr int kRows = decltype(size<0>(accumulator_rows_by_columns(out_frag.layout())))::value;
@@ -40,13 +43,12 @@ struct ForwardEpilogue {
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
     }
     const int row0 = tile.q_tile * kBlockM;
-    const int valid_rows = p.tiles.mask.seqlen_q - row0;
+    const int valid_rows = rows_of(p, tile) - row0;
     const auto inverse_sum = [&](int r) { return sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f; };
     if constexpr (Config::kStagedO) {
       store_staged(p, smem, tile, out_frag, inverse_sum, thread);
     } else {
-      Element* o_tile =
-          p.out + tile.batch * p.out_strides[0] + tile.head * p.out_strides[2] + row0 * p.out_strides[1];
+      Element* o_tile = p.out + first_row_offset(p, tile, p.out_strides) + row0 * p.out_strides[1];
       store_accumulator_rows<Element, kBlockM, Config::kHeadDim>(mma_o, thread, out_frag, o_tile, p.out_strides[1],
                                                                  valid_rows, inverse_sum);
     }
@@ -55,7 +57,7 @@ struct ForwardEpilogue {
     Tensor coords_frag = mma_o.get_thread_slice(thread).partition_C(
         make_identity_tensor(Shape<Int<kBlockM>, Int<Config::kHeadDim>>{}));
     Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
-    float* lse = p.lse + (static_cast<int64_t>(tile.batch) * p.tiles.heads_q + tile.head) * p.tiles.mask.seqlen_q + row0;
+    float* lse = p.lse + lse_row_offset(p, tile) + row0;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = get<0>(coords(r, 0));
@@ -76,6 +78,36 @@ struct ForwardEpilogue {
   static constexpr int kWarpGroupThreads = Config::kWarpGroupThreads;
 
   __device__ static bool issues_store(int thread) { return thread % kWarpGroupThreads == 0; }
+
+  // Query rows of the tile's sequence: the plan's seqlen_q, or the varlen sequence's own.
+  __device__ static int rows_of(const Params& p, const typename Config::TileRecord& tile) {
+    if constexpr (Config::kVarlen) {
+      return tile.mask.seqlen_q;
+    } else {
+      return p.tiles.mask.seqlen_q;
+    }
+  }
+
+  // Elements from the tensor's start to row 0 of the tile's (batch, head) slice: in the varlen kernels, to the
+  // sequence's first row in the packed tensor.
+  __device__ static int64_t first_row_offset(const Params& p, const typename Config::TileRecord& tile,
+                                             const int64_t (&strides)[3]) {
+    if constexpr (Config::kVarlen) {
+      return tile.head * strides[2] + static_cast<int64_t>(tile.q_offset) * strides[1];
+    } else {
+      return tile.batch * strides[0] + tile.head * strides[2];
+    }
+  }
+
+  // Floats from the LSE's start to row 0 of the tile's (batch, head) row: (batch, heads_q, seqlen_q) packed, or in
+  // the varlen kernels (heads_q, total_q) from the sequence's first row.
+  __device__ static int64_t lse_row_offset(const Params& p, const typename Config::TileRecord& tile) {
+    if constexpr (Config::kVarlen) {
+      return static_cast<int64_t>(tile.head) * p.packed.total_q + tile.q_offset;
+    } else {
+      return (static_cast<int64_t>(tile.batch) * p.tiles.heads_q + tile.head) * p.tiles.mask.seqlen_q;
+    }
+  }
 
   // This warpgroup's 64 rows of O * row_scale(r) to its staging tile, then one TMA store of the tile.
   template <class Out, class RowScale>

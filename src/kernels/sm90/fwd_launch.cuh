@@ -12,16 +12,28 @@
 
 namespace dash::sm90 {
 
-template <int kHeadDim, class Element, bool kSoftcap, int kBlockQ, int kBlockKv, bool kLeftBounded = false>
+template <int kHeadDim, class Element, bool kSoftcap, int kBlockQ, int kBlockKv, bool kLeftBounded = false,
+          bool kVarlen = false>
 int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stream) {
   const ForwardArgs& a = params.args;
-  using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap, kLeftBounded>;
+  using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap, kLeftBounded, kVarlen>;
   const AttentionShape& shape = a.shape;
   typename Config::Params p{};
-  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), typename Config::SmemLayoutQ{});
   const auto kv_tile_layout = take<0, 2>(typename Config::SmemLayoutKV{});
-  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.k.strides), kv_tile_layout);
-  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.v.strides), kv_tile_layout);
+  if constexpr (kVarlen) {
+    // The packed tensors' descriptors span every row; the loader steps to each sequence's offset.
+    const VarlenBatch& packed = a.varlen;
+    p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.q.data, packed.total_q, shape.heads_q, a.q.strides), typename Config::SmemLayoutQ{});
+    p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.k.data, packed.total_k, shape.heads_kv, a.k.strides), kv_tile_layout);
+    p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.v.data, packed.total_k, shape.heads_kv, a.v.strides), kv_tile_layout);
+    p.packed = PackedBatch{packed.cu_seqlens_q, packed.cu_seqlens_k, static_cast<int>(packed.total_q),
+                           static_cast<int>(packed.total_k), static_cast<int>(shape.seqlen_q),
+                           static_cast<int>(shape.seqlen_k), packed.keys_within_queries};
+  } else {
+    p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), typename Config::SmemLayoutQ{});
+    p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.k.strides), kv_tile_layout);
+    p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.v.strides), kv_tile_layout);
+  }
   if constexpr (Config::kStagedO) {
     p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_gmem_bshd<Element, kHeadDim>(a.out.data, shape.seqlen_q, shape.heads_q, shape.batch, a.out.strides), take<0, 2>(typename Config::SmemLayoutO{}));
   }
@@ -86,6 +98,22 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
     }
   }
   return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardBlockKv>(params, stream);
+}
+
+// The forward of a packed varlen batch (args.varlen): the tile order, grid and mask of the maximum problem, each tile
+// fitted to its sequence in the kernel. Tiles stay 128x128 whatever the maxima: the tall and wide tiles were chosen
+// by dense lengths, and a batch's sequences are shorter than its maxima. A left window bound takes the left-bounded
+// kernel, as in the dense forward.
+template <int kHeadDim, class Element, bool kSoftcap>
+int launch_forward_varlen(const kernels::ForwardParams& params, cudaStream_t stream) {
+  const AttentionShape& shape = params.args.shape;
+  const MaskShape mask = canonical_mask(static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k),
+                                        shape.causal, shape.window_left, shape.window_right);
+  if (mask.window.left >= 0) {
+    return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardBlockKv, true, true>(params,
+                                                                                                        stream);
+  }
+  return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardBlockKv, false, true>(params, stream);
 }
 
 }  // namespace dash::sm90

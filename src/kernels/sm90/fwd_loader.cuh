@@ -1,7 +1,8 @@
 // Forward producer, warp 0 (one lane): takes query tiles from the global counter in the order of
 // schedule/forward_tile_order.hpp, announces each to the MMA warpgroups through the tile ring, loads
 // its Q once and streams the K and V tiles it visits ([kv_first, kv_first + kv_tiles)) through their two rings,
-// all with TMA.
+// all with TMA. The varlen kernels (run_packed) take the tiles of the maximum problem in the same order, skip those
+// past their sequence's query tiles, and fit each to its sequence: its mask, its key/value tiles, its rows.
 #pragma once
 
 #include "kernels/sm90/fwd_config.cuh"
@@ -16,6 +17,15 @@ struct ForwardLoader {
   using SharedStorage = typename Config::SharedStorage;
 
   __device__ static void run(const Params& p, SharedStorage& smem) {
+    if constexpr (Config::kVarlen) {
+      run_packed(p, smem);
+    } else {
+      run_dense(p, smem);
+    }
+  }
+
+ private:
+  __device__ static void run_dense(const Params& p, SharedStorage& smem) {
     prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
     prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
@@ -48,6 +58,57 @@ struct ForwardLoader {
     smem.tiles.publish(ForwardTileRecord{kEndOfTiles, 0, 0, 0, 0}, tiles);
   }
 
+  // run() for a packed varlen batch. Every sequence's tiles are those of a dense problem of its lengths under the
+  // plan's mask (forward_tile_order.hpp), so kv_first and kv_tiles come from the same functions; a tile whose rows
+  // see no key (causal, seqlen_q > seqlen_k) visits none and the MMA warpgroups write O = 0 and LSE = -inf.
+  __device__ static void run_packed(const Params& p, SharedStorage& smem) {
+    prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    const ForwardTileOrder& order = p.tiles;
+    const int num_tiles = order.num_tiles();
+    const int group = order.heads_q / p.heads_kv;
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+    const auto q_extent = make_shape(p.packed.total_q, int{Config::kHeadDim}, order.heads_q, 1);
+    const auto kv_extent = make_shape(p.packed.total_k, int{Config::kHeadDim}, p.heads_kv, 1);
+    int tiles = 0;
+    int kv_loads = 0;
+    for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1)) {
+      const ForwardTile planned = order.tile_at(t);
+      const PackedSequence sequence = packed_sequence(p.packed, planned.batch);
+      ForwardTileOrder fitted = order;
+      fitted.mask.seqlen_q = sequence.lengths.seqlen_q;
+      fitted.mask.seqlen_k = sequence.lengths.seqlen_k;
+      if (planned.q_tile >= fitted.q_tiles()) continue;  // past the sequence's last query tile
+      typename Config::TileRecord tile{};
+      tile.batch = planned.batch;
+      tile.head = planned.head;
+      tile.q_tile = planned.q_tile;
+      tile.kv_first = fitted.kv_first_of(planned.q_tile);
+      tile.kv_tiles = fitted.kv_end_of(planned.q_tile) - tile.kv_first;
+      tile.mask = fitted.mask;
+      tile.q_offset = sequence.q_offset;
+      smem.tiles.publish(tile, tiles);
+      smem.q_stages.producer_acquire(tiles, "q_empty");
+      tma_load_rows(p.tma_q, q_extent, tile.head, sequence.q_offset + tile.q_tile * Config::kBlockM,
+                    smem.q_stages.producer_expect(tiles, Config::kQBytes), sQ);
+      for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
+        const int kv_row = sequence.k_offset + (tile.kv_first + j) * Config::kBlockN;
+        const int k_stage = smem.k_stages.producer_acquire(kv_loads, "k_empty");
+        tma_load_rows(p.tma_k, kv_extent, tile.head / group, kv_row,
+                      smem.k_stages.producer_expect(kv_loads, Config::kKVTileBytes), sK(_, _, k_stage));
+        const int v_stage = smem.v_stages.producer_acquire(kv_loads, "v_empty");
+        tma_load_rows(p.tma_v, kv_extent, tile.head / group, kv_row,
+                      smem.v_stages.producer_expect(kv_loads, Config::kKVTileBytes), sV(_, _, v_stage));
+      }
+      ++tiles;
+    }
+    typename Config::TileRecord end{};
+    end.kv_tiles = kEndOfTiles;
+    smem.tiles.publish(end, tiles);
+  }
 };
 
 }  // namespace dash::sm90

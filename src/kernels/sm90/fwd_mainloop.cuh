@@ -44,13 +44,14 @@ struct ForwardMainloop {
     Tensor tScS = make_tensor(cS.data(), accumulator_rows_by_columns(cS.layout()));
     constexpr int kRows = decltype(size<0>(tScS))::value;
 
-    const MaskShape mask = p.tiles.mask;
+    const MaskShape plan_mask = p.tiles.mask;
     const MmaTurns<Config> turns(warp_group);
     turns.start();
     int kv_loads = 0;  // key/value tiles visited so far: positions in the K and V rings
     for (int tiles = 0;; ++tiles) {
-      const ForwardTileRecord tile = smem.tiles.take(tiles);
+      const typename Config::TileRecord tile = smem.tiles.take(tiles);
       if (tile.kv_tiles == kEndOfTiles) break;
+      const MaskShape mask = tile_mask(tile, plan_mask);
 
       Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
       Tensor out = make_tensor(tOrO.data(), accumulator_rows_by_columns(tOrO.layout()));
@@ -137,6 +138,15 @@ struct ForwardMainloop {
   }
 
  private:
+  // The mask the tile runs: the plan's, or in the varlen kernels its sequence's.
+  __device__ static MaskShape tile_mask(const typename Config::TileRecord& tile, const MaskShape& plan_mask) {
+    if constexpr (Config::kVarlen) {
+      return tile.mask;
+    } else {
+      return plan_mask;
+    }
+  }
+
   // S_j is complete: K_j is free, and after the tile's last S GEMM so is Q, which no other GEMM reads.
   // Releasing Q here rather than after the tile lets the loader fetch the next tile's Q (and, ring stages
   // permitting, its first K and V) under this tile's last O GEMM and its epilogue.

@@ -1,7 +1,7 @@
 // Global-memory (B, S, H, D) tensors as the kernels see them: one CuTe type per element type, viewed as
 // (seqlen, head_dim, heads, batch) with head_dim contiguous, which is what the TMA descriptors are built
-// from; the one TMA load of a sequence tile that both kernels' loaders issue; and the (batch, seq, head)
-// strides the plain-store epilogues use.
+// from; the one TMA load of a sequence tile that both kernels' loaders issue (and, for packed varlen tensors, of
+// the rows from a sequence's offset on); and the (batch, seq, head) strides the plain-store epilogues use.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -26,6 +26,13 @@ GmemTensor<Element> make_gmem_bshd(const void* data, int64_t seqlen, int64_t hea
                            cute::make_stride(s.seq, cute::_1{}, s.head, s.batch));
 }
 
+// A packed varlen tensor (total_rows, heads, head_dim) as a (total_rows, head_dim, heads, 1) tensor of the type
+// above, so that its TMA descriptors are built as the dense ones; its batch stride is never stepped over.
+template <class Element, int kHeadDim>
+GmemTensor<Element> make_gmem_packed(const void* data, int64_t total_rows, int64_t heads, const Strides& s) {
+  return make_gmem_bshd<Element, kHeadDim>(data, total_rows, heads, 1, Strides{0, s.seq, s.head, s.dim});
+}
+
 // One TMA load of sequence tile `tile` of slice (head, batch) of a tensor of extent (seqlen, head_dim,
 // heads, batch) into the shared-memory tile `dst`, completing on mbarrier `full`. One thread issues it.
 template <class Tma, class Extent, class SmemTensor>
@@ -36,6 +43,20 @@ __device__ void tma_load_tile(const Tma& tma, const Extent& extent, int head, in
   auto g = local_tile(m(_, _, head, batch), product_each(shape(dst)), make_coord(_, _0{}));
   auto [src_part, dst_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(dst), group_modes<0, 2>(g));
   copy(tma.with(full), src_part(_, tile), dst_part);
+}
+
+// One TMA load of the rows [row0, row0 + rows of `dst`) of head `head` of a packed tensor of extent (total_rows,
+// head_dim, heads, 1) (make_gmem_packed) into `dst`, completing on `full`: a varlen sequence's tile, which starts
+// at the sequence's offset rather than at a multiple of the tile. Rows past total_rows arrive as zeros; rows of
+// the next sequence arrive as they are, and the caller masks them. One thread issues it.
+template <class Tma, class Extent, class SmemTensor>
+__device__ void tma_load_rows(const Tma& tma, const Extent& extent, int head, int row0, uint64_t& full,
+                              SmemTensor dst) {
+  using namespace cute;
+  auto m = domain_offset(make_coord(row0, _0{}), tma.get_tma_tensor(extent)(_, _, head, _0{}));
+  auto g = local_tile(m, product_each(shape(dst)), make_coord(_, _0{}));
+  auto [src_part, dst_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(dst), group_modes<0, 2>(g));
+  copy(tma.with(full), src_part(_, 0), dst_part);
 }
 
 // One TMA store of the shared-memory tile `src` to sequence tile `tile` of slice (head, batch) of a tensor of
@@ -49,6 +70,9 @@ __device__ void tma_store_tile(const Tma& tma, const Extent& extent, int head, i
   auto [gmem_part, smem_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(src), group_modes<0, 2>(g));
   copy(tma, smem_part, gmem_part(_, tile));
 }
+
+// What the dense kernels' parameters carry in place of a varlen batch's PackedBatch (schedule/varlen.hpp): nothing.
+struct NoPackedBatch {};
 
 inline void copy_strides(int64_t (&dst)[3], const Strides& s) {
   dst[0] = s.batch;

@@ -1,5 +1,6 @@
-// Defines the launchers of one kernel instance (head dim, element type, softcap) for the kernel registry.
-// Included only by the CMake-generated instance translation units.
+// Defines the launchers of one kernel instance (head dim, element type, softcap) for the kernel registry, and those
+// of its varlen kernels (in a translation unit of their own, so that both compile in parallel). Included only by the
+// CMake-generated instance translation units.
 #pragma once
 
 #include <cutlass/numeric_types.h>
@@ -21,5 +22,16 @@ using ElementOf_fp16 = cutlass::half_t;
   }                                                                                                     \
   int launch_backward_##NAME(const BackwardParams& params, cudaStream_t stream) {                       \
     return sm90::launch_backward<HEAD_DIM, ElementOf_##DTYPE, SOFTCAP>(params, stream);                 \
+  }                                                                                                     \
+  }
+
+// The varlen launchers of instance NAME (args.varlen set).
+#define DASH_DEFINE_VARLEN_KERNEL_INSTANCE(NAME, HEAD_DIM, DTYPE, SOFTCAP)                              \
+  namespace dash::kernels {                                                                             \
+  int launch_forward_varlen_##NAME(const ForwardParams& params, cudaStream_t stream) {                  \
+    return sm90::launch_forward_varlen<HEAD_DIM, ElementOf_##DTYPE, SOFTCAP>(params, stream);           \
+  }                                                                                                     \
+  int launch_backward_varlen_##NAME(const BackwardParams& params, cudaStream_t stream) {                \
+    return sm90::launch_backward_varlen<HEAD_DIM, ElementOf_##DTYPE, SOFTCAP>(params, stream);          \
   }                                                                                                     \
   }

@@ -1,0 +1,238 @@
+"""Tests of dash_attn.flash_attn_varlen_func (packed variable-length batches with cu_seqlens).
+
+CPU (no GPU, no library needed): every argument check names the argument and the rule (3-D packed tensors, dtypes,
+head dims, cu_seqlens dtype, rank, length and agreement, max_seqlen bounds, window, softcap, flags, the schedule
+against deterministic), and the promise seqlen_k <= seqlen_q is taken from one tensor passed twice, never from a
+copy of the offsets.
+GPU (skip without a Hopper GPU): the forward, LSE and gradients against a per-sequence loop of flash_attn_func on
+adversarial lengths (0, 1, 127, 129, one long and the rest empty, seqlen_q != seqlen_k), causal and a window, GQA;
+every deterministic schedule the plan admits repeats its bits; rows after the last sequence come out 0 with zero
+gradients; a CUDA graph of the call replays it without reading the offsets on the host; softcap is refused by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="dash_attn needs PyTorch")
+
+import dash_attn
+from dash_attn import flash_attn_func, flash_attn_varlen_func
+from dash_attn import varlen as varlen_module
+
+TOLERANCES = {torch.bfloat16: (1.5e-2, 5e-2), torch.float16: (4e-3, 1.5e-2)}  # as test_attention.py
+MAGNITUDE_FLOOR = 1e-2
+
+
+def cpu_call(**overrides):
+    """A valid call on CPU tensors (which fails only at the device check), with `overrides` applied."""
+    arguments = {
+        "q": torch.zeros(10, 4, 64, dtype=torch.bfloat16),
+        "k": torch.zeros(12, 2, 64, dtype=torch.bfloat16),
+        "v": torch.zeros(12, 2, 64, dtype=torch.bfloat16),
+        "cu_seqlens_q": torch.tensor([0, 4, 10], dtype=torch.int32),
+        "cu_seqlens_k": torch.tensor([0, 6, 12], dtype=torch.int32),
+        "max_seqlen_q": 6,
+        "max_seqlen_k": 6,
+    }
+    arguments.update(overrides)
+    positional = [arguments.pop(name) for name in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
+                                                   "max_seqlen_k")]
+    return flash_attn_varlen_func(*positional, **arguments)
+
+
+def test_is_exported_at_top_level():
+    assert dash_attn.flash_attn_varlen_func is flash_attn_varlen_func
+    assert "flash_attn_varlen_func" in dash_attn.__all__
+
+
+def test_a_valid_call_reaches_the_device_check():
+    with pytest.raises(ValueError, match="must be CUDA tensors"):
+        cpu_call()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"q": torch.zeros(2, 10, 4, 64, dtype=torch.bfloat16)}, ValueError, r"q must be 3-D \(total_tokens"),
+        ({"k": "k"}, TypeError, "k must be a torch.Tensor"),
+        ({"q": torch.zeros(10, 4, 64)}, TypeError, "q.dtype must be torch.bfloat16 or torch.float16"),
+        ({"v": torch.zeros(12, 2, 64, dtype=torch.float16)}, TypeError, r"v.dtype \(torch.float16\) must equal"),
+        ({"q": torch.zeros(10, 4, 96, dtype=torch.bfloat16)}, ValueError, r"head_dim \(q.shape\[2\]\) must be one of"),
+        ({"k": torch.zeros(12, 2, 128, dtype=torch.bfloat16)}, ValueError, r"k.shape\[2\] \(head_dim\)"),
+        ({"v": torch.zeros(11, 2, 64, dtype=torch.bfloat16)}, ValueError, r"v.shape\[:2\]"),
+        ({"q": torch.zeros(10, 3, 64, dtype=torch.bfloat16)}, ValueError, "must be a multiple of k.shape"),
+        ({"cu_seqlens_q": torch.tensor([0, 4, 10])}, TypeError, "cu_seqlens_q.dtype must be torch.int32"),
+        ({"cu_seqlens_k": [0, 6, 12]}, TypeError, "cu_seqlens_k must be a torch.Tensor"),
+        ({"cu_seqlens_q": torch.tensor([[0, 4, 10]], dtype=torch.int32)}, ValueError, "cu_seqlens_q must be 1-D"),
+        ({"cu_seqlens_k": torch.tensor([0], dtype=torch.int32)}, ValueError, r"batch \+ 1 >= 2 offsets"),
+        ({"cu_seqlens_k": torch.tensor([0, 6], dtype=torch.int32)}, ValueError, "cu_seqlens_k has 2 offsets but"),
+        ({"max_seqlen_q": 0}, ValueError, r"1 <= max_seqlen_q <= 1048576"),
+        ({"max_seqlen_k": -3}, ValueError, "max_seqlen_k must satisfy"),
+        ({"max_seqlen_q": (1 << 20) + 1}, ValueError, "max_seqlen_q must satisfy"),
+        ({"max_seqlen_k": 6.0}, TypeError, "max_seqlen_k must be an int"),
+        ({"max_seqlen_q": True}, TypeError, "max_seqlen_q must be an int"),
+        ({"causal": 1}, TypeError, "causal must be a bool"),
+        ({"window_size": (-2, 0)}, ValueError, r"window_size\[0\] must be >= -1"),
+        ({"softcap": -1.0}, ValueError, "softcap must be finite and >= 0"),
+        ({"softmax_scale": 0.0}, ValueError, "softmax_scale must be finite and > 0"),
+        ({"schedule": "fastest"}, ValueError, "schedule must be one of"),
+        ({"deterministic": True, "schedule": "nondeterministic"}, ValueError, "contradicts deterministic=True"),
+        ({"sm_margin": -1}, ValueError, "sm_margin must satisfy"),
+        ({"return_lse": None}, TypeError, "return_lse must be a bool"),
+    ],
+)
+def test_each_bad_argument_is_refused_by_name_before_any_device_work(overrides, error, match):
+    with pytest.raises(error, match=match):
+        cpu_call(**overrides)
+
+
+def test_the_promise_comes_from_one_tensor_passed_twice_never_from_the_values():
+    offsets = torch.tensor([0, 4, 10], dtype=torch.int32)
+    assert varlen_module._same_offsets(offsets, offsets)
+    assert varlen_module._same_offsets(offsets, offsets.view(-1))  # a view of the same memory
+    assert not varlen_module._same_offsets(offsets, offsets.clone())  # equal values, but reading them would copy
+
+
+def test_the_ops_are_registered():
+    assert hasattr(torch.ops.dash_attn, "varlen_forward")
+    assert hasattr(torch.ops.dash_attn, "varlen_backward")
+
+
+# --- GPU ---------------------------------------------------------------------------------------------------
+
+# (name, [(seqlen_q, seqlen_k) per sequence], heads_q, heads_kv, causal, window_size, max lengths added)
+CASES = [
+    ("mixed-self", [(0, 0), (1, 1), (127, 127), (129, 129), (300, 300), (64, 64)], 4, 4, False, (-1, -1)),
+    ("mixed-self-causal-gqa", [(0, 0), (1, 1), (127, 127), (129, 129), (300, 300), (64, 64)], 4, 2, True, (-1, -1)),
+    ("q-ne-k-causal-mqa", [(100, 300), (300, 100), (0, 50), (50, 0), (257, 129)], 4, 1, True, (-1, -1)),
+    ("one-long-rest-empty", [(1000, 1000), (0, 0), (0, 0)], 2, 2, True, (-1, -1)),
+    ("window", [(300, 300), (5, 5), (600, 600)], 4, 2, False, (64, 16)),
+]
+
+
+def packed_batch(lengths, heads_q, heads_kv, head_dim, dtype, device, padding=0, seed=0):
+    generator = torch.Generator(device).manual_seed(seed)
+    cu_q = [0]
+    cu_k = [0]
+    for seqlen_q, seqlen_k in lengths:
+        cu_q.append(cu_q[-1] + seqlen_q)
+        cu_k.append(cu_k[-1] + seqlen_k)
+    total_q, total_k = cu_q[-1] + padding, cu_k[-1] + padding
+
+    def draw(rows, heads):
+        return torch.randn(rows, heads, head_dim, generator=generator, device=device).to(dtype)
+
+    q, k, v = draw(total_q, heads_q), draw(total_k, heads_kv), draw(total_k, heads_kv)
+    cu_q_tensor = torch.tensor(cu_q, dtype=torch.int32, device=device)
+    cu_k_tensor = torch.tensor(cu_k, dtype=torch.int32, device=device)
+    return q, k, v, cu_q_tensor, cu_k_tensor, cu_q, cu_k
+
+
+def per_sequence(q, k, v, dout, cu_q, cu_k, **options):
+    """out, lse, dq, dk, dv of a loop of flash_attn_func over the sequences (a sequence without keys: out 0, lse
+    -inf, no gradient), in the packed layouts; rows after the last sequence 0 (lse -inf)."""
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for b in range(len(cu_q) - 1):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if qs.stop == qs.start or ks.stop == ks.start:
+            continue
+        q_b, k_b, v_b = (t[s].unsqueeze(0).detach().requires_grad_() for t, s in ((q, qs), (k, ks), (v, ks)))
+        out_b, lse_b = flash_attn_func(q_b, k_b, v_b, return_lse=True, **options)
+        out_b.backward(dout[qs].unsqueeze(0))
+        out[qs], lse[:, qs] = out_b[0].detach(), lse_b[0]
+        dq[qs], dk[ks], dv[ks] = q_b.grad[0], k_b.grad[0], v_b.grad[0]
+    return out, lse, dq, dk, dv
+
+
+def assert_close(actual, expected, dtype, what):
+    rel, frac = TOLERANCES[dtype]
+    finite = torch.isfinite(expected)
+    assert torch.equal(torch.isfinite(actual), finite), f"{what}: non-finite elements differ"
+    a, e = actual[finite].double(), expected[finite].double()
+    error = (a - e).norm() / max(e.norm().item(), 1e-30)
+    assert error <= rel, f"{what}: relative L2 error {error:.3g} > {rel}"
+    assert (a - e).abs().max() <= frac * max(e.abs().max().item(), MAGNITUDE_FLOOR), f"{what}: max error"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_a_per_sequence_loop_of_flash_attn_func(device, library, require_kernel, case, head_dim, dtype):
+    require_kernel(head_dim, dtype)
+    if not library.varlen_kernel_available(head_dim, {torch.bfloat16: 0, torch.float16: 1}[dtype]):
+        pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
+    _name, lengths, heads_q, heads_kv, causal, window = case
+    q, k, v, cu_q_t, cu_k_t, cu_q, cu_k = packed_batch(lengths, heads_q, heads_kv, head_dim, dtype, device,
+                                                       padding=7)
+    dout = torch.randn_like(q)
+    options = {"causal": causal, "window_size": window}
+    expected = per_sequence(q, k, v, dout, cu_q, cu_k, **options)
+    q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+    max_q = max(max(s for s, _ in lengths), 1)
+    max_k = max(max(s for _, s in lengths), 1)
+    out, lse = flash_attn_varlen_func(q_, k_, v_, cu_q_t, cu_k_t, max_q, max_k, return_lse=True, **options)
+    out.backward(dout)
+    assert lse.shape == (heads_q, q.shape[0])
+    for actual, reference, what in zip((out, lse, q_.grad, k_.grad, v_.grad), expected,
+                                       ("out", "lse", "dq", "dk", "dv")):
+        assert_close(actual.float() if what != "lse" else actual, reference.float(), dtype, what)
+    # The padding rows after the last sequence: out 0, lse -inf, zero gradients.
+    assert torch.all(out[cu_q[-1]:] == 0) and torch.all(lse[:, cu_q[-1]:] == float("-inf"))
+    assert torch.all(q_.grad[cu_q[-1]:] == 0) and torch.all(k_.grad[cu_k[-1]:] == 0)
+
+
+@pytest.mark.parametrize("schedule", ["ascending", "descending", "shortest-first", "shift", "symmetric-shift"])
+def test_every_admitted_schedule_repeats_its_bits(device, library, require_kernel, schedule):
+    require_kernel(128, torch.bfloat16)
+    if not library.varlen_kernel_available(128, 0):
+        pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
+    lengths = [(700, 700), (1, 1), (0, 0), (1024, 1024), (129, 129)]
+    q, k, v, cu, _, _, _ = packed_batch(lengths, 4, 4, 128, torch.bfloat16, device, seed=5)
+    causal = schedule != "shift"
+    dout = torch.randn_like(q)
+    grads = []
+    for _ in range(5):
+        q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+        # One offsets tensor for both sides: the promise under which the shift schedules are planned.
+        out = flash_attn_varlen_func(q_, k_, v_, cu, cu, 1024, 1024, causal=causal, schedule=schedule)
+        out.backward(dout)
+        grads.append(torch.cat([q_.grad.flatten(), k_.grad.flatten(), v_.grad.flatten()]).view(torch.int16))
+    for g in grads[1:]:
+        assert torch.equal(g, grads[0])
+
+
+def test_the_shift_schedules_need_one_offsets_tensor(device, library, require_kernel):
+    require_kernel(128, torch.bfloat16)
+    if not library.varlen_kernel_available(128, 0):
+        pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
+    q, k, v, cu_q, cu_k, _, _ = packed_batch([(200, 200), (300, 300)], 2, 2, 128, torch.bfloat16, device)
+    q.requires_grad_()
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 300, causal=True, schedule="symmetric-shift")
+    with pytest.raises(dash_attn.LibraryError, match="keys_within_queries"):
+        out.sum().backward()
+
+
+def test_softcap_is_refused_by_name(device, library, require_kernel):
+    require_kernel(128, torch.bfloat16)
+    q, k, v, cu_q, cu_k, _, _ = packed_batch([(20, 20)], 2, 2, 128, torch.bfloat16, device)
+    with pytest.raises(dash_attn.LibraryError, match="softcap"):
+        flash_attn_varlen_func(q, k, v, cu_q, cu_k, 20, 20, softcap=5.0)
+
+
+def test_a_cuda_graph_replays_the_call_with_new_offsets(device, library, require_kernel):
+    require_kernel(128, torch.bfloat16)
+    if not library.varlen_kernel_available(128, 0):
+        pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
+    q, k, v, cu, _, _, _ = packed_batch([(100, 100), (156, 156)], 2, 2, 128, torch.bfloat16, device)
+    flash_attn_varlen_func(q, k, v, cu, cu, 256, 256, causal=True)  # plans and warms up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_varlen_func(q, k, v, cu, cu, 256, 256, causal=True)
+    cu.copy_(torch.tensor([0, 200, 256], dtype=torch.int32, device=device))
+    graph.replay()
+    expected = per_sequence(q, k, v, torch.zeros_like(q), [0, 200, 256], [0, 200, 256], causal=True)[0]
+    assert_close(out.float(), expected.float(), torch.bfloat16, "out after replay with new offsets")

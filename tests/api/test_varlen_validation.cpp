@@ -1,0 +1,321 @@
+// Tests of the public API's host-side rules for packed varlen batches (VarlenBatch, dash/types.hpp): validate() of
+// varlen forward and backward arguments (one test per rule, each breaking that rule alone on valid arguments, each
+// message naming the argument and the rule), plan_varlen_backward() on a device described by hand (which schedules
+// a batch admits with and without the promise keys_within_queries, and why the others are refused), and a plan's
+// refusal of calls that do not fit it. No GPU: pointers are fake (validate() never dereferences them) and aligned.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "api/backward_plan.hpp"
+#include "api/limits.hpp"
+#include "dash/attention.hpp"
+
+namespace dash {
+namespace {
+
+// Each fake tensor gets its own 64 GiB region, larger than any tensor a test builds.
+constexpr uintptr_t kFakeBase = uintptr_t{1} << 44;
+constexpr uintptr_t kFakeRegionBytes = uintptr_t{1} << 36;
+
+template <typename T>
+T* fake(int region) {
+  return reinterpret_cast<T*>(kFakeBase + static_cast<uintptr_t>(region) * kFakeRegionBytes);
+}
+
+// 3 sequences of at most 256 queries and 384 keys packed into 500 query and 700 key rows.
+constexpr int64_t kTotalQ = 500;
+constexpr int64_t kTotalK = 700;
+
+AttentionShape max_shape() {
+  AttentionShape shape;
+  shape.batch = 3;
+  shape.seqlen_q = 256;
+  shape.seqlen_k = 384;
+  shape.heads_q = 8;
+  shape.heads_kv = 2;
+  shape.head_dim = 128;
+  shape.dtype = DType::kBF16;
+  shape.softmax_scale = 1.0f / std::sqrt(128.0f);
+  shape.causal = true;
+  return shape;
+}
+
+// A packed (total, heads, head_dim) tensor's strides: no batch dimension.
+Strides packed_rows(int64_t heads, int64_t head_dim) { return Strides{0, heads * head_dim, head_dim, 1}; }
+
+VarlenBatch valid_batch() {
+  VarlenBatch v;
+  v.cu_seqlens_q = fake<const int32_t>(20);
+  v.cu_seqlens_k = fake<const int32_t>(21);
+  v.total_q = kTotalQ;
+  v.total_k = kTotalK;
+  return v;
+}
+
+template <typename Args>
+Args valid_args();
+
+template <>
+ForwardArgs valid_args<ForwardArgs>() {
+  const AttentionShape shape = max_shape();
+  const Strides query = packed_rows(shape.heads_q, shape.head_dim);
+  const Strides key = packed_rows(shape.heads_kv, shape.head_dim);
+  ForwardArgs a;
+  a.shape = shape;
+  a.q = {fake<void>(0), query};
+  a.k = {fake<void>(1), key};
+  a.v = {fake<void>(2), key};
+  a.out = {fake<void>(3), query};
+  a.lse = fake<float>(4);
+  a.varlen = valid_batch();
+  return a;
+}
+
+template <>
+BackwardArgs valid_args<BackwardArgs>() {
+  const AttentionShape shape = max_shape();
+  const Strides query = packed_rows(shape.heads_q, shape.head_dim);
+  const Strides key = packed_rows(shape.heads_kv, shape.head_dim);
+  BackwardArgs a;
+  a.shape = shape;
+  a.q = {fake<void>(0), query};
+  a.k = {fake<void>(1), key};
+  a.v = {fake<void>(2), key};
+  a.out = {fake<void>(3), query};
+  a.dout = {fake<void>(4), query};
+  a.lse = fake<float>(5);
+  a.dq = {fake<void>(6), query};
+  a.dk = {fake<void>(7), key};
+  a.dv = {fake<void>(8), key};
+  a.schedule = Schedule::kAscending;
+  a.varlen = valid_batch();
+  return a;
+}
+
+// Success if `status` has `code` and its message contains each of `parts`.
+::testing::AssertionResult fails_with(const Status& status, StatusCode code,
+                                      std::initializer_list<std::string_view> parts) {
+  if (status.code() != code) {
+    return ::testing::AssertionFailure() << "expected " << status_code_name(code) << ", got " << status.to_string();
+  }
+  for (std::string_view part : parts) {
+    if (status.message().find(part) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message lacks '" << part << "': " << status.message();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult is_ok(const Status& status) {
+  if (status.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << status.to_string();
+}
+
+template <typename Args>
+class ValidateVarlen : public ::testing::Test {};
+using ArgTypes = ::testing::Types<ForwardArgs, BackwardArgs>;
+TYPED_TEST_SUITE(ValidateVarlen, ArgTypes);
+
+TYPED_TEST(ValidateVarlen, AcceptsValidArguments) { EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>()))); }
+
+TYPED_TEST(ValidateVarlen, AcceptsOneSequenceOfOneToken) {
+  TypeParam a = valid_args<TypeParam>();
+  a.shape.batch = 1;
+  a.shape.seqlen_q = a.shape.seqlen_k = 1;
+  a.varlen.total_q = a.varlen.total_k = 1;
+  EXPECT_TRUE(is_ok(validate(a)));
+}
+
+TYPED_TEST(ValidateVarlen, AcceptsMaximaAboveTheTotals) {
+  // The maxima bound each sequence, the totals all of them: a plan for longer sequences fits a short batch.
+  TypeParam a = valid_args<TypeParam>();
+  a.varlen.total_q = 10;
+  a.varlen.total_k = 20;
+  EXPECT_TRUE(is_ok(validate(a)));
+}
+
+TYPED_TEST(ValidateVarlen, RejectsEachNullOffsetArray) {
+  for (const bool query_side : {true, false}) {
+    TypeParam a = valid_args<TypeParam>();
+    (query_side ? a.varlen.cu_seqlens_q : a.varlen.cu_seqlens_k) = nullptr;
+    EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                           {query_side ? "varlen.cu_seqlens_q must not be null" : "varlen.cu_seqlens_k must not be null",
+                            "shape.batch + 1 int32 offsets"}));
+  }
+}
+
+TYPED_TEST(ValidateVarlen, RejectsMisalignedOffsets) {
+  TypeParam a = valid_args<TypeParam>();
+  a.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(reinterpret_cast<uintptr_t>(a.varlen.cu_seqlens_k) + 2);
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                         {"varlen.cu_seqlens_k must be 4-byte aligned", "int32 offsets"}));
+}
+
+TYPED_TEST(ValidateVarlen, RejectsTotalsBelowOne) {
+  for (const int64_t total : {int64_t{0}, int64_t{-5}}) {
+    TypeParam a = valid_args<TypeParam>();
+    a.varlen.total_q = total;
+    EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                           {"varlen.total_q must be > 0", "got " + std::to_string(total)}));
+    a = valid_args<TypeParam>();
+    a.varlen.total_k = total;
+    EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"varlen.total_k must be > 0"}));
+  }
+}
+
+TYPED_TEST(ValidateVarlen, RejectsTotalsPastTheKernelsIndices) {
+  TypeParam a = valid_args<TypeParam>();
+  a.varlen.total_q = kMaxKernelIndex / (a.shape.heads_q * a.shape.head_dim);
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kNotSupported,
+                         {"varlen.total_q * heads_q * head_dim must be < 2147483648", "32-bit"}));
+  a = valid_args<TypeParam>();
+  a.varlen.total_k = kMaxKernelIndex;
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kNotSupported, {"varlen.total_k * heads_kv * head_dim"}));
+}
+
+TYPED_TEST(ValidateVarlen, RejectsABatchStride) {
+  TypeParam a = valid_args<TypeParam>();
+  a.k.strides.batch = 8;
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                         {"k.strides.batch must be 0 in a varlen call", "no batch dimension", "got 8"}));
+}
+
+TYPED_TEST(ValidateVarlen, RejectsMaximaBelowOne) {
+  // max_seqlen_q and max_seqlen_k are the shape's seqlen_q and seqlen_k: validate(shape)'s rules name them.
+  TypeParam a = valid_args<TypeParam>();
+  a.shape.seqlen_q = 0;
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"shape.seqlen_q must be > 0", "got 0"}));
+  a = valid_args<TypeParam>();
+  a.shape.seqlen_k = -1;
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"shape.seqlen_k must be > 0"}));
+}
+
+TYPED_TEST(ValidateVarlen, SizesTheLseByHeadsAndTotalQ) {
+  // The LSE is (heads_q, total_q): an output that starts in its last row overlaps it.
+  TypeParam a = valid_args<TypeParam>();
+  const int64_t lse_floats = a.shape.heads_q * kTotalQ;
+  auto* last_row = const_cast<float*>(a.lse) + lse_floats - kTmaAlignmentBytes / static_cast<int64_t>(sizeof(float));
+  if constexpr (std::is_same_v<TypeParam, ForwardArgs>) {
+    a.out.data = last_row;
+  } else {
+    a.dq.data = last_row;
+  }
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"overlaps lse"}));
+  // One row further on, nothing overlaps.
+  TypeParam b = valid_args<TypeParam>();
+  if constexpr (std::is_same_v<TypeParam, ForwardArgs>) {
+    b.out.data = const_cast<float*>(b.lse) + lse_floats;
+  } else {
+    b.dq.data = const_cast<float*>(b.lse) + lse_floats;
+  }
+  EXPECT_TRUE(is_ok(validate(b)));
+}
+
+// --- plan_varlen_backward on a device described by hand --------------------------------------------------
+
+DeviceInfo hand_device() {
+  DeviceInfo device;
+  device.index = 0;
+  device.multiprocessor_count = 132;
+  device.compute_major = 9;
+  return device;
+}
+
+Status plan(const AttentionShape& shape, bool promise, Schedule schedule, BackwardPlan* made) {
+  return plan_varlen_backward(shape, promise, schedule, /*sm_margin=*/0, hand_device(), made);
+}
+
+TEST(PlanVarlenBackward, PlansTheKvOrderSchedulesForEveryBatch) {
+  for (const bool causal : {false, true}) {
+    AttentionShape shape = max_shape();
+    shape.causal = causal;
+    for (Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
+                              Schedule::kNondeterministic, Schedule::kAuto}) {
+      BackwardPlan made;
+      EXPECT_TRUE(is_ok(plan(shape, /*promise=*/false, schedule, &made))) << schedule_name(schedule);
+      EXPECT_TRUE(made.varlen());
+      EXPECT_FALSE(made.keys_within_queries());
+      EXPECT_GT(made.workspace_bytes(), 0u);
+    }
+  }
+}
+
+TEST(PlanVarlenBackward, PlansTheShiftSchedulesOnlyWithThePromise) {
+  AttentionShape full = max_shape();
+  full.causal = false;
+  full.seqlen_k = full.seqlen_q;
+  AttentionShape causal = full;
+  causal.causal = true;
+  for (const auto& [shape, schedule] : {std::pair{full, Schedule::kShift}, std::pair{causal, Schedule::kSymmetricShift}}) {
+    BackwardPlan made;
+    EXPECT_TRUE(is_ok(plan(shape, /*promise=*/true, schedule, &made))) << schedule_name(schedule);
+    EXPECT_TRUE(made.keys_within_queries());
+    EXPECT_EQ(made.schedule(), schedule);
+    EXPECT_TRUE(fails_with(plan(shape, /*promise=*/false, schedule, &made), StatusCode::kScheduleRejected,
+                           {"cannot run this varlen batch", "seqlen_k <= seqlen_q", "keys_within_queries"}));
+  }
+}
+
+TEST(PlanVarlenBackward, AutoPicksShiftForFullSelfAttentionOnlyWithThePromise) {
+  // auto's dense choice for a full mask of few key/value tiles is shift (planner/schedule_plan.cpp); without the
+  // promise the varlen planner falls back to ascending rather than refuse.
+  AttentionShape shape = max_shape();
+  shape.causal = false;
+  shape.seqlen_k = shape.seqlen_q;
+  BackwardPlan made;
+  ASSERT_TRUE(is_ok(plan(shape, /*promise=*/true, Schedule::kAuto, &made)));
+  EXPECT_EQ(made.schedule(), Schedule::kShift);
+  ASSERT_TRUE(is_ok(plan(shape, /*promise=*/false, Schedule::kAuto, &made)));
+  EXPECT_EQ(made.schedule(), Schedule::kAscending);
+}
+
+TEST(PlanVarlenBackward, RefusesSymmetricShiftUnderAWindow) {
+  AttentionShape shape = max_shape();
+  shape.seqlen_k = shape.seqlen_q;
+  shape.window_left = 64;
+  BackwardPlan made;
+  EXPECT_TRUE(fails_with(plan(shape, /*promise=*/true, Schedule::kSymmetricShift, &made),
+                         StatusCode::kScheduleRejected, {"sliding window", "varlen"}));
+}
+
+TEST(PlanVarlenBackward, RefusesABadShapeFirst) {
+  AttentionShape shape = max_shape();
+  shape.seqlen_q = 0;
+  BackwardPlan made;
+  EXPECT_TRUE(fails_with(plan(shape, false, Schedule::kAuto, &made), StatusCode::kInvalidArgument,
+                         {"shape.seqlen_q must be > 0"}));
+}
+
+TEST(VarlenPlanCall, RefusesADenseCallAndAVarlenCallOfTheOtherPlan) {
+  BackwardPlan varlen_plan;
+  ASSERT_TRUE(is_ok(plan(max_shape(), /*promise=*/false, Schedule::kAscending, &varlen_plan)));
+  BackwardArgs dense = valid_args<BackwardArgs>();
+  dense.varlen = VarlenBatch{};
+  EXPECT_TRUE(fails_with(check_args_match_plan(dense, *BackwardPlanAccess::data(varlen_plan)),
+                         StatusCode::kInvalidArgument, {"varlen is none", "plan_varlen_backward"}));
+  BackwardPlan dense_plan;
+  ASSERT_TRUE(is_ok(plan_backward(max_shape(), Schedule::kAscending, 0, hand_device(), &dense_plan)));
+  EXPECT_TRUE(fails_with(check_args_match_plan(valid_args<BackwardArgs>(), *BackwardPlanAccess::data(dense_plan)),
+                         StatusCode::kInvalidArgument, {"varlen is a packed batch", "made for none"}));
+}
+
+TEST(VarlenPlanCall, RefusesAnotherPromise) {
+  BackwardPlan made;
+  ASSERT_TRUE(is_ok(plan(max_shape(), /*promise=*/false, Schedule::kAscending, &made)));
+  BackwardArgs a = valid_args<BackwardArgs>();
+  a.varlen.keys_within_queries = true;
+  EXPECT_TRUE(fails_with(check_args_match_plan(a, *BackwardPlanAccess::data(made)), StatusCode::kInvalidArgument,
+                         {"varlen.keys_within_queries is true", "made for false"}));
+  a.varlen.keys_within_queries = false;
+  EXPECT_TRUE(is_ok(check_args_match_plan(a, *BackwardPlanAccess::data(made))));
+}
+
+}  // namespace
+}  // namespace dash

@@ -1,0 +1,299 @@
+// GPU tests of packed varlen batches (ForwardArgs::varlen, BackwardArgs::varlen; dash/types.hpp) on the sm90
+// kernels, through the public API:
+// - Sm90Varlen: the forward against the float64 CPU reference of every sequence on its own, on adversarial length
+//   distributions (lengths 0 and 1, just under and over a tile, the maximum, all equal, one long and the rest empty,
+//   seqlen_q != seqlen_k both ways per sequence, a maximum above every length), full, causal (bottom-right aligned
+//   per sequence) and sliding windows, GQA and MQA. Outputs start poisoned (NaN): every element of every sequence
+//   must be written, the padding rows after the last sequence must stay untouched, and a second run repeats the
+//   bits.
+// - Sm90Varlen, backward: every schedule the varlen planner admits for the batch (ascending, descending,
+//   shortest-first and nondeterministic always; shift and symmetric shift where the batch keeps the promise
+//   seqlen_k <= seqlen_q), each on poisoned gradients: every element of every sequence written and matching the
+//   reference, padding rows untouched.
+// - Sm90VarlenDeterminism: every deterministic schedule's backward 100 times on adversarial lengths, bit for bit,
+//   with a forward competing for the SMs every other run, and the negative control
+//   (Sm90VarlenDeterminismControl: the nondeterministic schedule must differ at least once in the same comparison).
+// Tolerances: harness::tolerance_for(shape), as in test_sm90.cpp.
+// Without a Hopper GPU (or without compiled varlen kernels) every test skips and says why.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "harness/varlen_harness.hpp"
+#include "sm90_test_support.hpp"
+
+namespace dash {
+namespace {
+
+using gpu_testing::Instance;
+using gpu_testing::skip_reason;
+using gpu_testing::wait_or_die;
+using harness::DeviceBuffer;
+using harness::VarlenProblem;
+
+// Rows after the last sequence of every packed tensor: no call may write them.
+constexpr int64_t kPaddingRows = 37;
+
+struct VarlenCase {
+  const char* name;
+  std::vector<SequenceLengths> lengths;
+  int64_t heads_q, heads_kv;
+  bool causal;
+  int64_t window_left, window_right;
+  SequenceLengths max_lengths;  // raised to the longest sequence; larger: a plan for longer sequences than any here
+};
+
+// Each distribution breaks the packing in another place; see the file comment.
+const std::vector<VarlenCase> kCases = {
+    {"mixed_self_full", {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}}, 4, 4, false, -1, -1,
+     {1, 1}},
+    {"mixed_self_causal", {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}}, 4, 2, true, -1, -1,
+     {1, 1}},
+    {"q_ne_k_full", {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}}, 4, 2, false, -1, -1, {1, 1}},
+    {"q_ne_k_causal", {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}}, 4, 1, true, -1, -1, {1, 1}},
+    {"all_equal_causal", {{256, 256}, {256, 256}, {256, 256}, {256, 256}}, 2, 2, true, -1, -1, {1, 1}},
+    {"one_long_rest_empty", {{1000, 1000}, {0, 0}, {0, 0}, {0, 0}}, 2, 1, true, -1, -1, {1, 1}},
+    {"max_above_every_length", {{200, 200}, {77, 77}, {129, 129}}, 6, 3, false, -1, -1, {700, 700}},
+    {"window", {{300, 300}, {5, 5}, {129, 129}, {0, 0}, {600, 600}}, 4, 2, false, 64, 16, {1, 1}},
+    {"window_causal_q_ne_k", {{300, 200}, {200, 300}, {1, 1}, {400, 400}}, 4, 4, true, 100, -1, {1, 1}},
+};
+
+const Instance kInstances[] = {{64, DType::kBF16}, {64, DType::kFP16}, {128, DType::kBF16}, {128, DType::kFP16}};
+
+AttentionShape make_base_shape(const VarlenCase& c, const Instance& inst) {
+  AttentionShape s = gpu_testing::make_attention_shape(1, 1, 1, c.heads_q, c.heads_kv, c.causal, inst);
+  s.window_left = c.window_left;
+  s.window_right = c.window_right;
+  return s;
+}
+
+VarlenProblem make_problem(const VarlenCase& c, const Instance& inst, uint64_t seed, bool with_reference = true) {
+  return harness::make_varlen_problem(make_base_shape(c, inst), c.lengths, kPaddingRows, seed, c.max_lengths,
+                                      with_reference);
+}
+
+// Empty when this build has the instance's varlen kernels and a Hopper GPU runs them.
+std::string varlen_skip_reason(const Instance& inst) {
+  if (std::string why = skip_reason(inst); !why.empty()) return why;
+  if (!varlen_kernel_available(inst.head_dim, inst.dtype)) {
+    return "the varlen kernels are not compiled in this build (DASH_VARLEN_KERNELS)";
+  }
+  return {};
+}
+
+// The forward on `p` with O and LSE poisoned first, waited for under the watchdog.
+void run_varlen_forward(VarlenProblem& p) {
+  size_t bytes = 0;
+  ASSERT_TRUE(forward_workspace_size(p.shape, &bytes).ok());
+  if (p.workspace.bytes() < bytes) p.workspace = DeviceBuffer(bytes);
+  p.d_out.poison();
+  p.d_lse.poison();
+  const Status s = forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  wait_or_die(nullptr, "varlen forward");
+}
+
+std::vector<uint8_t> download_bytes(const DeviceBuffer& buffer, size_t bytes) {
+  std::vector<uint8_t> host(bytes);
+  buffer.download(host.data(), bytes);
+  return host;
+}
+
+::testing::AssertionResult matches(const char* what, const harness::PackedComparison& c,
+                                   const harness::Tolerance& tol) {
+  if (c.padding_written > 0) {
+    return ::testing::AssertionFailure() << what << ": " << c.padding_written << " padding elements written";
+  }
+  if (!harness::within(c.stats, tol)) return ::testing::AssertionFailure() << what << ": " << c.stats.describe();
+  return ::testing::AssertionSuccess();
+}
+
+class Sm90Varlen : public ::testing::TestWithParam<std::tuple<Instance, VarlenCase>> {};
+
+TEST_P(Sm90Varlen, ForwardMatchesEverySequencesReferenceLeavesPaddingAndRepeatsItsBits) {
+  const auto& [inst, c] = GetParam();
+  if (const std::string why = varlen_skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  VarlenProblem p = make_problem(c, inst, /*seed=*/0x7a110000u + inst.head_dim);
+  run_varlen_forward(p);
+  const auto tol = harness::tolerance_for(p.shape);
+  EXPECT_TRUE(matches("O", harness::compare_packed(p.d_out, p.out, inst.dtype), tol));
+  EXPECT_TRUE(matches("LSE", harness::compare_packed(p.d_lse, p.lse, inst.dtype, /*is_float=*/true), tol));
+  const std::vector<uint8_t> out = download_bytes(p.d_out, p.q_elements() * 2);
+  const std::vector<uint8_t> lse = download_bytes(p.d_lse, p.lse_elements() * sizeof(float));
+  run_varlen_forward(p);
+  EXPECT_EQ(download_bytes(p.d_out, p.q_elements() * 2), out) << "O changed between two runs";
+  EXPECT_EQ(download_bytes(p.d_lse, p.lse_elements() * sizeof(float)), lse) << "LSE changed between two runs";
+}
+
+// The backward of `schedule` with a fresh varlen plan, waited for under the watchdog; false (without failing) when
+// the planner refuses the schedule for the batch.
+bool run_varlen_backward(VarlenProblem& p, Schedule schedule, cudaStream_t stream = nullptr) {
+  BackwardPlan plan;
+  const Status planned = plan_varlen_backward(p.shape, p.keys_within_queries, schedule, /*sm_margin=*/0, &plan);
+  if (planned.code() == StatusCode::kScheduleRejected && schedule != Schedule::kAuto) return false;
+  EXPECT_TRUE(planned.ok()) << schedule_name(schedule) << ": " << planned.to_string();
+  if (!planned.ok()) return false;
+  if (p.workspace.bytes() < plan.workspace_bytes()) p.workspace = DeviceBuffer(plan.workspace_bytes());
+  const Status s = backward(harness::backward_args(p, schedule), plan, p.workspace.get(), p.workspace.bytes(), stream);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  if (!s.ok()) return false;
+  wait_or_die(stream, "varlen backward with schedule " + std::string(schedule_name(schedule)));
+  return true;
+}
+
+TEST_P(Sm90Varlen, BackwardOfEveryScheduleThePlanAdmitsMatchesEverySequencesReference) {
+  const auto& [inst, c] = GetParam();
+  if (const std::string why = varlen_skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  VarlenProblem p = make_problem(c, inst, /*seed=*/0xbac70000u + inst.head_dim);
+  const auto tol = harness::tolerance_for(p.shape);
+  int ran = 0;
+  for (Schedule schedule : kAllSchedules) {
+    p.d_dq.poison();
+    p.d_dk.poison();
+    p.d_dv.poison();
+    if (!run_varlen_backward(p, schedule)) continue;
+    ++ran;
+    const std::string name(schedule_name(schedule));
+    EXPECT_TRUE(matches((name + " dQ").c_str(), harness::compare_packed(p.d_dq, p.dq, inst.dtype), tol));
+    EXPECT_TRUE(matches((name + " dK").c_str(), harness::compare_packed(p.d_dk, p.dk, inst.dtype), tol));
+    EXPECT_TRUE(matches((name + " dV").c_str(), harness::compare_packed(p.d_dv, p.dv, inst.dtype), tol));
+  }
+  // auto, ascending, descending, shortest-first and nondeterministic take every batch.
+  EXPECT_GE(ran, 5);
+}
+
+std::string varlen_name(const ::testing::TestParamInfo<std::tuple<Instance, VarlenCase>>& info) {
+  const auto& [inst, c] = info.param;
+  return "hdim" + std::to_string(inst.head_dim) + "_" + std::string(dtype_name(inst.dtype)) + "_" + c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Sm90Varlen, ::testing::Combine(::testing::ValuesIn(kInstances), ::testing::ValuesIn(kCases)),
+                         varlen_name);
+
+// --- determinism ----------------------------------------------------------------------------------
+
+constexpr int kDeterminismRuns = 100;
+
+// The backward kDeterminismRuns times with one plan; every other run a dense forward on a second stream competes
+// for the SMs. How many runs differed from the first, bit for bit (-1 when the planner refuses the schedule).
+int differing_runs(VarlenProblem& p, harness::Problem& load, Schedule schedule) {
+  BackwardPlan plan;
+  const Status planned = plan_varlen_backward(p.shape, p.keys_within_queries, schedule, /*sm_margin=*/0, &plan);
+  if (planned.code() == StatusCode::kScheduleRejected) return -1;
+  EXPECT_TRUE(planned.ok()) << planned.to_string();
+  if (!planned.ok()) return -1;
+  if (p.workspace.bytes() < plan.workspace_bytes()) p.workspace = DeviceBuffer(plan.workspace_bytes());
+  cudaStream_t side = nullptr;
+  harness::check_cuda(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreate");
+  size_t load_bytes = 0;
+  EXPECT_TRUE(forward_workspace_size(load.shape, &load_bytes).ok());
+  if (load.workspace.bytes() < load_bytes) load.workspace = DeviceBuffer(load_bytes);
+  const size_t q_bytes = p.q_elements() * 2, kv_bytes = p.kv_elements() * 2;
+  std::vector<uint8_t> first;
+  int differing = 0;
+  for (int run = 0; run < kDeterminismRuns; ++run) {
+    if (run % 2 == 1) {
+      const Status s = forward(harness::forward_args(load), load.workspace.get(), load.workspace.bytes(), side);
+      EXPECT_TRUE(s.ok()) << s.to_string();
+    }
+    p.d_dq.poison();
+    const Status s =
+        backward(harness::backward_args(p, schedule), plan, p.workspace.get(), p.workspace.bytes(), nullptr);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    wait_or_die(nullptr, "varlen backward");
+    wait_or_die(side, "load forward");
+    std::vector<uint8_t> bits = download_bytes(p.d_dq, q_bytes);
+    const std::vector<uint8_t> dk = download_bytes(p.d_dk, kv_bytes), dv = download_bytes(p.d_dv, kv_bytes);
+    bits.insert(bits.end(), dk.begin(), dk.end());
+    bits.insert(bits.end(), dv.begin(), dv.end());
+    if (run == 0) {
+      first = std::move(bits);
+    } else if (bits != first) {
+      ++differing;
+    }
+  }
+  cudaStreamDestroy(side);
+  return differing;
+}
+
+// A problem for the determinism runs: no CPU reference, the GPU forward's O and LSE as the backward's inputs (their
+// padding rows stay poisoned, which no kernel may read).
+VarlenProblem make_determinism_problem(const VarlenCase& c, const Instance& inst, uint64_t seed) {
+  VarlenProblem p = make_problem(c, inst, seed, /*with_reference=*/false);
+  run_varlen_forward(p);
+  std::swap(p.d_ref_out, p.d_out);
+  std::swap(p.d_ref_lse, p.d_lse);
+  return p;
+}
+
+// Many key/value tiles reach each dQ tile of the long sequences; the short and empty ones sit between them.
+const VarlenCase kDeterminismCases[] = {
+    {"self_causal", {{1024, 1024}, {1, 1}, {0, 0}, {777, 777}, {129, 129}, {1500, 1500}}, 4, 4, true, -1, -1, {1, 1}},
+    {"self_full_gqa", {{900, 900}, {0, 0}, {1024, 1024}, {127, 127}}, 8, 2, false, -1, -1, {1, 1}},
+    {"q_ne_k_window", {{1000, 600}, {600, 1000}, {1, 1}, {1200, 1200}}, 4, 2, true, 300, -1, {1, 1}},
+};
+
+harness::Problem make_load_problem(const AttentionShape& shape) {
+  AttentionShape load_shape = gpu_testing::make_attention_shape(4, 4096, 4096, shape.heads_q, shape.heads_kv, false,
+                                                                Instance{static_cast<int>(shape.head_dim), shape.dtype});
+  return harness::make_problem(load_shape, /*seed=*/92, /*with_reference=*/false);
+}
+
+class Sm90VarlenDeterminism : public ::testing::TestWithParam<std::tuple<Instance, VarlenCase>> {};
+
+TEST_P(Sm90VarlenDeterminism, EveryDeterministicScheduleIsBitwiseIdentical) {
+  const auto& [inst, c] = GetParam();
+  if (const std::string why = varlen_skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  VarlenProblem p = make_determinism_problem(c, inst, /*seed=*/91);
+  harness::Problem load = make_load_problem(p.shape);
+  int ran = 0;
+  for (Schedule schedule : kAllSchedules) {
+    if (schedule == Schedule::kNondeterministic) continue;
+    const int differing = differing_runs(p, load, schedule);
+    if (differing < 0) continue;
+    ++ran;
+    EXPECT_EQ(differing, 0) << schedule_name(schedule) << ": " << differing << " of " << kDeterminismRuns - 1
+                            << " runs differed from the first";
+  }
+  EXPECT_GE(ran, 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Sm90VarlenDeterminism,
+                         ::testing::Combine(::testing::ValuesIn(kInstances), ::testing::ValuesIn(kDeterminismCases)),
+                         varlen_name);
+
+// Negative control: many key/value tiles reach the first query tiles of long full-mask sequences at once, so the
+// nondeterministic schedule's unordered adds race, and the comparison above must see it.
+TEST(Sm90VarlenDeterminismControl, NondeterministicScheduleIsCaught) {
+  const VarlenCase c{"control", {{2048, 2048}, {0, 0}, {2048, 2048}}, 4, 4, false, -1, -1, {1, 1}};
+  for (const Instance& inst : kInstances) {
+    if (!varlen_skip_reason(inst).empty()) continue;
+    VarlenProblem p = make_determinism_problem(c, inst, /*seed=*/93);
+    harness::Problem load = make_load_problem(p.shape);
+    const int differing = differing_runs(p, load, Schedule::kNondeterministic);
+    EXPECT_GT(differing, 0) << "hdim " << inst.head_dim << " " << dtype_name(inst.dtype)
+                            << ": the nondeterministic schedule gave identical bits in all " << kDeterminismRuns
+                            << " runs, so the determinism test could not detect nondeterminism";
+    return;
+  }
+  GTEST_SKIP() << varlen_skip_reason(kInstances[0]);
+}
+
+TEST(Sm90VarlenApi, EveryCompiledInstanceHasItsVarlenKernels) {
+  if (!kernels_available()) GTEST_SKIP() << "built without kernels";
+  for (const Instance& inst : kInstances) {
+    if (!kernel_available(inst.head_dim, inst.dtype)) continue;
+    EXPECT_TRUE(varlen_kernel_available(inst.head_dim, inst.dtype))
+        << "hdim " << inst.head_dim << " " << dtype_name(inst.dtype) << " (built with DASH_VARLEN_KERNELS=OFF?)";
+  }
+}
+
+}  // namespace
+}  // namespace dash
