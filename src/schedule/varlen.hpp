@@ -23,10 +23,13 @@
 //  - symmetric shift: unit a holds the sequence's own pair (a, n_b - 1 - a) iff a < ceil(n_b / 2), its wave
 //    clipped likewise; the causal triangle folded is the sequence's, not the maximum's.
 // For a sequence at the maximum lengths every fitted job equals make_job's (test_varlen.cpp checks every field).
+// The varlen forward fits its tiles the same way (fit_forward_tile): the tile order of the maximum problem, each tile
+// given its sequence's mask and key/value range, those past the sequence's query tiles dropped.
 // dQ tiles keep the maximum problem's numbering (dq_tile_index of the plan's problem): one per (sequence, query
 // head, query tile of the maximum length), so no two sequences share a tile or a semaphore.
 #pragma once
 
+#include "schedule/forward_tile_order.hpp"
 #include "schedule/schedule.hpp"
 
 namespace dash {
@@ -145,6 +148,29 @@ DASH_HOST_DEVICE Job make_varlen_job(const SchedulePlan& plan, int unit, int sub
     case Schedule::kAuto: break;
   }
   return Job{};  // a plan of kAuto has no jobs (schedule.hpp)
+}
+
+// The varlen forward's query tile: tile `planned` of the maximum problem's order `order` (ForwardTileOrder of the
+// maxima) fitted to its sequence of `lengths`: the sequence's mask (the plan's with the sequence's lengths, as
+// sequence_problem gives the backward), and kv_first, kv_tiles of a dense order of that mask. valid == false when the
+// tile lies past the sequence's last query tile (the loader skips it). The fitted tiles of all t cover each
+// sequence's (head, query tile) once, with a dense batch's ranges (test_packed_sequence.cpp).
+struct FittedForwardTile {
+  ForwardTile tile;
+  MaskShape mask;
+  bool valid;
+};
+
+DASH_HOST_DEVICE FittedForwardTile fit_forward_tile(const ForwardTileOrder& order, const ForwardTile& planned,
+                                                    SequenceLengths lengths) {
+  ForwardTileOrder fitted = order;
+  fitted.mask.seqlen_q = lengths.seqlen_q;
+  fitted.mask.seqlen_k = lengths.seqlen_k;
+  FittedForwardTile result{planned, fitted.mask, planned.q_tile < fitted.q_tiles()};
+  if (!result.valid) return result;
+  result.tile.kv_first = fitted.kv_first_of(planned.q_tile);
+  result.tile.kv_tiles = fitted.kv_end_of(planned.q_tile) - result.tile.kv_first;
+  return result;
 }
 
 }  // namespace dash

@@ -1,9 +1,15 @@
-// Tests of packed_sequence (schedule/varlen.hpp), which the varlen kernels call on the device to read each
-// sequence's rows from cu_seqlens: offsets and lengths as given for offsets that keep the contract, and, for
-// offsets that break it, sequences clamped into the packed tensors and the plan's maxima (and the promise), so that
-// no kernel reads or writes outside the tensors or runs a plan it was not proven for.
+// Tests of what the varlen kernels compute on the device from schedule/varlen.hpp:
+// - packed_sequence, which reads each sequence's rows from cu_seqlens: offsets and lengths as given for offsets that
+//   keep the contract, and, for offsets that break it, sequences clamped into the packed tensors and the plan's
+//   maxima (and the promise), so that no kernel reads or writes outside the tensors or runs a plan it was not proven
+//   for;
+// - fit_forward_tile, the varlen forward's tiles: over the maximum problem's whole tile order, every sequence's
+//   (head, query tile) exactly once, with the key/value range of a dense batch of the sequence's lengths, under the
+//   full, causal and windowed masks and adversarial lengths (0, 1, a tile +-1, the maximum).
 #include <gtest/gtest.h>
 
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "schedule/varlen.hpp"
@@ -68,6 +74,75 @@ TEST(PackedSequence, KeepsThePromiseOfKeysWithinQueries) {
   expect_sequence(packed_sequence(promised, 1), 10, 40, 20, 5);
   const PackedBatch open = batch_of(cu_q, cu_k, 30, 45, 64, 64);
   expect_sequence(packed_sequence(open, 0), 0, 0, 10, 40);
+}
+
+struct ForwardFitCase {
+  bool causal;
+  int window_left, window_right;
+};
+
+// Every tile of the maximum order, fitted: each (sequence, head, query tile of the sequence) once, with a dense
+// order's range of the sequence's lengths; the dropped ones exactly those past the sequence's query tiles.
+void expect_forward_fit_covers(const std::vector<SequenceLengths>& lengths, const ForwardFitCase& c) {
+  constexpr int kHeadsQ = 3;
+  constexpr int kBlock = 128;
+  int max_q = 1, max_k = 1;
+  for (const SequenceLengths& l : lengths) {
+    max_q = l.seqlen_q > max_q ? l.seqlen_q : max_q;
+    max_k = l.seqlen_k > max_k ? l.seqlen_k : max_k;
+  }
+  const MaskShape max_mask = canonical_mask(max_q, max_k, c.causal, c.window_left, c.window_right);
+  const int batch = static_cast<int>(lengths.size());
+  const ForwardTileOrder order{max_mask, kBlock, kBlock, kHeadsQ, batch, /*heads_per_group=*/2};
+  std::map<std::tuple<int, int, int>, int> seen;
+  for (int t = 0; t < order.num_tiles(); ++t) {
+    const ForwardTile planned = order.tile_at(t);
+    const SequenceLengths len = lengths[planned.batch];
+    const FittedForwardTile fitted = fit_forward_tile(order, planned, len);
+    ForwardTileOrder dense = order;
+    dense.mask.seqlen_q = len.seqlen_q;
+    dense.mask.seqlen_k = len.seqlen_k;
+    ASSERT_EQ(fitted.valid, planned.q_tile < dense.q_tiles()) << "t " << t;
+    if (!fitted.valid) continue;
+    ++seen[{planned.batch, planned.head, planned.q_tile}];
+    EXPECT_EQ(fitted.mask.seqlen_q, len.seqlen_q);
+    EXPECT_EQ(fitted.mask.seqlen_k, len.seqlen_k);
+    EXPECT_EQ(fitted.tile.kv_first, dense.kv_first_of(planned.q_tile)) << "t " << t;
+    EXPECT_EQ(fitted.tile.kv_tiles, dense.kv_tiles_of(planned.q_tile)) << "t " << t;
+    // Every key a row of the tile sees lies in the range it visits.
+    const int first_row = planned.q_tile * kBlock;
+    const int end_row = first_row + kBlock < len.seqlen_q ? first_row + kBlock : len.seqlen_q;
+    for (int row = first_row; row < end_row; ++row) {
+      const MaskShape& m = fitted.mask;
+      if (m.visible_keys(row) <= m.first_visible_key(row)) continue;  // sees no key
+      EXPECT_GE(m.first_visible_key(row), fitted.tile.kv_first * kBlock) << "row " << row;
+      EXPECT_LE(m.visible_keys(row), (fitted.tile.kv_first + fitted.tile.kv_tiles) * kBlock) << "row " << row;
+    }
+  }
+  for (int b = 0; b < batch; ++b) {
+    const int q_tiles = (lengths[b].seqlen_q + kBlock - 1) / kBlock;
+    for (int h = 0; h < kHeadsQ; ++h) {
+      for (int q = 0; q < q_tiles; ++q) EXPECT_EQ((seen[{b, h, q}]), 1) << "sequence " << b << " head " << h << " tile " << q;
+    }
+  }
+}
+
+TEST(FitForwardTile, CoversEverySequencesTilesOnceWithADenseBatchsRanges) {
+  const std::vector<std::vector<SequenceLengths>> batches = {
+      {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}},
+      {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {257, 129}},
+      {{1000, 1000}, {0, 0}, {0, 0}},
+      {{256, 256}, {256, 256}, {256, 256}},
+      {{1, 700}, {700, 1}, {128, 128}},
+  };
+  const ForwardFitCase cases[] = {{false, -1, -1}, {true, -1, -1}, {false, 64, 16}, {true, 100, -1}, {false, -1, 0}};
+  for (const auto& lengths : batches) {
+    for (const ForwardFitCase& c : cases) {
+      SCOPED_TRACE(::testing::Message() << "causal " << c.causal << ", window (" << c.window_left << ", "
+                                        << c.window_right << "), " << lengths.size() << " sequences");
+      expect_forward_fit_covers(lengths, c);
+    }
+  }
 }
 
 }  // namespace

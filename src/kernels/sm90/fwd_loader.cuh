@@ -59,8 +59,8 @@ struct ForwardLoader {
   }
 
   // run() for a packed varlen batch. Every sequence's tiles are those of a dense problem of its lengths under the
-  // plan's mask (forward_tile_order.hpp), so kv_first and kv_tiles come from the same functions; a tile whose rows
-  // see no key (causal, seqlen_q > seqlen_k) visits none and the MMA warpgroups write O = 0 and LSE = -inf.
+  // plan's mask (fit_forward_tile, schedule/varlen.hpp); a tile whose rows see no key (causal, seqlen_q > seqlen_k)
+  // visits none and the MMA warpgroups write O = 0 and LSE = -inf.
   __device__ static void run_packed(const Params& p, SharedStorage& smem) {
     prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
     prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
@@ -78,16 +78,10 @@ struct ForwardLoader {
     for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1)) {
       const ForwardTile planned = order.tile_at(t);
       const PackedSequence sequence = packed_sequence(p.packed, planned.batch);
-      ForwardTileOrder fitted = order;
-      fitted.mask.seqlen_q = sequence.lengths.seqlen_q;
-      fitted.mask.seqlen_k = sequence.lengths.seqlen_k;
-      if (planned.q_tile >= fitted.q_tiles()) continue;  // past the sequence's last query tile
+      const FittedForwardTile fitted = fit_forward_tile(order, planned, sequence.lengths);
+      if (!fitted.valid) continue;  // past the sequence's last query tile
       typename Config::TileRecord tile{};
-      tile.batch = planned.batch;
-      tile.head = planned.head;
-      tile.q_tile = planned.q_tile;
-      tile.kv_first = fitted.kv_first_of(planned.q_tile);
-      tile.kv_tiles = fitted.kv_end_of(planned.q_tile) - tile.kv_first;
+      static_cast<ForwardTile&>(tile) = fitted.tile;
       tile.mask = fitted.mask;
       tile.q_offset = sequence.q_offset;
       smem.tiles.publish(tile, tiles);
