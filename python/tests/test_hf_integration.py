@@ -328,19 +328,19 @@ REFUSALS = [
     (
         {"cu_seq_lens_q": torch.tensor([0, 8, 16])},
         NotImplementedError,
-        r"cu_seq_lens_q=<.*> is not supported: DASH has no variable-length",
+        r"cu_seq_lens_q=<.*> is not supported: DASH's transformers integration takes no variable-length",
     ),
     (
         {"cu_seq_lens_k": torch.tensor([0, 8, 16])},
         NotImplementedError,
-        r"cu_seq_lens_k=<.*> is not supported: DASH has no variable-length",
+        r"cu_seq_lens_k=<.*> is not supported: DASH's transformers integration takes no variable-length",
     ),
-    ({"max_length_q": 8}, NotImplementedError, r"max_length_q=8 is not supported: DASH has no variable-length"),
-    ({"max_length_k": 8}, NotImplementedError, r"max_length_k=8 is not supported: DASH has no variable-length"),
+    ({"max_length_q": 8}, NotImplementedError, r"max_length_q=8 is not supported: DASH's transformers integration takes no variable-length"),
+    ({"max_length_k": 8}, NotImplementedError, r"max_length_k=8 is not supported: DASH's transformers integration takes no variable-length"),
     (
         {"seq_idx": torch.zeros(BATCH, SEQLEN, dtype=torch.int32)},
         NotImplementedError,
-        r"seq_idx=<.*> is not supported: DASH has no variable-length",
+        r"seq_idx=<.*> is not supported: DASH's transformers integration takes no variable-length",
     ),
     (
         {"position_ids": torch.tensor([[0, 1, 2, 0, 1, 2]])},

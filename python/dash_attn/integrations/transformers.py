@@ -70,15 +70,21 @@ ATTN_IMPLEMENTATION = "dash_attn"
 
 # Keyword arguments some models pass to their attention function, each asking for something DASH does not compute.
 # Any value but None is refused; the reason says what it would have asked for.
+# Packed batches reach the kernels through dash_attn.flash_attn_varlen_func; transformers marks them with a mask
+# function this hook cannot read, so the integration does not route them yet.
+_PACKED_REFUSAL = (
+    "DASH's transformers integration takes no variable-length (packed) batches yet "
+    "(dash_attn.flash_attn_varlen_func does, called directly)"
+)
 _UNSUPPORTED_KEYWORDS = {
     "s_aux": "DASH has no attention sinks",
     "sinks": "DASH has no attention sinks",
     "position_bias": "DASH has no additive position bias",
-    "cu_seq_lens_q": "DASH has no variable-length (packed) batches yet",
-    "cu_seq_lens_k": "DASH has no variable-length (packed) batches yet",
-    "max_length_q": "DASH has no variable-length (packed) batches yet",
-    "max_length_k": "DASH has no variable-length (packed) batches yet",
-    "seq_idx": "DASH has no variable-length (packed) batches yet",
+    "cu_seq_lens_q": _PACKED_REFUSAL,
+    "cu_seq_lens_k": _PACKED_REFUSAL,
+    "max_length_q": _PACKED_REFUSAL,
+    "max_length_k": _PACKED_REFUSAL,
+    "seq_idx": _PACKED_REFUSAL,
 }
 
 
@@ -217,7 +223,7 @@ def _refuse_packed_positions(position_ids: object) -> None:
     if (position_ids.diff(dim=-1) != 1).any():
         raise NotImplementedError(
             "position_ids restart or jump within a row, which marks packed sequences (e.g. from "
-            "DataCollatorWithFlattening): DASH has no variable-length (packed) batches yet; pass one sequence per "
+            f"DataCollatorWithFlattening): {_PACKED_REFUSAL}; pass one sequence per "
             "row, with consecutive position_ids"
         )
 
