@@ -14,7 +14,7 @@
 namespace dash::sm90 {
 
 template <int kHeadDim, class Element, bool kSoftcap>
-int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) {
+int launch_backward_kernels(const kernels::BackwardParams& params, cudaStream_t stream) {
   const BackwardArgs& a = params.args;
   using Config = BackwardConfig<kHeadDim, Element, kSoftcap>;
   const AttentionShape& shape = a.shape;
@@ -92,6 +92,17 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
     sum_dkv_splits_kernel<Element><<<grid, kPrepostThreads, 0, stream>>>(sp);
   }
   return cudaGetLastError();
+}
+
+// At head dims without a backward kernel (has_backward_kernel) the instance's launcher only reports that: the API
+// refuses such a backward before it plans it, so this is never reached through it.
+template <int kHeadDim, class Element, bool kSoftcap>
+int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) {
+  if constexpr (!has_backward_kernel(kHeadDim)) {
+    return cudaErrorNotSupported;
+  } else {
+    return launch_backward_kernels<kHeadDim, Element, kSoftcap>(params, stream);
+  }
 }
 
 }  // namespace dash::sm90
