@@ -71,10 +71,10 @@ def test_mixed_dtypes_are_named() -> None:
         flash_attn_func(bshd(), bshd(), bshd(dtype=torch.float16))
 
 
-@pytest.mark.parametrize("head_dim", [32, 96, 256])
+@pytest.mark.parametrize("head_dim", [32, 80, 160, 512])
 def test_unsupported_head_dim_is_named(head_dim: int) -> None:
     t = bshd(head_dim=head_dim)
-    with raises(ValueError, "head_dim (q.shape[3])", "(64, 128)", str(head_dim)):
+    with raises(ValueError, "head_dim (q.shape[3])", "(64, 96, 128, 192, 256)", str(head_dim)):
         flash_attn_func(t, t, t)
 
 
@@ -311,13 +311,13 @@ def test_library_schedule_names_match_the_package(library) -> None:
 
 
 def test_library_message_reaches_the_caller(library) -> None:
-    # Head dim 96 passes no Python check here: the message must be the library's own.
-    shape, c_tensor, tensor = _c_args(library, head_dim=96)
+    # Head dim 80 passes no Python check here: the message must be the library's own.
+    shape, c_tensor, tensor = _c_args(library, head_dim=80)
     with pytest.raises(dash_attn.LibraryError) as caught:
         library.forward(shape, c_tensor, c_tensor, c_tensor, c_tensor, tensor.data_ptr(), 0, 0, None)
     assert isinstance(caught.value, RuntimeError)
     assert caught.value.status == "not-supported"
-    assert "shape.head_dim must be one of {64, 128}, got 96" in str(caught.value)
+    assert "shape.head_dim must be one of {64, 96, 128, 192, 256}, got 80" in str(caught.value)
     assert "not-supported" in str(caught.value)
 
 
@@ -341,7 +341,7 @@ def test_library_lists_schedules_when_the_name_is_unknown(library) -> None:
 
 
 def test_library_truncates_messages_to_the_buffer(library) -> None:
-    shape, c_tensor, tensor = _c_args(library, head_dim=96)
+    shape, c_tensor, tensor = _c_args(library, head_dim=80)
     size = 8
     buffer = ctypes.create_string_buffer(b"\xff" * size, size)
     code = library.load().dash_forward(

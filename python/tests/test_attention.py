@@ -17,6 +17,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import dash_attn  # noqa: E402
 from dash_attn import flash_attn_func, scaled_dot_product_attention  # noqa: E402
+from dash_attn._library import BACKWARD_HEAD_DIMS  # noqa: E402
+from dash_attn._library import HEAD_DIMS as SUPPORTED_HEAD_DIMS  # noqa: E402
 
 # Tolerances against the float32 reference, the same as the C++ kernel tests (src/harness): bf16 keeps 8
 # significant bits (unit roundoff 2^-9, about 2e-3) and fp16 11 (2^-12, about 2.4e-4). The inputs are
@@ -31,7 +33,8 @@ MAGNITUDE_FLOOR = 1e-2
 LSE_TOLERANCE = 1e-3
 
 DTYPES = [torch.bfloat16, torch.float16]
-HEAD_DIMS = [64, 128]
+HEAD_DIMS = list(BACKWARD_HEAD_DIMS)  # forward and backward
+FORWARD_ONLY_HEAD_DIMS = [d for d in SUPPORTED_HEAD_DIMS if d not in BACKWARD_HEAD_DIMS]  # 192, 256: no backward
 DETERMINISM_RUNS = 20
 NEGATIVE_CONTROL_RUNS = 100
 
@@ -138,6 +141,26 @@ def test_matches_math_sdpa(device, require_kernel, shape, head_dim, dtype) -> No
         assert_close(actual, wanted, dtype, name)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", FORWARD_ONLY_HEAD_DIMS)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_forward_only_head_dims_match_math_sdpa_and_refuse_the_backward(
+    device, require_kernel, shape, head_dim, dtype
+) -> None:
+    require_kernel(head_dim, dtype)
+    q, k, v, dout = random_inputs(shape, head_dim, dtype, device, seed=sum(shape[:5]) * 1000 + head_dim)
+    causal = shape[-1]
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    expected = reference(q, k, v, dout, head_dim**-0.5, causal)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert_close(out.detach(), expected[0], dtype, "out")
+    torch.testing.assert_close(lse, expected[1], atol=LSE_TOLERANCE, rtol=LSE_TOLERANCE, msg="lse")
+    refusal = r"shape\.head_dim must be one of \{64, 96, 128\} for the backward"
+    with pytest.raises(dash_attn.LibraryError, match=refusal) as caught:
+        out.backward(dout)
+    assert caught.value.status == "not-supported"
+
+
 def test_sdpa_layout_matches_flash_attn_func_bitwise(device, require_kernel) -> None:
     require_kernel(128, torch.bfloat16)
     shape = (2, 256, 256, 8, 2, True)
@@ -187,11 +210,12 @@ DETERMINISTIC_SCHEDULES = [s for s in dash_attn.SCHEDULES if s != "nondeterminis
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("schedule", DETERMINISTIC_SCHEDULES)
-def test_gradients_are_bitwise_identical_over_runs(device, require_kernel, schedule, causal) -> None:
-    require_kernel(128, torch.bfloat16)
+@pytest.mark.parametrize("head_dim", [96, 128])
+def test_gradients_are_bitwise_identical_over_runs(device, require_kernel, head_dim, schedule, causal) -> None:
+    require_kernel(head_dim, torch.bfloat16)
     # Many key tiles per query tile, GQA: the shape where an unordered dQ sum would race.
     shape = (2, 1024, 1024, 8, 2, causal)
-    q, k, v, dout = random_inputs(shape, 128, torch.bfloat16, device, seed=3)
+    q, k, v, dout = random_inputs(shape, head_dim, torch.bfloat16, device, seed=3)
     try:
         first = run(q, k, v, dout, causal=causal, schedule=schedule)
     except dash_attn.LibraryError as error:
@@ -242,9 +266,11 @@ def test_torch_compile_fullgraph_forward_and_backward(device, require_kernel) ->
 def test_library_errors_are_runtime_errors_with_status_and_message(device, require_kernel) -> None:
     require_kernel(128, torch.bfloat16)
     # The op itself, bypassing flash_attn_func's checks: the library's own message comes through.
-    t = torch.zeros(1, 64, 2, 96, dtype=torch.bfloat16, device=device)
-    with pytest.raises(RuntimeError, match=r"not-supported.*shape\.head_dim must be one of \{64, 128\}, got 96"):
-        torch.ops.dash_attn.forward(t, t, t, 96**-0.5, False, "auto")
+    t = torch.zeros(1, 64, 2, 80, dtype=torch.bfloat16, device=device)
+    with pytest.raises(
+        RuntimeError, match=r"not-supported.*shape\.head_dim must be one of \{64, 96, 128, 192, 256\}, got 80"
+    ):
+        torch.ops.dash_attn.forward(t, t, t, 80**-0.5, False, "auto")
     # A schedule whose preconditions fail (shift scheduling is for the full mask) is refused by the backward.
     q, k, v, dout = random_inputs((1, 256, 256, 2, 2, True), 128, torch.bfloat16, device, seed=17)
     out = flash_attn_func(q, k, v, causal=True, schedule="shift")

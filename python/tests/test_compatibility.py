@@ -590,8 +590,8 @@ def test_packed_messages_name_the_packed_argument() -> None:
         flash_attn_kvpacked_func(q, (q, q))
     with raises(TypeError, "qkv[:, :, 0].dtype must be torch.bfloat16 or torch.float16", "float32"):
         flash_attn_qkvpacked_func(torch.zeros(BATCH, SEQLEN, 3, HEADS, HEAD_DIM))
-    with raises(ValueError, "head_dim (q.shape[3])", "96"):
-        flash_attn_kvpacked_func(q[..., :32].repeat(1, 1, 1, 3), torch.stack([q, q], dim=2))
+    with raises(ValueError, "head_dim (q.shape[3])", "160"):
+        flash_attn_kvpacked_func(q[..., :32].repeat(1, 1, 1, 5), torch.stack([q, q], dim=2))
     with raises(ValueError, "kv[:, :, 0].shape[3] (head_dim) = 128 must equal q.shape[3] = 64"):
         flash_attn_kvpacked_func(q, torch.zeros(BATCH, SEQLEN, 2, HEADS, 128, dtype=torch.bfloat16))
     with raises(ValueError, "qkv[:, :, 0], qkv[:, :, 1] and qkv[:, :, 2] must be CUDA tensors"):

@@ -379,11 +379,12 @@ def test_refusals_name_the_argument(kernel, overrides, error, message):
     [
         ({"dtype": torch.float32}, r"query\.dtype=torch\.float32 is not supported.*dtype=torch\.bfloat16"),
         (
-            {"head_dim": 96},
-            r"head_dim=96 \(query\.shape\[3\]\) is not supported: DASH has kernels for head dims \(64, 128\)",
+            {"head_dim": 80},
+            r"head_dim=80 \(query\.shape\[3\]\) is not supported: DASH has kernels for head dims "
+            r"\(64, 96, 128, 192, 256\)",
         ),
     ],
-    ids=["fp32", "head_dim_96"],
+    ids=["fp32", "head_dim_80"],
 )
 def test_states_dash_has_no_kernel_for_are_refused(kernel, kwargs, message):
     query, key, value = states(**kwargs)

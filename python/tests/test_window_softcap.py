@@ -117,7 +117,7 @@ def require_softcap_kernel(library, head_dim: int, dtype, softcap: float) -> Non
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_window_and_softcap_match_the_torch_reference(device, library, require_kernel, case, head_dim, dtype):
     require_kernel(head_dim, dtype)

@@ -53,7 +53,8 @@ Status find_call_instance(const AttentionShape& shape, const VarlenBatch& varlen
                 dtype_name(shape.dtype) +
                 (shape.softcap > 0.0f ? " with softcap (varlen kernels are built without softcap: a varlen call "
                                         "needs softcap == 0)"
-                                      : " (see DASH_VARLEN_KERNELS)")};
+                                      : " (varlen kernels are built at head dims 64 and 128, with "
+                                        "DASH_VARLEN_KERNELS)")};
   }
   return Status::success();
 }

@@ -58,6 +58,7 @@ std::string quoted(Schedule schedule) { return std::string("'").append(schedule_
 Status check_plan_request(const AttentionShape& shape, Schedule schedule, int sm_margin, const BackwardPlan* plan) {
   if (plan == nullptr) return {StatusCode::kInvalidArgument, "plan_backward: plan must not be null"};
   if (Status s = validate(shape); !s.ok()) return s;
+  if (Status s = check_backward_head_dim(shape); !s.ok()) return s;
   if (Status s = check_schedule(schedule); !s.ok()) return s;
   return check_sm_margin(sm_margin);
 }

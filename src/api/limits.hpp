@@ -4,6 +4,7 @@
 // rely on them. Together they also bound every size and byte offset validate() computes well inside int64.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -11,8 +12,21 @@
 
 namespace dash {
 
-// Head dims the kernels are written for (a build may instantiate a subset, see supported_head_dims()).
-inline constexpr std::array<int, 2> kSupportedHeadDims = {64, 128};
+// Head dims the kernels are written for (a build may instantiate a subset, see DASH_HEAD_DIMS).
+inline constexpr std::array<int, 5> kSupportedHeadDims = {64, 96, 128, 192, 256};
+
+// Head dims with a backward kernel as well (has_backward_kernel, schedule/tile_config.hpp says why not at 192 and
+// 256): a backward, its plan and its workspace size are refused at the others.
+inline constexpr std::array<int, 3> kBackwardHeadDims = {64, 96, 128};
+static_assert(
+    [] {
+      for (int head_dim : kSupportedHeadDims) {
+        const bool listed = std::ranges::find(kBackwardHeadDims, head_dim) != kBackwardHeadDims.end();
+        if (listed != has_backward_kernel(head_dim)) return false;
+      }
+      return true;
+    }(),
+    "kBackwardHeadDims must list exactly the supported head dims that have a backward kernel");
 
 // Both supported element types (bf16, fp16) are 2 bytes wide.
 inline constexpr int64_t kElementBytes = 2;
@@ -32,7 +46,7 @@ inline constexpr int64_t kMaxKernelIndex = int64_t{1} << 31;
 inline constexpr int kMinBlockQ = 64;
 static_assert(
     kForwardBlockQ >= kMinBlockQ && kForwardTallBlockQ >= kMinBlockQ && [] {
-      for (int head_dim : kSupportedHeadDims) {
+      for (int head_dim : kBackwardHeadDims) {
         if (backward_tile_shape(head_dim).block_q < kMinBlockQ) return false;
       }
       return true;

@@ -260,6 +260,15 @@ Status check_sm_margin(int sm_margin, const DeviceInfo& device) {
                      " on device ", device.index, "; at least one SM must run the kernel), got ", sm_margin));
 }
 
+Status check_backward_head_dim(const AttentionShape& shape) {
+  if (std::ranges::find(kBackwardHeadDims, shape.head_dim) != kBackwardHeadDims.end()) return Status::success();
+  std::string supported;
+  for (int head_dim : kBackwardHeadDims) supported += cat(supported.empty() ? "" : ", ", head_dim);
+  return not_supported(cat("shape.head_dim must be one of {", supported, "} for the backward (its kernels keep dK and ",
+                           "dV in registers, head_dim per thread, which does not fit above 128; the forward takes ",
+                           "192 and 256), got ", shape.head_dim));
+}
+
 Status validate(const AttentionShape& shape) {
   const std::pair<const char*, int64_t> sizes[] = {
       {"batch", shape.batch},       {"seqlen_q", shape.seqlen_q}, {"seqlen_k", shape.seqlen_k},
@@ -350,6 +359,7 @@ Status validate(const ForwardArgs& args) {
 Status validate(const BackwardArgs& args) {
   const AttentionShape& shape = args.shape;
   if (Status s = validate(shape); !s.ok()) return s;
+  if (Status s = check_backward_head_dim(shape); !s.ok()) return s;
   if (Status s = check_schedule(args.schedule); !s.ok()) return s;
   if (args.varlen.packed()) {
     if (Status s = check_varlen_batch(shape, args.varlen); !s.ok()) return s;

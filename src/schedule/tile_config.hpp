@@ -17,9 +17,15 @@ struct TileShape {
   int block_kv;
 };
 
+// Head dims with a backward kernel. Each MMA warpgroup keeps its 64 key/value rows of dK and dV in registers,
+// d / 2 + d / 2 = d per thread, next to S^T and dP^T (block_q / 2 each) and a dQ partial: 240 registers hold them
+// up to d = 128 (128 + 32 + 32 + 32 at 64x128) but not at d = 192 or 256, where dK and dV alone take 192 or 256.
+// Those need a backward that splits head_dim between the warpgroups (FA3's swapped dK/dV GEMMs), not written yet.
+DASH_HOST_DEVICE constexpr bool has_backward_kernel(int head_dim) { return head_dim <= 128; }
+
 DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
   // d=64: 128x128 keeps the S/dP accumulators at 64 registers per thread each.
-  // d=128: dK and dV alone take 128 registers per thread, so the query tile shrinks to 64 rows.
+  // d=96 and 128: dK and dV alone take 96 or 128 registers per thread, so the query tile shrinks to 64 rows.
   return head_dim <= 64 ? TileShape{128, 128} : TileShape{64, 128};
 }
 
@@ -41,22 +47,38 @@ DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
 // when a tile visits few key/value tiles. Same-run A/B on the H200, d = 128, full, bf16, the paper grid
 // (2026-12-02, docs/PERF.md): against 128x128, -3% at 512 keys, +3.7-4.1% at 1024-2048, +3-13% from 4096.
 // The causal mask keeps 128 keys: wider tiles would compute more of the masked triangle.
+//
+// At d = 192 and 256 the key/value tiles narrow to what shared memory holds beside a 128-row Q tile, with K and
+// V double-buffered (fwd_config.cuh checks the sum against the 227 KiB a CTA may use): 128x112 at d = 192
+// (48 KiB of Q + 2 x 2 x 42 KiB of K and V = 216 KiB) and 128x80 at d = 256 (64 KiB + 2 x 2 x 40 KiB = 224 KiB),
+// FA3's shapes at these head dims. Their O accumulators take 96 and 128 registers per thread, S 56 and 40, which
+// leaves no room for the tall or wide tiles. d = 96 keeps 128x128 (O 48 registers, Q, K, V and the O staging tile
+// 144 KiB); its wide and tall tiles are unmeasured.
 inline constexpr int kForwardBlockQ = 128;
 inline constexpr int kForwardTallBlockQ = 192;
 inline constexpr int kForwardBlockKv = 128;
 inline constexpr int kForwardWideBlockKv = 176;
+inline constexpr int kForwardBlockKvD192 = 112;
+inline constexpr int kForwardBlockKvD256 = 80;
 inline constexpr int kForwardTallFromFull = 2048;     // seqlen_q from which a full mask takes tall tiles
 inline constexpr int kForwardTallFromCausal = 8192;   // the same under the causal mask
 inline constexpr int kForwardWideFromKeys = 1024;     // seqlen_k from which a full mask at d = 128 takes wide tiles
 
 DASH_HOST_DEVICE constexpr bool forward_has_tall_tiles(int head_dim) { return head_dim <= 64; }
-DASH_HOST_DEVICE constexpr bool forward_has_wide_tiles(int head_dim) { return head_dim > 64; }
+DASH_HOST_DEVICE constexpr bool forward_has_wide_tiles(int head_dim) { return head_dim == 128; }
+
+// The forward's tile at `head_dim` when neither tall nor wide tiles apply (and under any sliding window).
+DASH_HOST_DEVICE constexpr TileShape forward_base_tile_shape(int head_dim) {
+  const int block_kv = head_dim <= 128 ? kForwardBlockKv : head_dim <= 192 ? kForwardBlockKvD192 : kForwardBlockKvD256;
+  return TileShape{kForwardBlockQ, block_kv};
+}
 
 DASH_HOST_DEVICE constexpr TileShape forward_tile_shape(int head_dim, bool causal, int64_t seqlen_q, int64_t seqlen_k) {
   const bool tall = forward_has_tall_tiles(head_dim) &&
                     seqlen_q >= (causal ? kForwardTallFromCausal : kForwardTallFromFull);
   const bool wide = forward_has_wide_tiles(head_dim) && !causal && seqlen_k >= kForwardWideFromKeys;
-  return TileShape{tall ? kForwardTallBlockQ : kForwardBlockQ, wide ? kForwardWideBlockKv : kForwardBlockKv};
+  const TileShape base = forward_base_tile_shape(head_dim);
+  return TileShape{tall ? kForwardTallBlockQ : base.block_q, wide ? kForwardWideBlockKv : base.block_kv};
 }
 
 DASH_HOST_DEVICE constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }

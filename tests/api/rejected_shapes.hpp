@@ -59,7 +59,7 @@ inline std::vector<RejectedShape> rejected_shapes() {
       {"BatchZero", [](AttentionShape& s) { s.batch = 0; }, StatusCode::kInvalidArgument,
        "shape.batch must be > 0, got 0"},
       {"HeadDim7", [](AttentionShape& s) { s.head_dim = 7; }, StatusCode::kNotSupported,
-       "shape.head_dim must be one of {64, 128}, got 7"},
+       "shape.head_dim must be one of {64, 96, 128, 192, 256}, got 7"},
       // The sliding window and softcap (FlashAttention's window_size and softcap).
       {"WindowLeftMinus2", [](AttentionShape& s) { s.window_left = -2; }, StatusCode::kInvalidArgument,
        "shape.window_left must be >= -1 (-1 leaves that side of the sliding window open), got -2"},

@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -159,8 +160,11 @@ TYPED_TEST(ValidateBoth, AcceptsFp16) {
   EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape))));
 }
 
+// The backward's head dims are a subset (kBackwardHeadDims); ValidateBackward refuses the others.
 TYPED_TEST(ValidateBoth, AcceptsEverySupportedHeadDim) {
-  for (int head_dim : kSupportedHeadDims) {
+  const std::span<const int> head_dims =
+      std::is_same_v<TypeParam, BackwardArgs> ? std::span<const int>(kBackwardHeadDims) : kSupportedHeadDims;
+  for (int head_dim : head_dims) {
     AttentionShape shape = test_shape();
     shape.head_dim = head_dim;
     EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape)))) << "head_dim " << head_dim;
@@ -308,11 +312,11 @@ TYPED_TEST(ValidateBoth, RejectsTooManyQueryElements) {
 }
 
 TYPED_TEST(ValidateBoth, RejectsUnsupportedHeadDims) {
-  for (int64_t head_dim : {32, 96, 256}) {
+  for (int64_t head_dim : {32, 80, 160, 512}) {
     AttentionShape shape = test_shape();
     shape.head_dim = head_dim;
     EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
-                           {"shape.head_dim must be one of {64, 128}"}));
+                           {"shape.head_dim must be one of {64, 96, 128, 192, 256}", "got " + std::to_string(head_dim)}));
   }
 }
 
@@ -543,6 +547,20 @@ TEST(ValidateBackward, AcceptsEverySchedule) {
     BackwardArgs a = valid_args<BackwardArgs>();
     a.schedule = schedule;
     EXPECT_TRUE(is_ok(validate(a))) << schedule_name(schedule);
+  }
+}
+
+TEST(ValidateBackward, RefusesHeadDimsWithoutABackwardKernel) {
+  for (int64_t head_dim : {192, 256}) {
+    AttentionShape shape = test_shape();
+    shape.head_dim = head_dim;
+    ASSERT_TRUE(is_ok(validate(valid_args<ForwardArgs>(shape)))) << "the forward takes head_dim " << head_dim;
+    EXPECT_TRUE(fails_with(validate(valid_args<BackwardArgs>(shape)), StatusCode::kNotSupported,
+                           {"shape.head_dim must be one of {64, 96, 128} for the backward",
+                            "got " + std::to_string(head_dim)}));
+    size_t bytes = 0;
+    EXPECT_TRUE(fails_with(backward_workspace_size(shape, Schedule::kAuto, &bytes), StatusCode::kNotSupported,
+                           {"shape.head_dim must be one of {64, 96, 128} for the backward"}));
   }
 }
 

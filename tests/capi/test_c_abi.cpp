@@ -94,14 +94,14 @@ TEST(CShape, TheWindowAppliesOnlyWhenWindowedIsSet) {
 // A softcap instance exists only next to its plain one (DASH_SOFTCAP_KERNELS adds one per head dim and dtype built);
 // tests/kernels/test_sm90_variants.cpp checks on a GPU build that each plain one has its softcap one.
 TEST(CShape, SoftcapKernelsComeWithThePlainOnes) {
-  for (int64_t head_dim : {64, 96, 128}) {
+  for (int64_t head_dim : {64, 80, 96, 128, 192, 256}) {
     for (int dtype : {DASH_DTYPE_BF16, DASH_DTYPE_FP16}) {
       if (dash_softcap_kernel_available(head_dim, dtype) != 0) {
         EXPECT_EQ(dash_kernel_available(head_dim, dtype), 1) << head_dim << " " << dtype;
       }
     }
   }
-  EXPECT_EQ(dash_softcap_kernel_available(96, DASH_DTYPE_BF16), 0);
+  EXPECT_EQ(dash_softcap_kernel_available(80, DASH_DTYPE_BF16), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CForwardWorkspaceSize, ::testing::ValuesIn(testing::rejected_shapes()),

@@ -55,7 +55,13 @@ const ShapeCase kShapes[] = {
     {2, 640, 640, 6, 3, true},
 };
 
-const Instance kInstances[] = {{64, DType::kBF16}, {64, DType::kFP16}, {128, DType::kBF16}, {128, DType::kFP16}};
+// Every head dim and dtype; the backward tests of 192 and 256, which have only a forward, check that it is refused.
+const Instance kInstances[] = {{64, DType::kBF16},  {64, DType::kFP16},  {96, DType::kBF16},  {96, DType::kFP16},
+                               {128, DType::kBF16}, {128, DType::kFP16}, {192, DType::kBF16}, {192, DType::kFP16},
+                               {256, DType::kBF16}, {256, DType::kFP16}};
+// The instances with a backward kernel.
+const Instance kBackwardInstances[] = {{64, DType::kBF16}, {64, DType::kFP16}, {96, DType::kBF16},
+                                       {96, DType::kFP16}, {128, DType::kBF16}, {128, DType::kFP16}};
 
 AttentionShape make_shape(const ShapeCase& c, const Instance& inst) {
   return gpu_testing::make_attention_shape(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.causal, inst);
@@ -96,6 +102,10 @@ TEST_P(Sm90Correctness, ForwardMatchesReference) {
 
 TEST_P(Sm90Correctness, BackwardMatchesReferenceForEverySchedule) {
   const auto& [inst, c] = GetParam();
+  if (!gpu_testing::has_backward(inst)) {
+    EXPECT_TRUE(gpu_testing::backward_is_refused(make_shape(c, inst)));
+    return;
+  }
   if (const std::string why = skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
   Problem p = harness::make_problem(make_shape(c, inst), /*seed=*/0xbac0000u + c.seqlen_k * 17 + inst.head_dim);
   const auto tol = harness::tolerance_for(inst.dtype);
@@ -218,7 +228,8 @@ std::string ragged_sweep_name(const ::testing::TestParamInfo<std::tuple<Instance
 }
 
 INSTANTIATE_TEST_SUITE_P(Remainders, Sm90RaggedSweep,
-                         ::testing::Combine(::testing::Values(Instance{64, DType::kBF16}, Instance{128, DType::kFP16}),
+                         ::testing::Combine(::testing::Values(Instance{64, DType::kBF16}, Instance{96, DType::kBF16},
+                                                              Instance{128, DType::kFP16}),
                                             ::testing::Bool()),
                          ragged_sweep_name);
 
@@ -301,6 +312,30 @@ INSTANTIATE_TEST_SUITE_P(Remainders, Sm90WideForwardTiles,
 static_assert(forward_has_tall_tiles(64) && forward_has_wide_tiles(128),
               "the remainder tests above run the d = 64 and d = 128 instances");
 
+// The narrower key/value tiles of d = 192 (128x112) and d = 256 (128x80), which also store O without a staging
+// tile: every remainder of seqlen_k mod block_kv, under the full and the causal mask (which also takes them).
+class Sm90NarrowForwardTiles : public ::testing::TestWithParam<std::tuple<Instance, bool>> {};
+
+TEST_P(Sm90NarrowForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatchesReferenceOnSamples) {
+  const auto& [inst, causal] = GetParam();
+  if (const std::string why = skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  const TileShape tile = forward_base_tile_shape(inst.head_dim);
+  sweep_forward_remainders(inst, tile.block_kv, /*reference_every=*/tile.block_kv / 2, tile.block_q, tile.block_kv,
+                           [&](int remainder, int64_t heads_q, int64_t heads_kv) {
+                             return ShapeCase{2, kShortQueries, kForwardWideFromKeys + remainder, heads_q, heads_kv,
+                                              causal};
+                           });
+}
+
+INSTANTIATE_TEST_SUITE_P(Remainders, Sm90NarrowForwardTiles,
+                         ::testing::Combine(::testing::Values(Instance{192, DType::kBF16}, Instance{192, DType::kFP16},
+                                                              Instance{256, DType::kBF16}, Instance{256, DType::kFP16}),
+                                            ::testing::Bool()),
+                         tall_tiles_name);
+static_assert(forward_base_tile_shape(192).block_kv == kForwardBlockKvD192 &&
+                  forward_base_tile_shape(256).block_kv == kForwardBlockKvD256,
+              "the remainder tests above run the d = 192 and d = 256 tiles");
+
 // --- determinism ----------------------------------------------------------------------------------
 
 // Runs the backward kDeterminismRuns times; every other run a forward on a second stream competes for
@@ -370,16 +405,20 @@ const ShapeCase kDeterminismShapes[] = {{2, 1024, 1024, 4, 4, false}, {2, 1024, 
                                         {1, 1536, 1536, 8, 2, true}};
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Determinism,
-                         ::testing::Combine(::testing::ValuesIn(kInstances), ::testing::ValuesIn(kDeterminismShapes)),
+                         ::testing::Combine(::testing::ValuesIn(kBackwardInstances),
+                                            ::testing::ValuesIn(kDeterminismShapes)),
                          correctness_name);
 
 // Negative control: the comparison above must be able to fail. Under the full mask every key/value
 // tile of a head reaches the same query tile at the same moment, so unordered adds race; under the
 // causal mask arrivals are steps apart and the unordered order rarely changes, which is why the
-// control uses the full mask.
-TEST(Sm90DeterminismControl, NondeterministicScheduleIsCaught) {
-  for (const Instance& inst : kInstances) {
-    if (!skip_reason(inst).empty()) continue;
+// control uses the full mask. One control per head dim with a backward, on the first dtype compiled.
+class Sm90DeterminismControl : public ::testing::TestWithParam<int> {};
+
+TEST_P(Sm90DeterminismControl, NondeterministicScheduleIsCaught) {
+  const int head_dim = GetParam();
+  for (const Instance& inst : kBackwardInstances) {
+    if (inst.head_dim != head_dim || !skip_reason(inst).empty()) continue;
     Problem p = make_determinism_problem(make_shape({2, 1024, 1024, 4, 4, false}, inst));
     Problem load = make_load_problem(p.shape);
     const int differing = differing_runs(p, load, Schedule::kNondeterministic);
@@ -388,8 +427,11 @@ TEST(Sm90DeterminismControl, NondeterministicScheduleIsCaught) {
                             << " runs, so the determinism test could not detect nondeterminism";
     return;
   }
-  GTEST_SKIP() << skip_reason(kInstances[0]);
+  GTEST_SKIP() << skip_reason(Instance{head_dim, DType::kBF16});
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, Sm90DeterminismControl, ::testing::Values(64, 96, 128),
+                         [](const ::testing::TestParamInfo<int>& info) { return "hdim" + std::to_string(info.param); });
 
 // --- bad input on a real device -------------------------------------------------------------------
 

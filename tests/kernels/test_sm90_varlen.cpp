@@ -319,5 +319,16 @@ TEST(Sm90VarlenApi, EveryCompiledInstanceHasItsVarlenKernels) {
   }
 }
 
+// The wider head dims have dense kernels but no varlen ones (src/kernels/CMakeLists.txt): the API says so by name.
+TEST(Sm90VarlenApi, HeadDimsWithoutVarlenKernelsSayNone) {
+  if (!kernels_available()) GTEST_SKIP() << "built without kernels";
+  for (int head_dim : {96, 192, 256}) {
+    for (DType dtype : {DType::kBF16, DType::kFP16}) {
+      if (!kernel_available(head_dim, dtype)) continue;
+      EXPECT_FALSE(varlen_kernel_available(head_dim, dtype)) << "hdim " << head_dim << " " << dtype_name(dtype);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dash

@@ -234,9 +234,20 @@ TEST(Cli, BadCommandLinesExitWithUsage) {
 
 // plan models the GPU kernels' tiles, so it refuses what the library refuses, with the library's message.
 TEST(Cli, PlanRefusesAHeadDimTheLibraryRefuses) {
-  EXPECT_TRUE(refused_with("plan --head-dim 96",
-                           "dash-attn plan: the library refuses this shape: shape.head_dim must be one of {64, 128}, "
-                           "got 96"));
+  EXPECT_TRUE(refused_with("plan --head-dim 80",
+                           "dash-attn plan: the library refuses this shape: shape.head_dim must be one of {64, 96, 128, "
+                           "192, 256}, got 80"));
+}
+
+// plan models the backward, which the library has at d = 96 but not at 192 or 256 (the forward only).
+TEST(Cli, PlanTakesTheBackwardHeadDimsAndRefusesTheForwardOnlyOnes) {
+  const Output out = run("plan --batch 2 --heads 8 --seqlen 1024 --head-dim 96");
+  EXPECT_EQ(out.status, 0) << out.text;
+  for (const char* head_dim : {"192", "256"}) {
+    EXPECT_TRUE(refused_with(std::string("plan --head-dim ") + head_dim,
+                             "dash-attn plan: the library refuses this shape for the backward: shape.head_dim must be "
+                             "one of {64, 96, 128} for the backward"));
+  }
 }
 
 TEST(Cli, PlanRefusesASequenceTheLibraryRefuses) {
@@ -253,8 +264,12 @@ TEST(Cli, PlanRefusesABatchAboveTheGridLimit) {
 TEST(Cli, CheckAndBenchRefuseAShapeTheLibraryRefusesBeforeTheDeviceCheck) {
   for (const char* command : {"check", "bench"}) {
     SCOPED_TRACE(command);
-    EXPECT_TRUE(refused_with(std::string(command) + " --head-dim 96",
-                             "the library refuses this shape: shape.head_dim must be one of {64, 128}, got 96"));
+    EXPECT_TRUE(refused_with(std::string(command) + " --head-dim 80",
+                             "the library refuses this shape: shape.head_dim must be one of {64, 96, 128, 192, 256}, "
+                             "got 80"));
+    EXPECT_TRUE(refused_with(std::string(command) + " --head-dim 192",
+                             "the library refuses this shape for the backward: shape.head_dim must be one of {64, 96, "
+                             "128} for the backward"));
   }
 }
 
@@ -812,8 +827,10 @@ TEST(Cli, ProveEverySchedule) {
 }
 
 TEST(Cli, ProveRefusesWhatTheLibraryRefuses) {
-  EXPECT_TRUE(refused_with("prove --head-dim 96",
-                           "dash-attn prove: the library refuses this shape: shape.head_dim must be one of {64, 128}"));
+  EXPECT_TRUE(refused_with("prove --head-dim 80",
+                           "dash-attn prove: the library refuses this shape: shape.head_dim must be one of {64, 96, 128, "
+                           "192, 256}"));
+  EXPECT_TRUE(refused_with("prove --head-dim 256", "dash-attn prove: the library refuses this shape for the backward"));
   EXPECT_TRUE(refused_with("prove --schedule fastest", "unknown schedule 'fastest'"));
   EXPECT_TRUE(refused_with("prove --threads -1", "usage: dash-attn prove"));
 }

@@ -242,7 +242,11 @@ int cmd_bench(const std::vector<std::string>& args) {
     s.dtype = element;
     window.apply(&s);
     s.softcap = static_cast<float>(softcap);
-    check_library_accepts(s, parser);
+    if (fwd) {
+      check_library_accepts(s, parser);
+    } else {
+      check_library_accepts_backward(s, parser);
+    }
     shapes = {s};
   }
   if (Status s = check_current_device(); !s.ok()) {

@@ -107,7 +107,7 @@ void check_finite_results(const Point& point, const CostModel& costs, const Flag
 // The shape must be one the library accepts: plan models the GPU kernels' tiles and the API's proof.
 Point evaluate(const AttentionShape& shape, SlidingWindow window, int sms, const CostModel& costs,
                const FlagParser& parser) {
-  check_library_accepts(shape, parser);
+  check_library_accepts_backward(shape, parser);
   Point point{shape, sms, make_tiled_problem(shape, window), {}, std::nullopt};
   check_problem_size(point.problem, parser);
   point.comparison = compare_schedules(point.problem, sms, costs);
@@ -151,7 +151,7 @@ std::pair<ScheduleReport, VarlenSchedule> evaluate_varlen_schedule(const TiledPr
 // and what auto runs on the batch (auto's choice for the maximum problem, or ascending where that is refused).
 Point evaluate_varlen(const AttentionShape& max_shape, const VarlenBatch& batch, SlidingWindow window, int sms,
                       const CostModel& costs, const FlagParser& parser) {
-  check_library_accepts(max_shape, parser);
+  check_library_accepts_backward(max_shape, parser);
   Point point{max_shape, sms, make_tiled_problem(max_shape, window), {}, VarlenPoint{batch, {}}};
   check_problem_size(point.problem, parser);
   Comparison& c = point.comparison;

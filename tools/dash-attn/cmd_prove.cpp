@@ -113,7 +113,7 @@ int cmd_prove(const std::vector<std::string>& args) {
   if (!parser.parse(args)) return kExitOk;
 
   const AttentionShape shape = make_shape(shape_flags, parser);
-  check_library_accepts(shape, parser);
+  check_library_accepts_backward(shape, parser);
   const TiledProblem problem = make_tiled_problem(shape);
   const int sms = static_cast<int>(shape_flags.sms);
   std::vector<Schedule> schedules;

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "api/validate.hpp"
 #include "json.hpp"
 
 namespace dash::cli {
@@ -247,6 +248,13 @@ AttentionShape make_shape(const ShapeFlags& f, const FlagParser& parser) {
 void check_library_accepts(const AttentionShape& shape, const FlagParser& parser) {
   if (const Status status = validate(shape); !status.ok()) {
     parser.fail("the library refuses this shape: " + status.message());
+  }
+}
+
+void check_library_accepts_backward(const AttentionShape& shape, const FlagParser& parser) {
+  check_library_accepts(shape, parser);
+  if (const Status status = check_backward_head_dim(shape); !status.ok()) {
+    parser.fail("the library refuses this shape for the backward: " + status.message());
   }
 }
 

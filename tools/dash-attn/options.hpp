@@ -134,6 +134,9 @@ AttentionShape make_shape(const ShapeFlags& flags, const FlagParser& parser);
 // commands that plan or run the GPU kernels' tiling must not report on a shape the kernels cannot run.
 // `emulate` does not call it: it models any head dim and tile shape on purpose.
 void check_library_accepts(const AttentionShape& shape, const FlagParser& parser);
+// The same for the commands that plan or run the backward: the library also refuses a backward at a head dim with
+// no backward kernel (192 and 256 have only a forward).
+void check_library_accepts_backward(const AttentionShape& shape, const FlagParser& parser);
 
 // Refuses shapes with more tile visits than the planner and emulator enumerate in reasonable memory.
 void check_problem_size(const TiledProblem& problem, const FlagParser& parser);

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "kernels/kernel_params.hpp"
+#include "kernels/sm90/gemm.cuh"
 #include "kernels/sm90/gmem_tensors.cuh"
 #include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/pipeline.cuh"
@@ -60,6 +61,7 @@ using BackwardWarpRoles = WarpRoles<backward_tile_shape(kHeadDim).block_kv / kMm
 // kernels compile as before.
 template <int kHeadDim_, class Element_, bool kSoftcap_ = false, bool kVarlen_ = false>
 struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
+  static_assert(has_backward_kernel(kHeadDim_), "no backward kernel at this head dim (schedule/tile_config.hpp)");
   // The counts this configuration's own layouts use (names of a dependent base need declaring).
   using Roles = BackwardWarpRoles<kHeadDim_>;
   using Roles::kMmaThreads;
@@ -93,19 +95,21 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, HeadDim, BlockM>, GMMA::Major::K, GMMA::Major::MN>(),
       WarpGroups{}));
   // dQ = dS K: (kBlockM x head_dim) over kBlockN. With 128 query rows the warpgroups split the rows,
-  // with 64 they split head_dim; either way each computes a 64 x 64 partial.
+  // with 64 they split head_dim; either way each computes a 64 x kdQColumns partial (64 x 48 at d = 96).
   static constexpr bool kdQSplitsRows = kBlockM == 64 * kMmaWarpGroups;
-  using dQAtomShape = std::conditional_t<kdQSplitsRows, Shape<_64, HeadDim, BlockN>,
-                                         Shape<_64, Int<kHeadDim / kMmaWarpGroups>, BlockN>>;
+  static constexpr int kdQColumns = kdQSplitsRows ? kHeadDim : kHeadDim / kMmaWarpGroups;
+  using dQAtomShape = Shape<_64, Int<kdQColumns>, BlockN>;
   using dQWarpGroups = std::conditional_t<kdQSplitsRows, WarpGroups, Layout<Shape<_1, Int<kMmaWarpGroups>, _1>>>;
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, dQAtomShape, GMMA::Major::MN, GMMA::Major::MN>(), dQWarpGroups{}));
   static constexpr int kdQPartialFloats = kBlockM * kHeadDim / kMmaWarpGroups;  // one warpgroup's dQ partial
 
   // Shared memory. Q, dO, K, V are K-major (head_dim contiguous) as TMA writes them; the MN-major B
-  // operands are transposed views of the same bytes.
-  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BlockM, HeadDim, Stages>{}));
-  using SmemLayoutKV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BlockN, HeadDim>{}));
+  // operands are transposed views of the same bytes. Rows take the widest swizzle that divides them (gemm.cuh);
+  // K's must also divide each warpgroup's kdQColumns, where its wgmma B operand of dQ = dS K starts: the 128-byte
+  // swizzle at d = 64 and 128, the 32-byte one at d = 96 (48 columns per warpgroup).
+  using SmemLayoutQ = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kHeadDim>{}, Shape<BlockM, HeadDim, Stages>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kdQColumns>{}, Shape<BlockN, HeadDim>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_layout(Shape<HeadDim, BlockM, Stages>{}, Stride<BlockM, _1, Int<kBlockM * kHeadDim>>{})));
   using SmemLayoutKt = decltype(composition(SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN>{}, Stride<BlockN, _1>{})));

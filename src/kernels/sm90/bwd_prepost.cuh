@@ -12,6 +12,7 @@
 
 #include <cutlass/array.h>
 
+#include <bit>
 #include <cmath>
 #include <type_traits>
 
@@ -61,13 +62,16 @@ __device__ SliceRows slice_rows(const PrepostParams& p, int batch, int head) {
 
 // Grid (query tiles, heads_q, batch). Each row's dot product is split over kRowThreads adjacent lanes
 // that each read 16 bytes of O and of dO; every lane of a warp runs the same rows, so the shuffles
-// that sum a row are convergent (rows past seqlen_q contribute 0 rather than leave).
+// that sum a row are convergent (rows past seqlen_q contribute 0 rather than leave). kRowThreads is the
+// power of two the butterfly sum needs, at least a row's 16-byte vectors: at d = 96 (12 vectors) 16 lanes, of
+// which the last 4 read nothing and add 0.
 template <class Config>
 __global__ void __launch_bounds__(kPrepostThreads) backward_preprocess_kernel(const PrepostParams p) {
   using Element = typename Config::Element;
   using Vector = cutlass::AlignedArray<Element, 16 / sizeof(Element)>;
   constexpr int kBlockM = Config::kBlockM;
-  constexpr int kRowThreads = Config::kHeadDim / Vector::kElements;
+  constexpr int kRowVectors = Config::kHeadDim / Vector::kElements;
+  constexpr int kRowThreads = std::bit_ceil(static_cast<unsigned>(kRowVectors));
   constexpr int kRowsPerPass = kPrepostThreads / kRowThreads;
   static_assert(kRowThreads <= 32 && kBlockM % kRowsPerPass == 0, "a row's lanes share a warp; rows split evenly");
   const int tile = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
@@ -82,7 +86,8 @@ __global__ void __launch_bounds__(kPrepostThreads) backward_preprocess_kernel(co
   for (int r = static_cast<int>(threadIdx.x) / kRowThreads; r < kBlockM; r += kRowsPerPass) {
     const int row = tile * kBlockM + r;
     float sum = 0.0f;
-    if (row < rows.seqlen_q) {
+    const bool reads = kRowThreads == kRowVectors || column < Config::kHeadDim;  // a lane past the row reads nothing
+    if (row < rows.seqlen_q && reads) {
       const Vector o = *reinterpret_cast<const Vector*>(out + row * p.out_strides[1]);
       const Vector d = *reinterpret_cast<const Vector*>(dout + row * p.dout_strides[1]);
       CUTE_UNROLL

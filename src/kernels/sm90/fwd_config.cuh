@@ -86,8 +86,10 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, HeadDim, BlockN>, GMMA::Major::K, GMMA::Major::MN>(),
       WarpGroups{}));
 
-  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BlockM, HeadDim>{}));
-  using SmemLayoutKV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BlockN, HeadDim, Stages>{}));
+  // Rows of head_dim elements, in the widest swizzle that divides them (gemm.cuh: 128 bytes but at d = 96).
+  using SwizzleAtom = KMajorSwizzleAtom<Element, kHeadDim>;
+  using SmemLayoutQ = decltype(tile_to_shape(SwizzleAtom{}, Shape<BlockM, HeadDim>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SwizzleAtom{}, Shape<BlockN, HeadDim, Stages>{}));
   // V^T: the MN-major B operand of O += P V, a view of V's bytes.
   using SmemLayoutVt = decltype(composition(
       SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN, Stages>{}, Stride<BlockN, _1, Int<kBlockN * kHeadDim>>{})));
@@ -96,9 +98,9 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   // accumulator fragment (128x176 at d = 128: Q, K and V take 208 KiB). Staging it in the V ring instead, as FA3
   // does, made the next tile's first V wait for the epilogue and all MMA warpgroups meet before it: 3-10% slower
   // at 1024-16384 keys (A/B, 2026-12-02, docs/PERF.md). Each MMA warpgroup stages its own 64 rows in the 128-byte
-  // swizzled layout that its TMA store reads.
-  using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                             Shape<Int<kMmaWarpGroupRows>, HeadDim, Int<kMmaWarpGroups>>{}));
+  // swizzled layout (64-byte at d = 96) that its TMA store reads.
+  using SmemLayoutO =
+      decltype(tile_to_shape(SwizzleAtom{}, Shape<Int<kMmaWarpGroupRows>, HeadDim, Int<kMmaWarpGroups>>{}));
   struct NoStaging {};
 
   template <bool kStaged>

@@ -74,20 +74,21 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   const AttentionShape& shape = params.args.shape;
   const MaskShape mask = canonical_mask(static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k),
                                         shape.causal, shape.window_left, shape.window_right);
-  // Under a sliding window the tiles stay 128x128: the tall and wide tiles were measured on the full and causal
-  // masks only (tile_config.hpp), and would compute more of a narrow band's masked corners.
+  // Under a sliding window the tiles stay the head dim's base tiles (128x128 up to d = 128): the tall and wide
+  // tiles were measured on the full and causal masks only (tile_config.hpp), and would compute more of a narrow
+  // band's masked corners.
+  constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
   const bool windowed = mask.window.left >= 0 || mask.window.right >= 0;
   // A left bound takes kernels of their own (fwd_config.cuh): testing it at run time in the others' masked steps
   // cost 3-4% at 512-1024 causal tokens (same-run A/B on the H200, 2026-12-02, docs/PERF.md), and branching
   // between two sets of step loops in one kernel made the d = 128 kernels spill.
   if (mask.window.left >= 0) {
-    return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardBlockKv, true>(params, stream);
+    return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, true>(params, stream);
   }
-  const TileShape tile = windowed ? TileShape{kForwardBlockQ, kForwardBlockKv}
-                                  : forward_tile_shape(kHeadDim, mask.causal, shape.seqlen_q, shape.seqlen_k);
+  const TileShape tile = windowed ? kBase : forward_tile_shape(kHeadDim, mask.causal, shape.seqlen_q, shape.seqlen_k);
   if constexpr (forward_has_tall_tiles(kHeadDim)) {
     if (tile.block_q == kForwardTallBlockQ) {
-      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kForwardBlockKv>(params, stream);
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kBase.block_kv>(params, stream);
     }
   }
   // The softcap kernels keep 128-key tiles: at 128x176 their unmasked step loop spilled (7 local loads and 7
@@ -97,7 +98,7 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
       return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv>(params, stream);
     }
   }
-  return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardBlockKv>(params, stream);
+  return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv>(params, stream);
 }
 
 // The forward of a packed varlen batch (args.varlen): the tile order, grid and mask of the maximum problem, each tile

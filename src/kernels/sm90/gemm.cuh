@@ -14,6 +14,25 @@ namespace dash::sm90 {
 
 using namespace cute;
 
+// The widest GMMA K-major swizzle atom whose width divides kColumns: the 128-byte swizzle (64 16-bit columns)
+// wherever it fits, as at head dims 64, 128, 192 and 256, else the 64-byte (32 columns) or the 32-byte (16) one,
+// as at d = 96, whose rows are not whole 128-byte atoms. wgmma and TMA read every one of them conflict-free;
+// the narrower ones only take more TMA boxes per tile (one per atom width).
+template <class Element, int kColumns>
+CUTE_HOST_DEVICE constexpr auto k_major_swizzle_atom() {
+  if constexpr (kColumns % size<1>(GMMA::Layout_K_SW128_Atom<Element>{}) == 0) {
+    return GMMA::Layout_K_SW128_Atom<Element>{};
+  } else if constexpr (kColumns % size<1>(GMMA::Layout_K_SW64_Atom<Element>{}) == 0) {
+    return GMMA::Layout_K_SW64_Atom<Element>{};
+  } else {
+    static_assert(kColumns % size<1>(GMMA::Layout_K_SW32_Atom<Element>{}) == 0,
+                  "rows must be whole 32-byte swizzle atoms (16 16-bit columns)");
+    return GMMA::Layout_K_SW32_Atom<Element>{};
+  }
+}
+template <class Element, int kColumns>
+using KMajorSwizzleAtom = decltype(k_major_swizzle_atom<Element, kColumns>());
+
 // C (+)= A B over every k-block, issued asynchronously as one wgmma batch; the caller waits with
 // warpgroup_wait<N>() before reading C. With kZeroInit the first k-block overwrites C.
 template <bool kZeroInit, class TiledMma, class TensorA, class TensorB, class TensorC>
@@ -148,11 +167,15 @@ __device__ __forceinline__ void store_accumulator_rows(const TiledMma& mma, int 
 // are XOR-swizzled by row % 8. The 8 rows one paired store of a warp touches then hit 8 different chunks
 // of the 32 banks, and so do the 8 threads that read one chunk each of a row: no bank conflicts on
 // either side, and no padding.
+// Rows of 96 columns (12 chunks) swizzle within groups of 4 chunks instead, by row % 4: a paired store of a
+// warp then hits each chunk of a group twice, a two-way bank conflict, still without padding.
 template <int kCols>
 __device__ __forceinline__ int staged_offset(int row, int column) {
   constexpr int kChunk = 8;  // 16-bit elements per 16 bytes
-  static_assert(kCols % (8 * kChunk) == 0, "the swizzle permutes 8 chunks of every row");
-  return row * kCols + (((column / kChunk) ^ (row % 8)) * kChunk) + column % kChunk;
+  constexpr int kRowChunks = kCols / kChunk;
+  constexpr int kSwizzledChunks = kRowChunks % 8 == 0 ? 8 : 4;  // chunks one XOR permutes
+  static_assert(kCols % (kSwizzledChunks * kChunk) == 0, "the swizzle permutes whole groups of chunks of every row");
+  return row * kCols + (((column / kChunk) ^ (row % kSwizzledChunks)) * kChunk) + column % kChunk;
 }
 
 template <class Roles, class T, int kRows, int kCols, class TiledMma, class Accumulator, class RowScale>
