@@ -1,16 +1,8 @@
-// Forward producer, warp 0: takes query tiles from the global counter in the order of
+// Forward producer, warp 0 (one lane): takes query tiles from the global counter in the order of
 // schedule/forward_tile_order.hpp, announces each to the MMA warpgroups through the tile ring, loads
 // its Q once and streams the K and V tiles it visits ([kv_first, kv_first + kv_tiles)) through their two rings,
-// all with TMA. The varlen kernels (run_packed, lane 0 alone) take the tiles of the maximum problem in the same
-// order, skip those past their sequence's query tiles, and fit each to its sequence: its mask, its key/value tiles,
-// its rows.
-//
-// The dense loader (run_dense) walks the tiles with the whole warp and lane 0 does the work: lane 0 takes each tile
-// index from the counter and a warp shuffle broadcasts it, which makes the index, and the tile record and TMA
-// coordinates computed from it, warp-uniform for the compiler, so that more of them live in uniform registers, which
-// the TMA instructions read. Taken by one thread, the index kept them in vector registers, spilled at 24 registers
-// and moved to uniform registers before every TMA issue (SASS at 1bca004: 152-295 R2UR and 17-28 local stores per
-// forward kernel; 122-149 and 5-11 this way).
+// all with TMA. The varlen kernels (run_packed) take the tiles of the maximum problem in the same order, skip those
+// past their sequence's query tiles, and fit each to its sequence: its mask, its key/value tiles, its rows.
 #pragma once
 
 #include "kernels/sm90/fwd_config.cuh"
@@ -24,25 +16,19 @@ struct ForwardLoader {
   using Params = typename Config::Params;
   using SharedStorage = typename Config::SharedStorage;
 
-  // By every lane of warp 0.
   __device__ static void run(const Params& p, SharedStorage& smem) {
     if constexpr (Config::kVarlen) {
-      if (is_leader()) run_packed(p, smem);
+      run_packed(p, smem);
     } else {
       run_dense(p, smem);
     }
   }
 
  private:
-  __device__ static bool is_leader() { return threadIdx.x % cutlass::NumThreadsPerWarp == 0; }
-
   __device__ static void run_dense(const Params& p, SharedStorage& smem) {
-    const bool leader = is_leader();
-    if (leader) {
-      prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
-      prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
-      prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
-    }
+    prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
     const ForwardTileOrder& order = p.tiles;
     const int num_tiles = order.num_tiles();
     const int group = order.heads_q / p.heads_kv;
@@ -51,34 +37,25 @@ struct ForwardLoader {
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
     const auto q_extent = make_shape(order.mask.seqlen_q, int{Config::kHeadDim}, order.heads_q, order.batch);
     const auto kv_extent = make_shape(order.mask.seqlen_k, int{Config::kHeadDim}, p.heads_kv, order.batch);
-    const auto next_tile = [&] {
-      int t = 0;
-      if (leader) t = atomicAdd(p.tile_counter, 1);
-      return __shfl_sync(0xffffffffu, t, 0);
-    };
     int tiles = 0;
     int kv_loads = 0;
-    for (int t = next_tile(); t < num_tiles; t = next_tile(), ++tiles) {
+    for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1), ++tiles) {
       const ForwardTileRecord tile = order.tile_at(t);
-      if (leader) {
-        smem.tiles.publish(tile, tiles);
-        smem.q_stages.producer_acquire(tiles, "q_empty");
-        tma_load_tile(p.tma_q, q_extent, tile.head, tile.batch, tile.q_tile,
-                      smem.q_stages.producer_expect(tiles, Config::kQBytes), sQ);
-        const int kv_first = Config::kLeftBounded ? tile.kv_first : 0;  // 0 without a left bound
-        for (int j = 0; j < tile.kv_tiles; ++j) {
-          const int k_stage = smem.k_stages.producer_acquire(kv_loads + j, "k_empty");
-          tma_load_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, kv_first + j,
-                        smem.k_stages.producer_expect(kv_loads + j, Config::kKVTileBytes), sK(_, _, k_stage));
-          const int v_stage = smem.v_stages.producer_acquire(kv_loads + j, "v_empty");
-          tma_load_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, kv_first + j,
-                        smem.v_stages.producer_expect(kv_loads + j, Config::kKVTileBytes), sV(_, _, v_stage));
-        }
+      smem.tiles.publish(tile, tiles);
+      smem.q_stages.producer_acquire(tiles, "q_empty");
+      tma_load_tile(p.tma_q, q_extent, tile.head, tile.batch, tile.q_tile,
+                    smem.q_stages.producer_expect(tiles, Config::kQBytes), sQ);
+      const int kv_first = Config::kLeftBounded ? tile.kv_first : 0;  // 0 without a left bound
+      for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
+        const int k_stage = smem.k_stages.producer_acquire(kv_loads, "k_empty");
+        tma_load_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, kv_first + j,
+                      smem.k_stages.producer_expect(kv_loads, Config::kKVTileBytes), sK(_, _, k_stage));
+        const int v_stage = smem.v_stages.producer_acquire(kv_loads, "v_empty");
+        tma_load_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, kv_first + j,
+                      smem.v_stages.producer_expect(kv_loads, Config::kKVTileBytes), sV(_, _, v_stage));
       }
-      kv_loads += tile.kv_tiles;
-      __syncwarp();
     }
-    if (leader) smem.tiles.publish(ForwardTileRecord{kEndOfTiles, 0, 0, 0, 0}, tiles);
+    smem.tiles.publish(ForwardTileRecord{kEndOfTiles, 0, 0, 0, 0}, tiles);
   }
 
   // run() for a packed varlen batch. Every sequence's tiles are those of a dense problem of its lengths under the
