@@ -58,7 +58,7 @@ def test_a_valid_call_reaches_the_device_check():
         ({"k": "k"}, TypeError, "k must be a torch.Tensor"),
         ({"q": torch.zeros(10, 4, 64)}, TypeError, "q.dtype must be torch.bfloat16 or torch.float16"),
         ({"v": torch.zeros(12, 2, 64, dtype=torch.float16)}, TypeError, r"v.dtype \(torch.float16\) must equal"),
-        ({"q": torch.zeros(10, 4, 96, dtype=torch.bfloat16)}, ValueError, r"head_dim \(q.shape\[2\]\) must be one of"),
+        ({"q": torch.zeros(10, 4, 80, dtype=torch.bfloat16)}, ValueError, r"head_dim \(q.shape\[2\]\) must be one of"),
         ({"k": torch.zeros(12, 2, 128, dtype=torch.bfloat16)}, ValueError, r"k.shape\[2\] \(head_dim\)"),
         ({"v": torch.zeros(11, 2, 64, dtype=torch.bfloat16)}, ValueError, r"v.shape\[:2\]"),
         ({"q": torch.zeros(10, 3, 64, dtype=torch.bfloat16)}, ValueError, "must be a multiple of k.shape"),
