@@ -14,8 +14,8 @@ Invariants:
   would be dropped without a word. Registering again changes nothing.
 - Nothing transformers passes is ignored in a way that changes the result. What DASH cannot compute (padding,
   packed sequences marked by position_ids or cu_seq_lens_*, sliding windows, mask overlays, caches whose keys are
-  not exactly the tokens seen, dropout, attention sinks, position biases, attention weights, head dims other than
-  64 and 128, fp32 outside autocast) raises NotImplementedError naming the argument as transformers
+  not exactly the tokens seen, dropout, attention sinks, position biases, attention weights, head dims the package
+  does not take (_library.HEAD_DIMS), fp32 outside autocast) raises NotImplementedError naming the argument as transformers
   spells it, before any CUDA call.
 - softcap (Gemma 2's config.attn_logit_softcapping) goes to flash_attn_func's softcap.
 - dash_attention_mask runs once per forward, in transformers' mask creation. It returns None, the plain mask,
