@@ -23,6 +23,7 @@
 #include "api/limits.hpp"
 #include "dash/attention.hpp"
 #include "rejected_shapes.hpp"
+#include "status_assertions.hpp"
 
 namespace dash {
 namespace {
@@ -126,24 +127,8 @@ void for_each_tensor(const std::function<void(Args&, const TensorField&)>& check
   }
 }
 
-// Success if `status` has `code` and its message contains each of `parts`.
-::testing::AssertionResult fails_with(const Status& status, StatusCode code,
-                                      std::initializer_list<std::string_view> parts) {
-  if (status.code() != code) {
-    return ::testing::AssertionFailure() << "expected " << status_code_name(code) << ", got " << status.to_string();
-  }
-  for (std::string_view part : parts) {
-    if (status.message().find(part) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message lacks '" << part << "': " << status.message();
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult is_ok(const Status& status) {
-  if (status.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << status.to_string();
-}
+using testing::fails_with;
+using testing::is_ok;
 
 // --- Rules shared by forward and backward: run for both. ----------------------------------------------
 
