@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import torch
@@ -152,6 +153,13 @@ def _empty_batch(q: Tensor, k: Tensor) -> bool:
     return q.shape[0] == 0 or k.shape[0] == 0
 
 
+@functools.lru_cache(maxsize=_ops._CALL_CACHE_CAPACITY)
+def _forward_workspace_bytes(library: object, shape_fields: tuple) -> int:
+    """The forward's workspace for a shape, asked of the loaded `library` once per shape (part of the key, so a
+    library loaded anew is asked again); a shape the library refuses raises, and nothing is cached."""
+    return _library.forward_workspace_size(_library.Shape(*shape_fields))
+
+
 @torch.library.custom_op("dash_attn::varlen_forward", mutates_args=(), device_types="cuda")
 def varlen_forward(
     q: Tensor,
@@ -179,7 +187,7 @@ def varlen_forward(
     batch = cu_seqlens_q.numel() - 1
     shape = _c_shape(q, k, batch, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
                      softcap)
-    workspace_bytes = _library.forward_workspace_size(shape)
+    workspace_bytes = _forward_workspace_bytes(_library.load(), _plans.shape_fields(shape))
     index = q.get_device()
     workspace = _ops._workspace(workspace_bytes, q.device)
     varlen = _c_varlen(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], keys_within_queries)

@@ -94,6 +94,25 @@ def test_the_promise_comes_from_one_tensor_passed_twice_never_from_the_values():
     assert not varlen_module._same_offsets(offsets, offsets.clone())  # equal values, but reading them would copy
 
 
+def test_the_forward_asks_the_library_its_workspace_once_per_shape_and_library(monkeypatch):
+    from dash_attn import _library, _plans
+
+    asked = []
+
+    def forward_workspace_size(shape):
+        asked.append(_plans.shape_fields(shape))
+        return 256
+
+    monkeypatch.setattr(_library, "forward_workspace_size", forward_workspace_size)
+    varlen_module._forward_workspace_bytes.cache_clear()
+    fields = _plans.shape_fields(_library.Shape(batch=2, seqlen_q=6, seqlen_k=6, heads_q=4, heads_kv=2, head_dim=64))
+    other = _plans.shape_fields(_library.Shape(batch=3, seqlen_q=6, seqlen_k=6, heads_q=4, heads_kv=2, head_dim=64))
+    for library, shape_fields in (("one", fields), ("one", fields), ("one", other), ("loaded anew", fields)):
+        assert varlen_module._forward_workspace_bytes(library, shape_fields) == 256
+    assert asked == [fields, other, fields]
+    varlen_module._forward_workspace_bytes.cache_clear()
+
+
 def test_the_ops_are_registered():
     assert hasattr(torch.ops.dash_attn, "varlen_forward")
     assert hasattr(torch.ops.dash_attn, "varlen_backward")
