@@ -15,9 +15,10 @@ namespace dash {
 // Head dims the kernels are written for (a build may instantiate a subset, see DASH_HEAD_DIMS).
 inline constexpr std::array<int, 5> kSupportedHeadDims = {64, 96, 128, 192, 256};
 
-// Head dims with a backward kernel as well (has_backward_kernel, schedule/tile_config.hpp says why not at 192 and
-// 256): a backward, its plan and its workspace size are refused at the others.
-inline constexpr std::array<int, 3> kBackwardHeadDims = {64, 96, 128};
+// Head dims with a backward kernel as well (has_backward_kernel, schedule/tile_config.hpp): a backward, its plan and
+// its workspace size are refused at the others. Every supported head dim has one (d = 192 and 256 since their
+// head_dim-split kernels); the list stays apart so that a head dim could gain its forward first.
+inline constexpr std::array<int, 5> kBackwardHeadDims = {64, 96, 128, 192, 256};
 static_assert(
     [] {
       for (int head_dim : kSupportedHeadDims) {
