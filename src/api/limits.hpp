@@ -15,9 +15,10 @@ namespace dash {
 // Head dims the kernels are written for (a build may instantiate a subset, see DASH_HEAD_DIMS).
 inline constexpr std::array<int, 5> kSupportedHeadDims = {64, 96, 128, 192, 256};
 
-// Head dims with a backward kernel as well (has_backward_kernel, schedule/tile_config.hpp says why not at 192 and
-// 256): a backward, its plan and its workspace size are refused at the others.
-inline constexpr std::array<int, 3> kBackwardHeadDims = {64, 96, 128};
+// Head dims with a backward kernel as well (has_backward_kernel, schedule/tile_config.hpp): a backward, its plan and
+// its workspace size are refused at the others. Every supported head dim has one (d = 192 and 256 since their
+// head_dim-split kernels); the list stays apart so that a head dim could gain its forward first.
+inline constexpr std::array<int, 5> kBackwardHeadDims = {64, 96, 128, 192, 256};
 static_assert(
     [] {
       for (int head_dim : kSupportedHeadDims) {
@@ -52,6 +53,16 @@ static_assert(
       return true;
     }(),
     "kMinBlockQ must not exceed any kernel's query tile, or the query tile count bound is too loose");
+// The symmetric shift schedule's stride is block_kv / block_q (schedule/shift_schedules.hpp); the planner refuses it
+// where that is not integral, which no backward tile is (1 at the 64x64 tiles of d = 192 and 256).
+static_assert(
+    [] {
+      for (int head_dim : kBackwardHeadDims) {
+        if (backward_tile_shape(head_dim).block_kv % backward_tile_shape(head_dim).block_q != 0) return false;
+      }
+      return true;
+    }(),
+    "every backward tile's block_kv must be a multiple of its block_q (symmetric shift)");
 
 // TMA needs 16-byte aligned global addresses and global strides that are multiples of 16 bytes.
 inline constexpr int64_t kTmaAlignmentBytes = 16;

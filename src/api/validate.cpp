@@ -264,9 +264,7 @@ Status check_backward_head_dim(const AttentionShape& shape) {
   if (std::ranges::find(kBackwardHeadDims, shape.head_dim) != kBackwardHeadDims.end()) return Status::success();
   std::string supported;
   for (int head_dim : kBackwardHeadDims) supported += cat(supported.empty() ? "" : ", ", head_dim);
-  return not_supported(cat("shape.head_dim must be one of {", supported, "} for the backward (its kernels keep dK and ",
-                           "dV in registers, head_dim per thread, which does not fit above 128; the forward takes ",
-                           "192 and 256), got ", shape.head_dim));
+  return not_supported(cat("shape.head_dim must be one of {", supported, "} for the backward, got ", shape.head_dim));
 }
 
 Status validate(const AttentionShape& shape) {

@@ -16,8 +16,8 @@ Status check_schedule(Schedule schedule);
 Status check_sm_margin(int sm_margin);
 Status check_sm_margin(int sm_margin, const DeviceInfo& device);
 
-// The backward's own rule on the head dim, past validate(shape): it must be one of kBackwardHeadDims. kNotSupported
-// naming the argument, the supported values and why otherwise.
+// The backward's own rule on the head dim, past validate(shape): it must be one of kBackwardHeadDims (every supported
+// head dim today, so validate(shape) refuses first). kNotSupported naming the argument and the values otherwise.
 Status check_backward_head_dim(const AttentionShape& shape);
 
 }  // namespace dash

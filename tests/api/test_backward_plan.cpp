@@ -69,6 +69,38 @@ TEST(PlanBackward, PlansWhatThePlannerPlansForTheDevicesSmCount) {
   }
 }
 
+// At d = 192 and 256 the backward plans on the head_dim split's 64x64 tiles, every schedule the planner takes for the
+// shape, with the workspace of those tiles (the dQ accumulators of 64-row tiles, the split accumulators of 64-row ones).
+TEST(PlanBackward, PlansHeadDims192And256OnTheirTiles) {
+  for (const int64_t head_dim : {192, 256}) {
+    for (AttentionShape shape : {causal_shape(), full_shape()}) {
+      shape.head_dim = head_dim;
+      shape.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      const TiledProblem problem = make_tiled_problem(shape);
+      EXPECT_EQ(problem.block_q, 64);
+      EXPECT_EQ(problem.block_kv, 64);
+      int planned = 0;
+      for (Schedule schedule : kAllSchedules) {
+        SCOPED_TRACE(std::string(schedule_name(schedule)) + (shape.causal ? " causal" : " full") + " head_dim " +
+                     std::to_string(head_dim));
+        const PlanResult expected = plan_schedule(problem, schedule, h200().multiprocessor_count);
+        BackwardPlan plan;
+        const Status status = plan_backward(shape, schedule, h200(), &plan);
+        if (!expected.ok()) {
+          EXPECT_EQ(status.code(), StatusCode::kScheduleRejected) << status.to_string();
+          continue;
+        }
+        ASSERT_TRUE(status.ok()) << status.to_string();
+        ++planned;
+        EXPECT_EQ(plan.workspace_bytes(), kernels::BackwardWorkspace::layout(shape, expected.plan.problem).total_bytes);
+        EXPECT_EQ(BackwardPlanAccess::data(plan)->schedule_plan.problem.block_kv, 64);
+      }
+      // auto, ascending, descending, shortest-first and nondeterministic at least.
+      EXPECT_GE(planned, 5);
+    }
+  }
+}
+
 TEST(PlanBackward, AutoRunsTheScheduleChooseAutoPicks) {
   for (const AttentionShape& shape : {causal_shape(), full_shape()}) {
     const BackwardPlan plan = plan_or_fail(shape, Schedule::kAuto);

@@ -107,7 +107,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DeterministicSchedules, testing::ValuesIn(kCase
                          [](const testing::TestParamInfo<Case>& param) { return std::string(param.param.name); });
 
 // The windows of the GPU tests (kernels/test_sm90_variants.cpp) at the kernels' own tiles (backward_tile_shape of
-// head dims 64 and 128), with the schedules the API runs under a window: rows that see no key, keys that no row
+// head dims 64, 128 and 192: 128x128, 64x128 and the head_dim split's 64x64), with the schedules the API runs under a window: rows that see no key, keys that no row
 // sees (key/value tiles whose jobs have no step), seqlen_q != seqlen_k both ways with GQA, the diagonal alone.
 TEST(Emulator, TheGpuTestsWindowsAtTheKernelsTiles) {
   const Case cases[] = {
@@ -117,7 +117,7 @@ TEST(Emulator, TheGpuTestsWindowsAtTheKernelsTiles) {
       {"two_sided_sq_lt_sk_gqa", 1, 4, 2, 300, 777, false, 5, 0, {200, 30}},
       {"diagonal", 1, 2, 2, 257, 257, false, 3, 0, {0, 0}},
   };
-  for (const int head_dim : {64, 128}) {
+  for (const int head_dim : {64, 128, 192}) {
     for (const Case& c : cases) {
       SCOPED_TRACE(std::string(c.name) + " at the tiles of head dim " + std::to_string(head_dim));
       const AttentionShape shape = shape_of(c);

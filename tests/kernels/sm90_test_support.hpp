@@ -50,22 +50,6 @@ inline std::string skip_reason(const Instance& inst) {
   return "head dim " + std::to_string(inst.head_dim) + " / " + dtype_name(inst.dtype) + " not compiled in this build";
 }
 
-// Whether the library has a backward at the instance's head dim: at 192 and 256 it has only the forward.
-inline bool has_backward(const Instance& inst) { return has_backward_kernel(inst.head_dim); }
-
-// At a head dim without a backward kernel, the backward of `shape` must be refused before any launch, as not
-// supported, naming shape.head_dim and the head dims it takes.
-inline ::testing::AssertionResult backward_is_refused(const AttentionShape& shape) {
-  size_t bytes = 0;
-  const Status s = backward_workspace_size(shape, Schedule::kAuto, &bytes);
-  if (s.code() == StatusCode::kNotSupported &&
-      s.message().find("shape.head_dim must be one of {64, 96, 128} for the backward") != std::string::npos) {
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "head_dim " << shape.head_dim << ": backward not refused as expected: "
-                                       << s.to_string();
-}
-
 // Waits for `stream`; a wait past the watchdog ends the binary (exit 3), since a hung kernel cannot be recovered.
 inline void wait_or_die(cudaStream_t stream, const std::string& what) {
   if (!harness::synchronize_with_watchdog(stream, kWatchdogSeconds)) {

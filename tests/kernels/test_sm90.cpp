@@ -55,13 +55,17 @@ const ShapeCase kShapes[] = {
     {2, 640, 640, 6, 3, true},
 };
 
-// Every head dim and dtype; the backward tests of 192 and 256, which have only a forward, check that it is refused.
-const Instance kInstances[] = {{64, DType::kBF16},  {64, DType::kFP16},  {96, DType::kBF16},  {96, DType::kFP16},
+// Every head dim and dtype, forward and backward (the backward at 192 and 256 runs the head_dim-split kernels,
+// bwd_mma.cuh).
+constexpr Instance kInstances[] = {{64, DType::kBF16},  {64, DType::kFP16},  {96, DType::kBF16},  {96, DType::kFP16},
                                {128, DType::kBF16}, {128, DType::kFP16}, {192, DType::kBF16}, {192, DType::kFP16},
                                {256, DType::kBF16}, {256, DType::kFP16}};
-// The instances with a backward kernel.
-const Instance kBackwardInstances[] = {{64, DType::kBF16}, {64, DType::kFP16}, {96, DType::kBF16},
-                                       {96, DType::kFP16}, {128, DType::kBF16}, {128, DType::kFP16}};
+static_assert([] {
+  for (const Instance& inst : kInstances) {
+    if (!has_backward_kernel(inst.head_dim)) return false;
+  }
+  return true;
+}(), "every instance the tests run has a backward kernel");
 
 AttentionShape make_shape(const ShapeCase& c, const Instance& inst) {
   return gpu_testing::make_attention_shape(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.causal, inst);
@@ -102,10 +106,6 @@ TEST_P(Sm90Correctness, ForwardMatchesReference) {
 
 TEST_P(Sm90Correctness, BackwardMatchesReferenceForEverySchedule) {
   const auto& [inst, c] = GetParam();
-  if (!gpu_testing::has_backward(inst)) {
-    EXPECT_TRUE(gpu_testing::backward_is_refused(make_shape(c, inst)));
-    return;
-  }
   if (const std::string why = skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
   Problem p = harness::make_problem(make_shape(c, inst), /*seed=*/0xbac0000u + c.seqlen_k * 17 + inst.head_dim);
   const auto tol = harness::tolerance_for(inst.dtype);
@@ -229,7 +229,8 @@ std::string ragged_sweep_name(const ::testing::TestParamInfo<std::tuple<Instance
 
 INSTANTIATE_TEST_SUITE_P(Remainders, Sm90RaggedSweep,
                          ::testing::Combine(::testing::Values(Instance{64, DType::kBF16}, Instance{96, DType::kBF16},
-                                                              Instance{128, DType::kFP16}),
+                                                              Instance{128, DType::kFP16}, Instance{192, DType::kBF16},
+                                                              Instance{256, DType::kFP16}),
                                             ::testing::Bool()),
                          ragged_sweep_name);
 
@@ -405,7 +406,7 @@ const ShapeCase kDeterminismShapes[] = {{2, 1024, 1024, 4, 4, false}, {2, 1024, 
                                         {1, 1536, 1536, 8, 2, true}};
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Determinism,
-                         ::testing::Combine(::testing::ValuesIn(kBackwardInstances),
+                         ::testing::Combine(::testing::ValuesIn(kInstances),
                                             ::testing::ValuesIn(kDeterminismShapes)),
                          correctness_name);
 
@@ -417,7 +418,7 @@ class Sm90DeterminismControl : public ::testing::TestWithParam<int> {};
 
 TEST_P(Sm90DeterminismControl, NondeterministicScheduleIsCaught) {
   const int head_dim = GetParam();
-  for (const Instance& inst : kBackwardInstances) {
+  for (const Instance& inst : kInstances) {
     if (inst.head_dim != head_dim || !skip_reason(inst).empty()) continue;
     Problem p = make_determinism_problem(make_shape({2, 1024, 1024, 4, 4, false}, inst));
     Problem load = make_load_problem(p.shape);
@@ -430,7 +431,7 @@ TEST_P(Sm90DeterminismControl, NondeterministicScheduleIsCaught) {
   GTEST_SKIP() << skip_reason(Instance{head_dim, DType::kBF16});
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, Sm90DeterminismControl, ::testing::Values(64, 96, 128),
+INSTANTIATE_TEST_SUITE_P(HeadDims, Sm90DeterminismControl, ::testing::Values(64, 96, 128, 192, 256),
                          [](const ::testing::TestParamInfo<int>& info) { return "hdim" + std::to_string(info.param); });
 
 // --- bad input on a real device -------------------------------------------------------------------

@@ -239,14 +239,12 @@ TEST(Cli, PlanRefusesAHeadDimTheLibraryRefuses) {
                            "192, 256}, got 80"));
 }
 
-// plan models the backward, which the library has at d = 96 but not at 192 or 256 (the forward only).
-TEST(Cli, PlanTakesTheBackwardHeadDimsAndRefusesTheForwardOnlyOnes) {
-  const Output out = run("plan --batch 2 --heads 8 --seqlen 1024 --head-dim 96");
-  EXPECT_EQ(out.status, 0) << out.text;
-  for (const char* head_dim : {"192", "256"}) {
-    EXPECT_TRUE(refused_with(std::string("plan --head-dim ") + head_dim,
-                             "dash-attn plan: the library refuses this shape for the backward: shape.head_dim must be "
-                             "one of {64, 96, 128} for the backward"));
+// plan models the backward, which the library has at every supported head dim (at 192 and 256 since the
+// head_dim-split kernels, on their 64x64 tiles).
+TEST(Cli, PlanTakesEveryBackwardHeadDim) {
+  for (const char* head_dim : {"96", "192", "256"}) {
+    const Output out = run(std::string("plan --batch 2 --heads 8 --seqlen 1024 --head-dim ") + head_dim);
+    EXPECT_EQ(out.status, 0) << head_dim << ": " << out.text;
   }
 }
 
@@ -267,9 +265,6 @@ TEST(Cli, CheckAndBenchRefuseAShapeTheLibraryRefusesBeforeTheDeviceCheck) {
     EXPECT_TRUE(refused_with(std::string(command) + " --head-dim 80",
                              "the library refuses this shape: shape.head_dim must be one of {64, 96, 128, 192, 256}, "
                              "got 80"));
-    EXPECT_TRUE(refused_with(std::string(command) + " --head-dim 192",
-                             "the library refuses this shape for the backward: shape.head_dim must be one of {64, 96, "
-                             "128} for the backward"));
   }
 }
 
@@ -826,11 +821,27 @@ TEST(Cli, ProveEverySchedule) {
   EXPECT_NE(one.text.find("\nshift "), std::string::npos) << "auto runs shift on short full-mask heads: " << one.text;
 }
 
+// The backward's 64x64 tiles at d = 192 and 256 (block_kv / block_q = 1) plan and prove under every schedule.
+TEST(Cli, ProveTakesHeadDims192And256) {
+  for (const char* head_dim : {"192", "256"}) {
+    const Output out =
+        run(std::string("prove --batch 2 --heads 8 --heads-kv 4 --seqlen 1000 --causal --sms 13 --reference --head-dim ") +
+            head_dim);
+    ASSERT_EQ(out.status, 0) << head_dim << ": " << out.text;
+    std::istringstream lines(out.text);
+    int proven = 0;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("  valid") != std::string::npos) ++proven;
+      EXPECT_EQ(line.find("disagrees"), std::string::npos) << line;
+    }
+    EXPECT_EQ(proven, 5) << head_dim << ": " << out.text;
+  }
+}
+
 TEST(Cli, ProveRefusesWhatTheLibraryRefuses) {
   EXPECT_TRUE(refused_with("prove --head-dim 80",
                            "dash-attn prove: the library refuses this shape: shape.head_dim must be one of {64, 96, 128, "
                            "192, 256}"));
-  EXPECT_TRUE(refused_with("prove --head-dim 256", "dash-attn prove: the library refuses this shape for the backward"));
   EXPECT_TRUE(refused_with("prove --schedule fastest", "unknown schedule 'fastest'"));
   EXPECT_TRUE(refused_with("prove --threads -1", "usage: dash-attn prove"));
 }

@@ -135,7 +135,7 @@ AttentionShape make_shape(const ShapeFlags& flags, const FlagParser& parser);
 // `emulate` does not call it: it models any head dim and tile shape on purpose.
 void check_library_accepts(const AttentionShape& shape, const FlagParser& parser);
 // The same for the commands that plan or run the backward: the library also refuses a backward at a head dim with
-// no backward kernel (192 and 256 have only a forward).
+// no backward kernel (kBackwardHeadDims; every supported head dim has one now).
 void check_library_accepts_backward(const AttentionShape& shape, const FlagParser& parser);
 
 // Refuses shapes with more tile visits than the planner and emulator enumerate in reasonable memory.

@@ -2,7 +2,11 @@
 // memory layouts, the shared storage, the TMA types and the device parameters.
 //
 // Warp roles (384 threads): warpgroup 0 is the producer (warp 0 loads, warp 1 writes dQ partials),
-// warpgroups 1 and 2 compute; MMA warpgroup w owns key/value rows [64w, 64w + 64) of the job's tile.
+// warpgroups 1 and 2 compute. Up to d = 128 MMA warpgroup w owns key/value rows [64w, 64w + 64) of the job's tile;
+// at d = 192 and 256 (kSplitsHeadDim) both work on the tile's 64 key/value rows and split head_dim: warpgroup w
+// computes S^T and dP^T for query columns [32w, 32w + 32) and dK, dV and dQ for head_dim columns [w d/2, (w+1) d/2).
+// Invariants: shared storage within the 227 KiB a CTA may use (static_assert); the loader, the MMA warpgroups and
+// the dQ writer walk the same jobs and steps (bwd_loader.cuh); the d <= 128 types are those of before the split.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -48,9 +52,10 @@ struct StepRecord {
   int rank;      // its position in that tile's summation order, or kUnordered
 };
 
-// The backward's warp roles: one MMA warpgroup per 64 key/value rows.
+// The backward's warp roles: one MMA warpgroup per 64 key/value rows, or two splitting head_dim over the 64 rows.
 template <int kHeadDim>
-using BackwardWarpRoles = WarpRoles<backward_tile_shape(kHeadDim).block_kv / kMmaWarpGroupRows>;
+using BackwardWarpRoles =
+    WarpRoles<backward_splits_head_dim(kHeadDim) ? 2 : backward_tile_shape(kHeadDim).block_kv / kMmaWarpGroupRows>;
 
 // kSoftcap_: the softcap kernels (bwd_mma.cuh caps the recomputed scores and multiplies dS by tanh's derivative);
 // the others compile without a trace of it.
@@ -75,10 +80,15 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   using JobRecordType = std::conditional_t<kVarlen, PackedJobRecord, JobRecord>;
   static constexpr int kBlockM = backward_tile_shape(kHeadDim).block_q;
   static constexpr int kBlockN = backward_tile_shape(kHeadDim).block_kv;
-  static constexpr int kStages = 2;         // query/dO pipeline depth
+  // d = 192 and 256: the warpgroups split head_dim over the tile's 64 key/value rows (file comment).
+  static constexpr bool kSplitsHeadDim = backward_splits_head_dim(kHeadDim);
+  // Query/dO pipeline depth: one stage at d = 256, where a second (64 KiB of Q and dO) would need 289 KiB.
+  static constexpr int kStages = kHeadDim > 192 ? 1 : 2;
   static constexpr int kStepRing = 8;       // step records in flight; must exceed kStages + 1 (bwd_loader.cuh)
   static constexpr int kJobSlots = 2;
-  static_assert(kBlockN == kMmaWarpGroupRows * kMmaWarpGroups, "each MMA warpgroup owns 64 key/value rows");
+  static_assert(kSplitsHeadDim ? kBlockN == kMmaWarpGroupRows && kBlockM == 64 && kMmaWarpGroups == 2
+                               : kBlockN == kMmaWarpGroupRows * kMmaWarpGroups,
+                "each MMA warpgroup owns 64 key/value rows, or both share 64 and split head_dim and the query columns");
   static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
 
   using BlockM = Int<kBlockM>;
@@ -87,19 +97,36 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   using Stages = Int<kStages>;
   using WarpGroups = Layout<Shape<Int<kMmaWarpGroups>, _1, _1>>;
 
-  // S^T = K Q^T and dP^T = V dO^T: (kBlockN x kBlockM) over head_dim.
-  using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, BlockM, HeadDim>>(), WarpGroups{}));
-  // dV += P^T dO and dK += dS^T Q: (kBlockN x head_dim) over kBlockM, A from registers.
-  using TiledMmadKV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, HeadDim, BlockM>, GMMA::Major::K, GMMA::Major::MN>(),
-      WarpGroups{}));
+  // The warpgroups' layout over a GEMM's (M, N, K) when they split N (the head_dim split's GEMMs, and dQ at 64 rows).
+  using WarpGroupsAlongN = Layout<Shape<_1, Int<kMmaWarpGroups>, _1>>;
+  // S^T = K Q^T and dP^T = V dO^T: (kBlockN x kBlockM) over head_dim; the warpgroups split the key rows, or, in
+  // the head_dim split, the query columns (64 x 32 each).
+  using TiledMmaSdP = std::conditional_t<
+      kSplitsHeadDim,
+      decltype(make_tiled_mma(
+          GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / kMmaWarpGroups>, HeadDim>>(),
+          WarpGroupsAlongN{})),
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, BlockM, HeadDim>>(),
+                              WarpGroups{}))>;
+  // dV += P^T dO and dK += dS^T Q: (kBlockN x head_dim) over kBlockM. Up to d = 128 each warpgroup's own key rows
+  // with A (P^T, dS^T) from registers; in the head_dim split each warpgroup's half of head_dim over all 64 key rows,
+  // A from shared memory, where both warpgroups' query columns of P^T and dS^T meet.
+  static constexpr int kdKVColumns = kSplitsHeadDim ? kHeadDim / kMmaWarpGroups : kHeadDim;  // per warpgroup
+  using TiledMmadKV = std::conditional_t<
+      kSplitsHeadDim,
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kdKVColumns>, BlockM>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              WarpGroupsAlongN{})),
+      decltype(make_tiled_mma(
+          GMMA::rs_op_selector<Element, Element, float, Shape<_64, HeadDim, BlockM>, GMMA::Major::K, GMMA::Major::MN>(),
+          WarpGroups{}))>;
   // dQ = dS K: (kBlockM x head_dim) over kBlockN. With 128 query rows the warpgroups split the rows,
-  // with 64 they split head_dim; either way each computes a 64 x kdQColumns partial (64 x 48 at d = 96).
+  // with 64 they split head_dim; either way each computes a 64 x kdQColumns partial (64 x 48 at d = 96, 64 x 96
+  // and 64 x 128 at 192 and 256).
   static constexpr bool kdQSplitsRows = kBlockM == 64 * kMmaWarpGroups;
   static constexpr int kdQColumns = kdQSplitsRows ? kHeadDim : kHeadDim / kMmaWarpGroups;
   using dQAtomShape = Shape<_64, Int<kdQColumns>, BlockN>;
-  using dQWarpGroups = std::conditional_t<kdQSplitsRows, WarpGroups, Layout<Shape<_1, Int<kMmaWarpGroups>, _1>>>;
+  using dQWarpGroups = std::conditional_t<kdQSplitsRows, WarpGroups, WarpGroupsAlongN>;
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, dQAtomShape, GMMA::Major::MN, GMMA::Major::MN>(), dQWarpGroups{}));
   static constexpr int kdQPartialFloats = kBlockM * kHeadDim / kMmaWarpGroups;  // one warpgroup's dQ partial
@@ -107,23 +134,33 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // Shared memory. Q, dO, K, V are K-major (head_dim contiguous) as TMA writes them; the MN-major B
   // operands are transposed views of the same bytes. Rows take the widest swizzle that divides them (gemm.cuh);
   // K's must also divide each warpgroup's kdQColumns, where its wgmma B operand of dQ = dS K starts: the 128-byte
-  // swizzle at d = 64 and 128, the 32-byte one at d = 96 (48 columns per warpgroup).
-  using SmemLayoutQ = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kHeadDim>{}, Shape<BlockM, HeadDim, Stages>{}));
+  // swizzle at d = 64, 128 and 256, the 32-byte one at d = 96 (48 columns per warpgroup), the 64-byte one at 192
+  // (96). In the head_dim split Q's and dO's must divide kdKVColumns as well, where the B operands of dK += dS^T Q
+  // and dV += P^T dO start: at d = 192 each warpgroup's 96 columns start mid-atom of a 128-byte swizzle, so Q and
+  // dO take the 64-byte one too (and V, which shares K's layout).
+  using SmemLayoutQ = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kdKVColumns>{}, Shape<BlockM, HeadDim, Stages>{}));
   using SmemLayoutKV = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kdQColumns>{}, Shape<BlockN, HeadDim>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_layout(Shape<HeadDim, BlockM, Stages>{}, Stride<BlockM, _1, Int<kBlockM * kHeadDim>>{})));
   using SmemLayoutKt = decltype(composition(SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN>{}, Stride<BlockN, _1>{})));
-  // dS, read as the MN-major A operand of dQ = dS K and written through its transpose dS^T.
-  using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<BlockM, BlockN, Stages>{}));
+  // dS, read as the MN-major A operand of dQ = dS K and written through its transpose dS^T (query columns
+  // contiguous either way). One buffer per query/dO stage; in the head_dim split four: P^T and dS^T, each in two
+  // buffers used by alternate steps (p_buffer, ds_buffer), and dS^T and P^T are also read as the K-major A operands
+  // of dK += dS^T Q and dV += P^T dO (the transposed view is exactly the K-major 128-byte swizzle's layout).
+  static constexpr int kdSBuffers = kSplitsHeadDim ? 4 : kStages;
+  using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<BlockM, BlockN, Int<kdSBuffers>>{}));
   using SmemLayoutdSt = decltype(composition(
-      SmemLayoutdS{}, make_layout(Shape<BlockN, BlockM, Stages>{}, Stride<BlockM, _1, Int<kBlockM * kBlockN>>{})));
+      SmemLayoutdS{}, make_layout(Shape<BlockN, BlockM, Int<kdSBuffers>>{}, Stride<BlockM, _1, Int<kBlockM * kBlockN>>{})));
+  // The head_dim split's buffers of step `steps`: P^T in 0 and 1, dS^T in 2 and 3, by the step's parity.
+  __device__ static int p_buffer(int steps) { return steps & 1; }
+  __device__ static int ds_buffer(int steps) { return 2 + (steps & 1); }
 
   struct SharedStorage {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> dout;
-    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutdS>> ds;
+    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutdS>> ds;  // and P^T in the head_dim split
     alignas(128) array_aligned<float, kBlockM * kHeadDim> dq;  // dQ partials, per warpgroup, fragment order
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dpsum[kStages][kBlockM];

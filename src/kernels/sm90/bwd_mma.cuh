@@ -8,6 +8,19 @@
 //   dV += P^T dO, dK += dS^T Q                       (wgmma, P^T and dS^T from registers)
 //   dQ_partial = dS K                                (wgmma, dS through shared memory)
 // and hand dQ_partial to the dQ writer. At the end of the job write dK * scale and dV.
+//
+// Two layouts of the work over the two MMA warpgroups (bwd_config.cuh):
+// - up to d = 128 (run_rows) each warpgroup owns 64 key/value rows: S^T, dP^T, dK and dV of its rows, P^T and dS^T
+//   straight from registers into the dV and dK GEMMs; only dS^T goes through shared memory, for dQ, which
+//   contracts over both warpgroups' rows.
+// - at d = 192 and 256 (run_head_dim_split) dK and dV of 64 rows would take d registers per thread (192 or 256 of
+//   240), so both warpgroups work on the tile's 64 key/value rows and split head_dim (FA3's layout at these head
+//   dims): each computes S^T and dP^T for half of the 64 query columns, writes P^T and dS^T to shared memory,
+//   and after a barrier runs dV += P^T dO, dK += dS^T Q and dQ = dS K for its half of head_dim, all operands
+//   from shared memory. dK and dV leave straight from the fragments (no free staging tile holds 64 x d).
+// Invariants: both warpgroups walk the same jobs and steps (the loader's records), so the named barriers
+// (kDsReadyBarrier, kDsFreeBarrier) pair up; a warpgroup overwrites a shared P^T or dS^T buffer only after both
+// warpgroups' GEMMs that read its previous contents are complete (see each path).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -28,6 +41,16 @@ struct BackwardMma {
   static constexpr int kBlockN = Config::kBlockN;
 
   __device__ static void run(const Params& p, SharedStorage& smem, int thread) {
+    if constexpr (Config::kSplitsHeadDim) {
+      run_head_dim_split(p, smem, thread);
+    } else {
+      run_rows(p, smem, thread);
+    }
+  }
+
+ private:
+  // Up to d = 128: MMA warpgroup w owns key/value rows [64w, 64w + 64) of the job's tile.
+  __device__ static void run_rows(const Params& p, SharedStorage& smem, int thread) {
     typename Config::TiledMmaSdP mma_sdp;
     typename Config::TiledMmadKV mma_dkv;
     typename Config::TiledMmadQ mma_dq;
@@ -138,7 +161,127 @@ struct BackwardMma {
     }
   }
 
- private:
+  // d = 192 and 256: both MMA warpgroups work on the tile's 64 key/value rows; warpgroup w computes S^T and dP^T
+  // for query columns [32w, 32w + 32) and dV, dK and its dQ partial for head_dim columns [w d/2, (w + 1) d/2).
+  //
+  // P^T and dS^T meet in shared memory, since each warpgroup's dV and dK GEMMs contract over all 64 query columns
+  // and its dQ GEMM over all 64 key rows. Each has two buffers, used by alternate steps (Config::p_buffer,
+  // ds_buffer): a warpgroup writes step n's into buffer n % 2 after passing step n - 1's barrier, which the other
+  // warpgroup reached only after waiting for its GEMMs of step n - 2, the last readers of buffer n % 2. With one
+  // buffer, step n's stores could overwrite what the other warpgroup's GEMMs of step n - 1 still read. The step
+  // counter runs across jobs, so the alternation continues over job boundaries with no barrier of its own.
+  __device__ static void run_head_dim_split(const Params& p, SharedStorage& smem, int thread) {
+    typename Config::TiledMmaSdP mma_sdp;
+    typename Config::TiledMmadKV mma_dkv;
+    typename Config::TiledMmadQ mma_dq;
+    const int warp_group = uniform_warp_group(thread, Config::kWarpGroupThreads);
+    auto thr_sdp = mma_sdp.get_thread_slice(thread);
+    auto wg_sdp = warpgroup_operand_slice(mma_sdp, warp_group, Config::kWarpGroupThreads);
+    auto wg_dkv = warpgroup_operand_slice(mma_dkv, warp_group, Config::kWarpGroupThreads);
+    auto wg_dq = warpgroup_operand_slice(mma_dq, warp_group, Config::kWarpGroupThreads);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQt{});
+    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
+    // The P^T and dS^T buffers: (query, key, buffer) as dQ's MN-major A operand, (key, query, buffer) as the K-major
+    // A operand of dV and dK and as stmatrix's destination.
+    Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
+    Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
+
+    // S^T and dP^T: all 64 key rows (A), the warpgroup's 32 query columns (B).
+    Tensor tSrK = wg_sdp.partition_fragment_A(sK);
+    Tensor tSrV = wg_sdp.partition_fragment_A(sV);
+    Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);
+    Tensor tSrdO = wg_sdp.partition_fragment_B(sdO);
+    // dV and dK: P^T or dS^T of all 64 query columns (A), the warpgroup's half of head_dim (B).
+    Tensor tdKVrPdSt = wg_dkv.partition_fragment_A(sdSt);
+    Tensor tdVrdOt = wg_dkv.partition_fragment_B(sdOt);
+    Tensor tdKrQt = wg_dkv.partition_fragment_B(sQt);
+    // dQ: dS over all 64 key rows (A), the warpgroup's half of head_dim (B).
+    Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
+    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
+    // P^T and dS^T go to shared memory with stmatrix, as dS^T does in run_rows: each 8 x 8 block of the accumulator
+    // is a row of 16 contiguous bytes there (queries are contiguous), four blocks per instruction.
+    auto pds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+    auto thr_pds_store = pds_store.get_thread_slice(thread);
+    Tensor tPdSsPdSt = thr_pds_store.partition_D(sdSt);
+    // (key row, query column) of each S^T element this thread holds: its warpgroup's columns.
+    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+
+    // The plan's mask and the left bound's test, as in run_rows.
+    const MaskShape plan_mask = p.plan.problem.mask();
+    const auto left_bounded = [&p] { return p.plan.problem.window.left >= 0; };
+    int steps = 0;
+    for (int jobs = 0;; ++jobs) {
+      const typename Config::JobRecordType job = smem.jobs.take(jobs);
+      if (job.num_steps == kEndOfWork) break;
+      const MaskShape mask = job_mask(job, plan_mask);
+
+      // The warpgroup's half of head_dim: 64 x d/2 each, d / 2 fp32 registers per thread for dK and dV together.
+      Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
+      Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
+      clear(tdVrdV);
+      clear(tdKrdK);
+      smem.kv_stages.consumer_wait(jobs, "kv_full");
+      const int kv_row0 = job.kv_tile * kBlockN;
+      for (int s = 0; s < job.num_steps; ++s, ++steps) {
+        const int stage = smem.q_stages.consumer_wait(steps, "q_full");
+        const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
+        const int p_buffer = Config::p_buffer(steps);
+        const int ds_buffer = Config::ds_buffer(steps);
+
+        Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+        warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
+        // The previous step's dQ partial is handed over only now, as in run_rows.
+        if (s > 0) commit_dq(smem, warp_group, steps - 1);
+
+        warpgroup_wait<1>();
+        // P^T in place of S^T, masked only where the tile crosses a mask's ends (run_rows says why this way).
+        const bool crosses_right_ends = kv_row0 + kBlockN > mask.visible_keys(q_row0);
+        if (left_bounded() && (crosses_right_ends || kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
+          compute_probabilities<MaskedEnds::kBoth>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
+        } else if (crosses_right_ends) {
+          compute_probabilities<MaskedEnds::kRight>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
+        } else {
+          compute_probabilities<MaskedEnds::kNone>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
+        }
+        warpgroup_wait<0>();
+        // P^T and dS^T in the MMA element type, in the accumulator's layout, which is stmatrix's source layout.
+        Tensor tPrP = make_tensor<Element>(tSrS.layout());
+        Tensor tdSrdS = make_tensor<Element>(tdPrdP.layout());
+        compute_ds(tSrS, tdPrdP, operand_in_accumulator_layout(tPrP, tSrS), operand_in_accumulator_layout(tdSrdS, tdPrdP),
+                   tScS, smem.dpsum[stage], smem.lse_log2[stage], p);
+        copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdSt(_, _, _, p_buffer));
+        copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdSt(_, _, _, ds_buffer));
+        // The generic-proxy stores before wgmma's async-proxy reads, then both warpgroups' halves complete.
+        fence_shared_for_async_proxy();
+        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
+
+        // dQ first: its partial goes to the dQ writer while dV and dK still run.
+        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
+        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrKt, tdQrdQ);
+        warpgroup_gemm<false>(mma_dkv, tdKVrPdSt(_, _, _, p_buffer), tdVrdOt(_, _, _, stage), tdVrdV);
+        warpgroup_gemm<false>(mma_dkv, tdKVrPdSt(_, _, _, ds_buffer), tdKrQt(_, _, _, stage), tdKrdK);
+        warpgroup_wait<2>();  // dQ done; dV and dK may still run
+        store_dq(smem, tdQrdQ, warp_group, thread, steps);
+        // All of this step's GEMMs are complete before the stage is released and before the warpgroup reaches the
+        // next step's barrier, after which the other warpgroup may overwrite this step's buffers' twins (above).
+        warpgroup_wait<0>();
+        smem.q_stages.consumer_release(steps);
+      }
+      // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
+      if (job.num_steps > 0) commit_dq(smem, warp_group, steps - 1);
+      smem.kv_stages.consumer_release(jobs);
+      store_dkv(p, smem, job, tdKrdK, tdVrdV, thread);
+    }
+  }
+
   // The mask the job runs: the plan's, or in the varlen kernels its sequence's.
   __device__ static MaskShape job_mask(const typename Config::JobRecordType& job, const MaskShape& plan_mask) {
     if constexpr (Config::kVarlen) {
@@ -251,7 +394,8 @@ struct BackwardMma {
     smem.dq_stages[warp_group].producer_commit(steps);
   }
 
-  // dK * scale and dV for the job's rows: to dK/dV through shared memory, or, when the query-head group
+  // dK * scale and dV for the job's rows: to dK/dV through shared memory (straight from the fragments in the
+  // head_dim split, where no free staging tile holds 64 x d), or, when the query-head group
   // is split over several jobs, straight to the fp32 per-split accumulators that the postprocess sums in
   // split order (a float pair fills a 32-byte sector per row and warp instruction already).
   //
@@ -285,16 +429,24 @@ struct BackwardMma {
       dk_tile += static_cast<int64_t>(job.k_offset) * p.dk_strides[1];
       dv_tile += static_cast<int64_t>(job.k_offset) * p.dv_strides[1];
     }
-    // dK, then dV, go out through the dS buffer, free once both warpgroups' last dQ GEMMs (each reads
-    // all of dS) are done; the next job's first dS store waits until neither warpgroup reads it.
-    static_assert(cosize_v<typename Config::SmemLayoutdS> >= kBlockN * kHeadDim, "dS holds a dK or dV tile");
-    Element* staging = smem.ds.data();
-    cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
-    store_accumulator_rows_staged<Config, Element, kBlockN, kHeadDim>(mma_dkv, thread, dk, staging, dk_tile,
-                                                                      p.dk_strides[1], valid_rows, scaled);
-    store_accumulator_rows_staged<Config, Element, kBlockN, kHeadDim>(mma_dkv, thread, dv, staging, dv_tile,
-                                                                      p.dv_strides[1], valid_rows, unscaled);
-    cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
+    if constexpr (Config::kSplitsHeadDim) {
+      // Each warpgroup's half of head_dim, in pairs of 16-bit elements per row, once per job. Staging it would take
+      // the P^T and dS^T buffers, which the other warpgroup may still read (its last GEMMs) or already write (the
+      // next job's first step), and a barrier per job to free them.
+      store_accumulator_rows<Element, kBlockN, kHeadDim>(mma_dkv, thread, dk, dk_tile, p.dk_strides[1], valid_rows, scaled);
+      store_accumulator_rows<Element, kBlockN, kHeadDim>(mma_dkv, thread, dv, dv_tile, p.dv_strides[1], valid_rows, unscaled);
+    } else {
+      // dK, then dV, go out through the dS buffer, free once both warpgroups' last dQ GEMMs (each reads
+      // all of dS) are done; the next job's first dS store waits until neither warpgroup reads it.
+      static_assert(cosize_v<typename Config::SmemLayoutdS> >= kBlockN * kHeadDim, "dS holds a dK or dV tile");
+      Element* staging = smem.ds.data();
+      cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
+      store_accumulator_rows_staged<Config, Element, kBlockN, kHeadDim>(mma_dkv, thread, dk, staging, dk_tile,
+                                                                        p.dk_strides[1], valid_rows, scaled);
+      store_accumulator_rows_staged<Config, Element, kBlockN, kHeadDim>(mma_dkv, thread, dv, staging, dv_tile,
+                                                                        p.dv_strides[1], valid_rows, unscaled);
+      cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
+    }
   }
 };
 
