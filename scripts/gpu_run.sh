@@ -46,7 +46,7 @@ for step in "${steps[@]}"; do
       # and a window with a sequence shorter than one tile: every sequence's loads and stores at its offsets.
       filter+=':Cases/Sm90Varlen.*hdim64_bf16_q_ne_k_causal:Cases/Sm90Varlen.*hdim128_fp16_window:Sm90VarlenContract.*'
       # The forward's other tile shapes: tall d = 64 tiles (three MMA warpgroups) from 2048 query rows (8192
-      # causal), wide d = 128 tiles under a full mask from 1024 keys (O stored without a staging tile): one ragged
+      # causal), wide d = 128 tiles under a full mask from 2048 keys (O stored without a staging tile): one ragged
       # forward of each through the CLI, with short other lengths to keep the tools' time down.
       tile_shapes=("--head-dim 64 --seqlen-q 2100 --seqlen-k 333" "--head-dim 64 --seqlen-q 8200 --seqlen-k 517 --causal"
                    "--head-dim 128 --seqlen-q 130 --seqlen-k 4100")

@@ -58,6 +58,8 @@ DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
 // tile (kernels/sm90/fwd_config.cuh: none fits beside Q, K and V), which costs more than the loop saves
 // when a tile visits few key/value tiles. Same-run A/B on the H200, d = 128, full, bf16, the paper grid
 // (2026-12-02, docs/PERF.md): against 128x128, -3% at 512 keys, +3.7-4.1% at 1024-2048, +3-13% from 4096.
+// At 1024 keys (six wide tiles a query tile) two later same-run A/Bs (ninth session, docs/PERF.md) found the
+// opposite, 128x128 4.8% and 5.2% faster, so the wide tiles start at 2048 keys.
 // The causal mask keeps 128 keys: wider tiles would compute more of the masked triangle.
 //
 // At d = 192 and 256 the key/value tiles narrow to what shared memory holds beside a 128-row Q tile, with K and
@@ -74,7 +76,7 @@ inline constexpr int kForwardBlockKvD192 = 112;
 inline constexpr int kForwardBlockKvD256 = 80;
 inline constexpr int kForwardTallFromFull = 2048;     // seqlen_q from which a full mask takes tall tiles
 inline constexpr int kForwardTallFromCausal = 8192;   // the same under the causal mask
-inline constexpr int kForwardWideFromKeys = 1024;     // seqlen_k from which a full mask at d = 128 takes wide tiles
+inline constexpr int kForwardWideFromKeys = 2048;     // seqlen_k from which a full mask at d = 128 takes wide tiles
 
 DASH_HOST_DEVICE constexpr bool forward_has_tall_tiles(int head_dim) { return head_dim <= 64; }
 DASH_HOST_DEVICE constexpr bool forward_has_wide_tiles(int head_dim) { return head_dim == 128; }

@@ -90,7 +90,7 @@ const VariantCase kCases[] = {
     {1, 700, 700, 4, 4, true, 200, -1, 20.0f, 2.0f},
     // softcap on the forward's tall tiles (d = 64, full, seqlen_q >= 2048), which the window never takes; at d = 128
     // the shape would take the wide tiles without softcap, and the softcap kernels keep 128x128 there
-    {1, 2100, 1100, 2, 1, false, -1, -1, 8.0f, 3.0f},
+    {1, 2100, 2050, 2, 1, false, -1, -1, 8.0f, 3.0f},
 };
 
 // Every head dim and dtype, forward and backward (the backward at 192 and 256 runs the head_dim-split kernels,
@@ -238,8 +238,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90Variant,
                          variant_name);
 
 // The softcap case on long full masks runs the tiles it is there for.
-static_assert(forward_tile_shape(64, false, 2100, 1100).block_q == kForwardTallBlockQ, "tall tiles at d = 64");
-static_assert(forward_tile_shape(128, false, 2100, 1100).block_kv == kForwardWideBlockKv,
+static_assert(forward_tile_shape(64, false, 2100, 2050).block_q == kForwardTallBlockQ, "tall tiles at d = 64");
+static_assert(forward_tile_shape(128, false, 2100, 2050).block_kv == kForwardWideBlockKv,
               "at d = 128 the shape would take the wide tiles, which the softcap kernels replace by 128x128");
 
 // --- determinism ----------------------------------------------------------------------------------
