@@ -99,7 +99,9 @@ struct MutableTensorRef {
 // [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of the packed (total_k, heads_kv, head_dim) k, v, dk and dv; shape.seqlen_q
 // and shape.seqlen_k are the maximum lengths (FlashAttention's max_seqlen_q, max_seqlen_k). The packed tensors are
 // TensorRefs whose strides.batch is 0 (no batch dimension); the LSE is (heads_q, total_q) float32. The masks are
-// each sequence's own (causal and the window aligned to its bottom-right corner).
+// each sequence's own (causal and the window aligned to its bottom-right corner). Rows past the last sequence
+// (cu_seqlens_q[batch] <= row < total_q, and the same for keys) are padding: a forward writes 0 to out and -inf to the
+// LSE there, a backward 0 to dq, dk and dv.
 // cu_seqlens stay in device memory: no entry point reads them on the host, so a call is CUDA-graph capturable. The
 // kernels read them; their contract (unchecked, it would take a copy): shape.batch + 1 int32 offsets starting at 0,
 // non-decreasing, each sequence within the maxima, the last offsets at most total_q and total_k, and, with

@@ -16,7 +16,8 @@ Invariants:
   sequence, under which the backward may run shift and symmetric shift (schedule="auto" picks them); otherwise
   those two schedules are refused by name.
 - Rows after the last sequence (cu_seqlens_q[-1] <= row < total_q) come out as out = 0, lse = -inf and zero
-  gradients; a batch without query or key rows needs no kernel.
+  gradients: the library clears them after its kernels (only those rows, on the device), so the outputs are
+  allocated uncleared; a batch without query or key rows needs no kernel, and its outputs are cleared here.
 - Every check runs before any CUDA call and names the argument; the C library repeats the ones it needs. softcap
   with varlen is refused by the library build (its varlen kernels are built without softcap) with a message
   naming softcap.
@@ -143,9 +144,9 @@ def _c_varlen(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, total_q: int, total_k:
 
 
 def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
-    """out (total_q, heads_q, head_dim), zero where no sequence writes, and lse (heads_q, total_q) fp32, -inf there."""
-    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
-    return torch.zeros_like(q, memory_format=torch.contiguous_format), lse
+    """out (total_q, heads_q, head_dim) and lse (heads_q, total_q) fp32, uncleared: the library writes every row."""
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    return torch.empty_like(q, memory_format=torch.contiguous_format), lse
 
 
 def _empty_batch(q: Tensor, k: Tensor) -> bool:
@@ -180,8 +181,8 @@ def varlen_forward(
 ) -> tuple[Tensor, Tensor]:
     """out, lse of a packed varlen batch. `schedule` is not used here: autograd hands it to the backward."""
     out, lse = _forward_outputs(q)
-    if _empty_batch(q, k):
-        return out, lse
+    if _empty_batch(q, k):  # no kernel runs: rows that see no key
+        return out.zero_(), lse.fill_(float("-inf"))
     q, k, v = (_ops._kernel_ready(t) for t in (q, k, v))
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     batch = cu_seqlens_q.numel() - 1
@@ -232,10 +233,10 @@ def varlen_backward(
     keys_within_queries: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of a packed varlen batch, dQ summed in the order `schedule` fixes (its plan is the maximum
-    problem's, made once per shape and promise); zero in rows no sequence holds."""
-    dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-    if _empty_batch(q, k):
-        return dq, dk, dv
+    problem's, made once per shape and promise); zero in rows no sequence holds (the library clears them)."""
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    if _empty_batch(q, k):  # no kernel runs: no query sees a key
+        return dq.zero_(), dk.zero_(), dv.zero_()
     dout, q, k, v, out = (_ops._kernel_ready(t) for t in (dout, q, k, v, out))
     lse = lse.contiguous()
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()

@@ -199,7 +199,9 @@ PackedComparison compare_packed(const DeviceBuffer& device, const std::vector<do
   for (size_t i = 0; i < reference.size(); ++i) {
     const double ref = reference[i];
     if (std::isnan(ref)) {
-      result.padding_written += !std::isnan(values[i]);
+      // A padding row: the call clears it, 0 in a tensor and -inf in the LSE (the only float output).
+      const double cleared = is_float ? -std::numeric_limits<double>::infinity() : 0.0;
+      result.padding_not_cleared += !(values[i] == cleared);
       continue;
     }
     if (std::isinf(ref)) {  // LSE of rows that see no key

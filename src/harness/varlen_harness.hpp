@@ -1,10 +1,10 @@
 // Harness layer for packed varlen batches (FlashAttention's cu_seqlens, dash/types.hpp's VarlenBatch): a batch of
 // sequences of given lengths packed into (total, heads, head_dim) tensors on the device, with padding rows after the
-// last sequence that no call may write, the float64 reference of every sequence on its own (the dense reference on
-// the sequence's rows), and the comparison of a packed output with it that also counts written padding rows.
+// last sequence that every call clears, the float64 reference of every sequence on its own (the dense reference on
+// the sequence's rows), and the comparison of a packed output with it that also counts padding elements not cleared.
 // Invariants: sequence b's rows are [cu_seqlens[b], cu_seqlens[b + 1]) of the packed tensors, the LSE is
-// (heads_q, total_q); reference values of padding rows are NaN, and a device element there must still hold the
-// poison (NaN) that DeviceBuffer::poison() wrote.
+// (heads_q, total_q); reference values of padding rows are NaN, and a device element there must hold 0 (-inf in the
+// LSE) where it held the poison (NaN) that DeviceBuffer::poison() wrote.
 #pragma once
 
 #include <cstddef>
@@ -49,10 +49,10 @@ ForwardArgs forward_args(VarlenProblem& p);
 BackwardArgs backward_args(VarlenProblem& p, Schedule schedule);
 
 // A packed output against its reference: the error over the sequences' rows, and how many padding elements (NaN in
-// the reference) the call wrote (no longer NaN).
+// the reference) the call left other than cleared (0, or -inf in the LSE: `is_float` marks the LSE).
 struct PackedComparison {
   ErrorStats stats;
-  size_t padding_written = 0;
+  size_t padding_not_cleared = 0;
 };
 PackedComparison compare_packed(const DeviceBuffer& device, const std::vector<double>& reference, DType dtype,
                                 bool is_float = false);

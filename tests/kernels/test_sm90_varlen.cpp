@@ -4,12 +4,12 @@
 //   distributions (lengths 0 and 1, just under and over a tile, the maximum, all equal, one long and the rest empty,
 //   seqlen_q != seqlen_k both ways per sequence, a maximum above every length), full, causal (bottom-right aligned
 //   per sequence) and sliding windows, GQA and MQA. Outputs start poisoned (NaN): every element of every sequence
-//   must be written, the padding rows after the last sequence must stay untouched, and a second run repeats the
-//   bits.
+//   must be written, the padding rows after the last sequence must come out cleared (0, LSE -inf), and a second run
+//   repeats the bits.
 // - Sm90Varlen, backward: every schedule the varlen planner admits for the batch (ascending, descending,
 //   shortest-first and nondeterministic always; shift and symmetric shift where the batch keeps the promise
 //   seqlen_k <= seqlen_q), each on poisoned gradients: every element of every sequence written and matching the
-//   reference, padding rows untouched.
+//   reference, padding rows cleared to 0.
 // - Sm90VarlenContract: offsets that break cu_seqlens' contract neither hang a kernel nor take it outside the
 //   tensors (the kernels clamp each sequence; memcheck runs it in scripts/gpu_run.sh).
 // - Sm90VarlenDeterminism: every deterministic schedule's backward 100 times on adversarial lengths, bit for bit,
@@ -110,8 +110,8 @@ std::vector<uint8_t> download_bytes(const DeviceBuffer& buffer, size_t bytes) {
 
 ::testing::AssertionResult matches(const char* what, const harness::PackedComparison& c,
                                    const harness::Tolerance& tol) {
-  if (c.padding_written > 0) {
-    return ::testing::AssertionFailure() << what << ": " << c.padding_written << " padding elements written";
+  if (c.padding_not_cleared > 0) {
+    return ::testing::AssertionFailure() << what << ": " << c.padding_not_cleared << " padding elements not cleared";
   }
   if (!harness::within(c.stats, tol)) return ::testing::AssertionFailure() << what << ": " << c.stats.describe();
   return ::testing::AssertionSuccess();
@@ -119,7 +119,7 @@ std::vector<uint8_t> download_bytes(const DeviceBuffer& buffer, size_t bytes) {
 
 class Sm90Varlen : public ::testing::TestWithParam<std::tuple<Instance, VarlenCase>> {};
 
-TEST_P(Sm90Varlen, ForwardMatchesEverySequencesReferenceLeavesPaddingAndRepeatsItsBits) {
+TEST_P(Sm90Varlen, ForwardMatchesEverySequencesReferenceClearsPaddingAndRepeatsItsBits) {
   const auto& [inst, c] = GetParam();
   if (const std::string why = varlen_skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
   VarlenProblem p = make_problem(c, inst, /*seed=*/0x7a110000u + inst.head_dim);
@@ -248,7 +248,7 @@ int differing_runs(VarlenProblem& p, harness::Problem& load, Schedule schedule) 
 }
 
 // A problem for the determinism runs: no CPU reference, the GPU forward's O and LSE as the backward's inputs (their
-// padding rows stay poisoned, which no kernel may read).
+// padding rows cleared by the forward; no kernel reads them).
 VarlenProblem make_determinism_problem(const VarlenCase& c, const Instance& inst, uint64_t seed) {
   VarlenProblem p = make_problem(c, inst, seed, /*with_reference=*/false);
   run_varlen_forward(p);

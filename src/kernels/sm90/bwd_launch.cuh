@@ -1,6 +1,7 @@
 // Host side of the backward pass for one (head dim, element type): builds the TMA descriptors and
 // kernel parameters from the API's BackwardParams and enqueues preprocess, main kernel, postprocess
-// (and the GQA split sum) on the stream. Returns a cudaError_t value.
+// (and the GQA split sum; for a varlen batch, the clearing of its padding rows, varlen_padding.cuh) on the
+// stream. Returns a cudaError_t value.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include "kernels/sm90/gmem_tensors.cuh"
 #include "kernels/sm90/bwd_kernel.cuh"
 #include "kernels/sm90/bwd_prepost.cuh"
+#include "kernels/sm90/varlen_padding.cuh"
 
 namespace dash::sm90 {
 
@@ -106,6 +108,17 @@ int launch_backward_kernels(const kernels::BackwardParams& params, cudaStream_t 
     const dim3 grid(static_cast<unsigned>((shape.seqlen_k + rows_per_block - 1) / rows_per_block),
                     static_cast<unsigned>(shape.heads_kv), static_cast<unsigned>(shape.batch));
     sum_dkv_splits_kernel<Element, kVarlen><<<grid, kPrepostThreads, 0, stream>>>(sp);
+  }
+  if constexpr (kVarlen) {
+    const VarlenBatch& v = a.varlen;
+    const PaddingRows<Element> padding[] = {
+        padding_rows<Element>(a.dq, shape.heads_q, kHeadDim, v.total_q, v.cu_seqlens_q, shape.batch),
+        padding_rows<Element>(a.dk, shape.heads_kv, kHeadDim, v.total_k, v.cu_seqlens_k, shape.batch),
+        padding_rows<Element>(a.dv, shape.heads_kv, kHeadDim, v.total_k, v.cu_seqlens_k, shape.batch)};
+    for (const PaddingRows<Element>& rows : padding) {
+      const cudaError_t err = clear_padding_rows(rows, stream);
+      if (err != cudaSuccess) return err;
+    }
   }
   return cudaGetLastError();
 }

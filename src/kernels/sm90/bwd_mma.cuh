@@ -124,14 +124,7 @@ struct BackwardMma {
         // have P = 0 anyway). The branch is uniform over the CTA, so each loop stays branch-free.
         // The left ends are tested only under a left window bound, in a path of its own, so that the full and
         // causal masks' masked steps run what they did before windows.
-        const bool crosses_right_ends = kv_row0 + kBlockN > mask.visible_keys(q_row0);
-        if (left_bounded() && (crosses_right_ends || kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
-          compute_probabilities<MaskedEnds::kBoth>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
-        } else if (crosses_right_ends) {
-          compute_probabilities<MaskedEnds::kRight>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
-        } else {
-          compute_probabilities<MaskedEnds::kNone>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
-        }
+        step_probabilities(left_bounded(), tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
         // dS^T = P^T o (dP^T - dpsum). P^T and dS^T go straight to the MMA element type, so their fp32
         // copies die element by element and the register peak stays low.
         warpgroup_wait<0>();
@@ -243,14 +236,7 @@ struct BackwardMma {
 
         warpgroup_wait<1>();
         // P^T in place of S^T, masked only where the tile crosses a mask's ends (run_rows says why this way).
-        const bool crosses_right_ends = kv_row0 + kBlockN > mask.visible_keys(q_row0);
-        if (left_bounded() && (crosses_right_ends || kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
-          compute_probabilities<MaskedEnds::kBoth>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
-        } else if (crosses_right_ends) {
-          compute_probabilities<MaskedEnds::kRight>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
-        } else {
-          compute_probabilities<MaskedEnds::kNone>(tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
-        }
+        step_probabilities(left_bounded(), tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
         warpgroup_wait<0>();
         // P^T and dS^T in the MMA element type, in the accumulator's layout, which is stmatrix's source layout.
         Tensor tPrP = make_tensor<Element>(tSrS.layout());
@@ -279,6 +265,23 @@ struct BackwardMma {
       if (job.num_steps > 0) commit_dq(smem, warp_group, steps - 1);
       smem.kv_stages.consumer_release(jobs);
       store_dkv(p, smem, job, tdKrdK, tdVrdV, thread);
+    }
+  }
+
+  // P^T in place of one step's S^T, on the path its tile needs: masked where it crosses the right ends (the causal
+  // diagonal, a window's right bound, the key tail) or, under a left window bound, the left ends; unmasked
+  // otherwise. The branch is uniform over the CTA.
+  template <class Fragment, class Coords>
+  __device__ static void step_probabilities(bool left_bounded, Fragment& s_frag, const Coords& coords_frag,
+                                            const float* lse_log2, const MaskShape& mask, int q_row0, int kv_row0,
+                                            const Params& p) {
+    const bool crosses_right_ends = kv_row0 + kBlockN > mask.visible_keys(q_row0);
+    if (left_bounded && (crosses_right_ends || kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
+      compute_probabilities<MaskedEnds::kBoth>(s_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
+    } else if (crosses_right_ends) {
+      compute_probabilities<MaskedEnds::kRight>(s_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
+    } else {
+      compute_probabilities<MaskedEnds::kNone>(s_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
     }
   }
 

@@ -1,6 +1,7 @@
 // Host side of the forward pass for one (head dim, element type): the tile shape for the problem's shape
 // (schedule/tile_config.hpp), TMA descriptors, parameters, and the launch (the tile counter is zeroed on
-// the stream first). Returns a cudaError_t value.
+// the stream first; a varlen batch's padding rows are cleared after, varlen_padding.cuh). Returns a
+// cudaError_t value.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 #include "kernels/sm90/fwd_config.cuh"
 #include "kernels/sm90/fwd_kernel.cuh"
 #include "kernels/sm90/gmem_tensors.cuh"
+#include "kernels/sm90/varlen_padding.cuh"
 
 namespace dash::sm90 {
 
@@ -66,6 +68,13 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
   const int tiles = p.tiles.num_tiles();
   const int grid = tiles < params.num_sms ? tiles : params.num_sms;
   kernel<<<grid, Config::kThreads, Config::kSharedBytes, stream>>>(p);
+  if constexpr (kVarlen) {
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    return clear_padding_rows(padding_rows<Element>(a.out, shape.heads_q, kHeadDim, a.varlen.total_q,
+                                                    a.varlen.cu_seqlens_q, shape.batch, a.lse),
+                              stream);
+  }
   return cudaGetLastError();
 }
 
