@@ -75,40 +75,29 @@ struct ForwardLoader {
     const auto kv_extent = make_shape(p.packed.total_k, int{Config::kHeadDim}, p.heads_kv, 1);
     int tiles = 0;
     int kv_loads = 0;
-    // The next tile's index and its sequence's offsets (global round trips, each depending on the one before) are
-    // asked for under this tile's loads: after its Q, before its key/value tiles, whose ring stages the loader
-    // mostly waits for, so that a tile's loads no longer wait for its own index and offsets.
-    int t = atomicAdd(p.tile_counter, 1);
-    PackedSequence sequence = t < num_tiles ? packed_sequence(p.packed, order.tile_at(t).batch) : PackedSequence{};
-    while (t < num_tiles) {
-      const FittedForwardTile fitted = fit_forward_tile(order, order.tile_at(t), sequence.lengths);
-      const int next = atomicAdd(p.tile_counter, 1);
+    for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1)) {
+      const ForwardTile planned = order.tile_at(t);
+      const PackedSequence sequence = packed_sequence(p.packed, planned.batch);
+      const FittedForwardTile fitted = fit_forward_tile(order, planned, sequence.lengths);
+      if (!fitted.valid) continue;  // past the sequence's last query tile
       typename Config::TileRecord tile{};
-      if (fitted.valid) {  // else the tile lies past its sequence's last query tile: nothing to load
-        static_cast<ForwardTile&>(tile) = fitted.tile;
-        tile.mask = fitted.mask;
-        tile.q_offset = sequence.q_offset;
-        smem.tiles.publish(tile, tiles);
-        smem.q_stages.producer_acquire(tiles, "q_empty");
-        tma_load_rows(p.tma_q, q_extent, tile.head, sequence.q_offset + tile.q_tile * Config::kBlockM,
-                      smem.q_stages.producer_expect(tiles, Config::kQBytes), sQ);
+      static_cast<ForwardTile&>(tile) = fitted.tile;
+      tile.mask = fitted.mask;
+      tile.q_offset = sequence.q_offset;
+      smem.tiles.publish(tile, tiles);
+      smem.q_stages.producer_acquire(tiles, "q_empty");
+      tma_load_rows(p.tma_q, q_extent, tile.head, sequence.q_offset + tile.q_tile * Config::kBlockM,
+                    smem.q_stages.producer_expect(tiles, Config::kQBytes), sQ);
+      for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
+        const int kv_row = sequence.k_offset + (tile.kv_first + j) * Config::kBlockN;
+        const int k_stage = smem.k_stages.producer_acquire(kv_loads, "k_empty");
+        tma_load_rows(p.tma_k, kv_extent, tile.head / group, kv_row,
+                      smem.k_stages.producer_expect(kv_loads, Config::kKVTileBytes), sK(_, _, k_stage));
+        const int v_stage = smem.v_stages.producer_acquire(kv_loads, "v_empty");
+        tma_load_rows(p.tma_v, kv_extent, tile.head / group, kv_row,
+                      smem.v_stages.producer_expect(kv_loads, Config::kKVTileBytes), sV(_, _, v_stage));
       }
-      const PackedSequence next_sequence =
-          next < num_tiles ? packed_sequence(p.packed, order.tile_at(next).batch) : PackedSequence{};
-      if (fitted.valid) {
-        for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
-          const int kv_row = sequence.k_offset + (tile.kv_first + j) * Config::kBlockN;
-          const int k_stage = smem.k_stages.producer_acquire(kv_loads, "k_empty");
-          tma_load_rows(p.tma_k, kv_extent, tile.head / group, kv_row,
-                        smem.k_stages.producer_expect(kv_loads, Config::kKVTileBytes), sK(_, _, k_stage));
-          const int v_stage = smem.v_stages.producer_acquire(kv_loads, "v_empty");
-          tma_load_rows(p.tma_v, kv_extent, tile.head / group, kv_row,
-                        smem.v_stages.producer_expect(kv_loads, Config::kKVTileBytes), sV(_, _, v_stage));
-        }
-        ++tiles;
-      }
-      t = next;
-      sequence = next_sequence;
+      ++tiles;
     }
     typename Config::TileRecord end{};
     end.kv_tiles = kEndOfTiles;
