@@ -18,7 +18,7 @@ namespace dash::sm90 {
 // kVarlen: a packed varlen batch (args.varlen) on a varlen plan (plan_varlen_backward): the maximum problem's grids
 // and workspace, the descriptors over the packed rows, each sequence read from cu_seqlens in the kernels.
 template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen = false>
-int launch_backward_kernels(const kernels::BackwardParams& params, cudaStream_t stream) {
+int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) {
   const BackwardArgs& a = params.args;
   using Config = BackwardConfig<kHeadDim, Element, kSoftcap, kVarlen>;
   const AttentionShape& shape = a.shape;
@@ -121,17 +121,6 @@ int launch_backward_kernels(const kernels::BackwardParams& params, cudaStream_t 
     }
   }
   return cudaGetLastError();
-}
-
-// At head dims without a backward kernel (has_backward_kernel) the instance's launcher only reports that: the API
-// refuses such a backward before it plans it, so this is never reached through it.
-template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen = false>
-int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) {
-  if constexpr (!has_backward_kernel(kHeadDim)) {
-    return cudaErrorNotSupported;
-  } else {
-    return launch_backward_kernels<kHeadDim, Element, kSoftcap, kVarlen>(params, stream);
-  }
 }
 
 // The backward of a packed varlen batch on a varlen plan.
