@@ -11,7 +11,12 @@ that a loop runs well past launch latency. The backward is `torch.autograd.grad`
 every implementation pays its own autograd and launch overhead. FLOPs: forward 4*B*Hq*Sq*Sk*D (halved for
 causal), backward 2.5x that. Every shape moves more than the H200's 60 MB L2 at 16384 tokens.
 
-usage: python3 compare.py [--grid paper,gqa] [--impls dash,fa3,cudnn,flash] [--schedules ...]
+Grids: `paper` (head dims 64 and 128, hidden 2048, seqlen 512..16384, full and causal), `gqa` (two GQA layouts
+at head dim 128) and `wide` (head dims 96, 192 and 256 at hidden 2048 rounded down to whole heads, seqlen
+1024..16384, full and causal). FA3 refuses a deterministic backward at head dim 256, so the tables also give DASH's
+best deterministic backward against FA3's non-deterministic one.
+
+usage: python3 compare.py [--grid paper,gqa,wide] [--head-dims 256] [--impls dash,fa3,cudnn,flash] [--schedules ...]
                           [--csv OUT.csv] [--markdown OUT.md]
 """
 
@@ -31,6 +36,7 @@ DASH_SCHEDULES = ("auto", "ascending", "descending", "shortest-first", "shift", 
 TOKENS = 16384          # tokens per grid point (batch = TOKENS / seqlen)
 PAPER_HIDDEN = 2048     # paper grid: heads = hidden / head_dim
 TARGET_FLOPS_PER_LOOP = 2e12
+FA3_DETERMINISTIC_MAX_HEAD_DIM = 192  # FA3 (0251105) refuses, or crashes on, a deterministic backward past it
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,12 @@ def grid(which: list[str]) -> list[Shape]:
         for hq, hkv in ((32, 8), (28, 4)):
             for s in (4096, 8192, 16384):
                 shapes.append(Shape("gqa", TOKENS // s, s, hq, hkv, 128, True))
+    if "wide" in which:
+        for hd in (96, 192, 256):
+            for causal in (False, True):
+                for s in (1024, 2048, 4096, 8192, 16384):
+                    h = PAPER_HIDDEN // hd
+                    shapes.append(Shape("wide", TOKENS // s, s, h, h, hd, causal))
     return shapes
 
 
@@ -88,6 +100,10 @@ def implementations(impls: list[str], schedules: list[str]) -> dict:
         else:
             def fa3_call(deterministic: bool):
                 def call(q, k, v, causal):
+                    if deterministic and q.shape[-1] > FA3_DETERMINISTIC_MAX_HEAD_DIM:
+                        raise NotImplementedError(
+                            f"FA3's deterministic backward stops at head dim {FA3_DETERMINISTIC_MAX_HEAD_DIM} "
+                            "(at 256 it killed the process, 2026-12-02)")
                     out = fa3(q, k, v, causal=causal, deterministic=deterministic)
                     return out[0] if isinstance(out, tuple) else out
                 return call
@@ -152,38 +168,43 @@ def markdown(rows: list[dict], shapes: list[Shape], schedules: list[str]) -> str
     fmtr = lambda x: f"{x:.2f}" if x else "-"  # noqa: E731
     lines = ["Backward TFLOPS", "",
              "| shape | FA3 non-det | FA3 det | DASH non-det | DASH auto | DASH best det (schedule) | cuDNN "
-             "| best det / FA3 det | DASH non-det / FA3 non-det |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    det_ratios, nondet_ratios, fwd_ratios = [], [], []
+             "| best det / FA3 det | DASH non-det / FA3 non-det | best det / FA3 non-det |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    det_ratios, nondet_ratios, det_to_nondet_ratios, fwd_ratios = [], [], [], []
     for sh in shapes:
         n = sh.name()
         get = lambda impl, key="bwd_tflops": by.get((n, impl), {}).get(key)  # noqa: E731
         best = max(((get(f"dash:{s}"), s) for s in schedules if get(f"dash:{s}")), default=(None, ""))
         r_det, r_nondet = ratio(best[0], get("fa3:det")), ratio(get("dash:nondet"), get("fa3:nondet"))
+        r_det_to_nondet = ratio(best[0], get("fa3:nondet"))
         det_ratios.append(r_det)
         nondet_ratios.append(r_nondet)
+        det_to_nondet_ratios.append(r_det_to_nondet)
         lines.append(f"| {n} | {fmt(get('fa3:nondet'))} | {fmt(get('fa3:det'))} | {fmt(get('dash:nondet'))} | "
                      f"{fmt(get('dash:auto'))} | {fmt(best[0])} ({best[1]}) | {fmt(get('sdpa:cudnn'))} | "
-                     f"{fmtr(r_det)} | {fmtr(r_nondet)} |")
+                     f"{fmtr(r_det)} | {fmtr(r_nondet)} | {fmtr(r_det_to_nondet)} |")
     lines += ["", "Forward TFLOPS", "", "| shape | FA3 | cuDNN | SDPA flash | DASH | DASH / max(FA3, cuDNN) |",
               "|---|---|---|---|---|---|"]
     for sh in shapes:
         n = sh.name()
         get = lambda impl: by.get((n, impl), {}).get("fwd_tflops")  # noqa: E731
-        peers = [x for x in (get("fa3:det"), get("sdpa:cudnn")) if x]
+        peers = [x for x in (get("fa3:det") or get("fa3:nondet"), get("sdpa:cudnn")) if x]
         r = ratio(get("dash:auto"), max(peers) if peers else None)
         fwd_ratios.append(r)
-        lines.append(f"| {n} | {fmt(get('fa3:det'))} | {fmt(get('sdpa:cudnn'))} | {fmt(get('sdpa:flash'))} | "
+        fa3_forward = get("fa3:det") or get("fa3:nondet")
+        lines.append(f"| {n} | {fmt(fa3_forward)} | {fmt(get('sdpa:cudnn'))} | {fmt(get('sdpa:flash'))} | "
                      f"{fmt(get('dash:auto'))} | {fmtr(r)} |")
     lines += ["", f"Geometric means: DASH best det / FA3 det {fmtr(geomean(det_ratios))}; "
               f"DASH non-det / FA3 non-det {fmtr(geomean(nondet_ratios))}; "
+              f"DASH best det / FA3 non-det {fmtr(geomean(det_to_nondet_ratios))}; "
               f"DASH forward / max(FA3, cuDNN) {fmtr(geomean(fwd_ratios))}."]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--grid", default="paper,gqa", help="comma-separated: paper, gqa")
+    parser.add_argument("--grid", default="paper,gqa", help="comma-separated: paper, gqa, wide")
+    parser.add_argument("--head-dims", help="comma-separated: keep only the grid's shapes of these head dims")
     parser.add_argument("--impls", default="dash,fa3,cudnn,flash", help="comma-separated: dash, fa3, cudnn, flash")
     parser.add_argument("--schedules", default=",".join(DASH_SCHEDULES), help="dash_attn schedules to time")
     parser.add_argument("--repeats", type=int, default=7)
@@ -195,6 +216,9 @@ def main() -> None:
     args = parser.parse_args()
     schedules = args.schedules.split(",")
     shapes = grid(args.grid.split(","))
+    if args.head_dims:
+        kept = {int(d) for d in args.head_dims.split(",")}
+        shapes = [sh for sh in shapes if sh.head_dim in kept]
     calls = implementations(args.impls.split(","), schedules)
     torch.manual_seed(0)
     rows = []

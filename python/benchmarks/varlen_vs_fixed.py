@@ -12,7 +12,13 @@ For each point of the paper grid (head dims 64 and 128, full and causal, heads =
 Timing as in compare.py: a loop of back-to-back calls between two CUDA events, median of the repeats, after
 warm-up; the backward is torch.autograd.grad of the forward's output (schedule "auto", deterministic).
 
-usage: python3 varlen_vs_fixed.py [--seqlens 512,1024,2048,4096,8192] [--repeats 5] [--csv OUT] [--markdown OUT]
+With --kernel-times the forward of each batch also runs under torch.profiler, and the rows add the GPU time of
+its kernels per call (summed over every kernel a call launches, padding clears included): where the loop's time
+per call is well above it, the calls are bound by their host path rather than by their kernels. The kernels of
+each call are listed on stderr.
+
+usage: python3 varlen_vs_fixed.py [--seqlens 512,1024,2048,4096,8192] [--repeats 5] [--kernel-times] [--csv OUT]
+                                  [--markdown OUT]
 """
 
 from __future__ import annotations
@@ -67,10 +73,38 @@ def measure(forward, inputs, flops: float, repeats: int, warmup: int = 3) -> tup
     return flops / forward_ms / 1e9, 2.5 * flops / backward_ms / 1e9
 
 
+def forward_kernel_microseconds(forward, inputs, label: str, calls: int = 10) -> float:
+    """GPU time of the kernels one forward call launches, in µs (mean over `calls` profiled calls); each kernel's
+    share goes to stderr under `label`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v, _ = inputs
+    with torch.no_grad():
+        forward(q, k, v)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                forward(q, k, v)
+            torch.cuda.synchronize()
+    total = 0.0
+    for event in prof.key_averages():
+        device_us = getattr(event, "device_time_total", None)
+        if device_us is None:
+            device_us = event.cuda_time_total
+        if device_us <= 0:
+            continue
+        total += device_us
+        print(f"  {label}: {device_us / calls:9.1f} us/call  {event.count // calls} x {event.key[:100]}",
+              file=sys.stderr)
+    return total / calls
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--kernel-times", action="store_true",
+                        help="also profile each forward's kernels (GPU µs per call, see above)")
     parser.add_argument("--csv")
     parser.add_argument("--markdown")
     args = parser.parse_args()
@@ -93,26 +127,38 @@ def main() -> int:
                          tensor(batch, seqlen, heads, head_dim), tensor(batch, seqlen, heads, head_dim, grad=False))
                 packed = tuple(t.detach().reshape(TOKENS, heads, head_dim).requires_grad_(t.requires_grad)
                                for t in fixed)
-                results = {"fixed": measure(
-                    lambda q, k, v, causal=causal: dash_attn.flash_attn_func(q, k, v, causal=causal), fixed,
-                    forward_flops([seqlen] * batch, heads, head_dim, causal), args.repeats)}
+                mask = "causal" if causal else "full"
+                shape = f"hd{head_dim} {mask} {seqlen}"
+
+                def fixed_forward(q, k, v, causal=causal):
+                    return dash_attn.flash_attn_func(q, k, v, causal=causal)
+
+                results = {"fixed": measure(fixed_forward, fixed, forward_flops([seqlen] * batch, heads, head_dim,
+                                                                               causal), args.repeats)}
+                kernel_us = {}
+                if args.kernel_times:
+                    kernel_us["fixed"] = forward_kernel_microseconds(fixed_forward, fixed, f"{shape} fixed")
                 for name, lengths in (("varlen equal", [seqlen] * batch), ("varlen mixed", mixed_lengths(seqlen))):
                     offsets = [0]
                     for s in lengths:
                         offsets.append(offsets[-1] + s)
                     cu = torch.tensor(offsets, device="cuda", dtype=torch.int32)
                     longest = max(lengths)
-                    results[name] = measure(
-                        lambda q, k, v, cu=cu, longest=longest, causal=causal: dash_attn.flash_attn_varlen_func(
-                            q, k, v, cu, cu, longest, longest, causal=causal),
-                        packed, forward_flops(lengths, heads, head_dim, causal), args.repeats)
-                mask = "causal" if causal else "full"
-                row = {"shape": f"hd{head_dim} {mask} {seqlen}"}
+                    def varlen_forward(q, k, v, cu=cu, longest=longest, causal=causal):
+                        return dash_attn.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
+
+                    results[name] = measure(varlen_forward, packed, forward_flops(lengths, heads, head_dim, causal),
+                                            args.repeats)
+                    if args.kernel_times:
+                        kernel_us[name] = forward_kernel_microseconds(varlen_forward, packed, f"{shape} {name}")
+                row = {"shape": shape}
                 for name, (fwd, bwd) in results.items():
                     row[f"{name} fwd"], row[f"{name} bwd"] = round(fwd, 1), round(bwd, 1)
                 for name in ("varlen equal", "varlen mixed"):
                     row[f"{name} / fixed fwd"] = round(results[name][0] / results["fixed"][0], 3)
                     row[f"{name} / fixed bwd"] = round(results[name][1] / results["fixed"][1], 3)
+                for name, us in kernel_us.items():
+                    row[f"{name} fwd kernels us"] = round(us, 1)
                 rows.append(row)
                 print(row, flush=True)
     headers = list(rows[0].keys())
