@@ -2,10 +2,10 @@
 // kernels, through the public API:
 // - Sm90Varlen: the forward against the float64 CPU reference of every sequence on its own, on adversarial length
 //   distributions (lengths 0 and 1, just under and over a tile, the maximum, all equal, one long and the rest empty,
-//   seqlen_q != seqlen_k both ways per sequence, a maximum above every length), full, causal (bottom-right aligned
-//   per sequence) and sliding windows, GQA and MQA. Outputs start poisoned (NaN): every element of every sequence
-//   must be written, the padding rows after the last sequence must come out cleared (0, LSE -inf), and a second run
-//   repeats the bits.
+//   seqlen_q != seqlen_k both ways per sequence, a maximum above every length, a batch long enough for the tall or
+//   wide tiles), full, causal (bottom-right aligned per sequence) and sliding windows, GQA and MQA. Outputs start
+//   poisoned (NaN): every element of every sequence must be written, the padding rows after the last sequence must
+//   come out cleared (0, LSE -inf), and a second run repeats the bits.
 // - Sm90Varlen, backward: every schedule the varlen planner admits for the batch (ascending, descending,
 //   shortest-first and nondeterministic always; shift and symmetric shift where the batch keeps the promise
 //   seqlen_k <= seqlen_q), each on poisoned gradients: every element of every sequence written and matching the
@@ -65,6 +65,10 @@ const std::vector<VarlenCase> kCases = {
     {"max_above_every_length", {{200, 200}, {77, 77}, {129, 129}}, 6, 3, false, -1, -1, {700, 700}},
     {"window", {{300, 300}, {5, 5}, {129, 129}, {0, 0}, {600, 600}}, 4, 2, false, 64, 16, {1, 1}},
     {"window_causal_q_ne_k", {{300, 200}, {200, 300}, {1, 1}, {400, 400}}, 4, 4, true, 100, -1, {1, 1}},
+    // Mean length past 2048 (the packed rows over the sequences): the tall 192-row tiles at d = 64 and the wide
+    // 176-key tiles at d = 128 (fwd_launch.cuh chooses a varlen batch's tiles by its mean), each length ending
+    // inside a tile.
+    {"long_full_tall_or_wide_tiles", {{2049, 2049}, {2100, 2100}}, 1, 1, false, -1, -1, {1, 1}},
 };
 
 const Instance kInstances[] = {{64, DType::kBF16}, {64, DType::kFP16}, {128, DType::kBF16}, {128, DType::kFP16}};

@@ -48,9 +48,10 @@ using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows>;
 // kLeftBounded_: the kernels for a sliding window with a left bound, whose masked steps also hide the keys before
 // each row's first; the others carry no left-end test.
 // kVarlen_: the kernels of packed varlen batches (schedule/varlen.hpp): the loader reads each tile's sequence from
-// cu_seqlens and loads its rows at the sequence's offset, the mainloop runs the sequence's mask, the epilogue stores
-// O with predicated stores clipped at the sequence's end (a TMA store clips only at the tensor's end, and the next
-// sequence's rows follow). The dense kernels compile as before.
+// cu_seqlens and loads its rows at the sequence's offset, the mainloop runs the sequence's mask, and the epilogue
+// stores a warpgroup's O rows with TMA where they all lie in the sequence, and the sequence's last, partial rows
+// with predicated stores (a TMA store clips only at the tensor's end, and the next sequence's rows follow). The
+// dense kernels compile as before.
 template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoftcap_ = false, bool kLeftBounded_ = false,
           bool kVarlen_ = false>
 struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
@@ -116,7 +117,7 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
     PipelineRing<kStages> k_stages;  // loader -> MMA warpgroups
     PipelineRing<kStages> v_stages;  // loader -> MMA warpgroups
   };
-  static constexpr bool kStagedO = !kVarlen && sizeof(Storage<true>) <= kMaxSharedBytesPerBlock;
+  static constexpr bool kStagedO = sizeof(Storage<true>) <= kMaxSharedBytesPerBlock;
   using SharedStorage = Storage<kStagedO>;
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");

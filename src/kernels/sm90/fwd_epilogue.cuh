@@ -2,7 +2,8 @@
 // tile's rows before seqlen_q. Where the configuration stages O (fwd_config.cuh), each MMA warpgroup writes its
 // 64 rows to its staging tile and one of its threads stores them with TMA, asynchronously: the warpgroup goes on
 // to the next tile while the store runs, and that thread waits for the store to have read the staging tile
-// before the tile is written again and before the CTA exits (drain).
+// before the tile is written again and before the CTA exits (drain). The varlen kernels stage only a warpgroup's
+// rows that all lie in their sequence, and store the rest from the fragment.
 #pragma once
 
 #include <cmath>
@@ -26,8 +27,10 @@ struct ForwardEpilogue {
   // seqlen_q can share a warp with rows before it (seqlen_q need not be a multiple of 8), and a
   // full-mask shuffle that some lanes skip is undefined behaviour: on the H200 it hung the kernel.
   //
-  // Varlen kernels: rows past the sequence's end are not written either (they belong to the next sequence); O goes
-  // out by predicated stores (the configuration stages none), the LSE to its (heads_q, total_q) row.
+  // Varlen kernels: rows past the sequence's end are not written either (they belong to the next sequence). A
+  // warpgroup whose 64 rows all lie in the sequence stores them with TMA; one that reaches past its end (the
+  // sequence's last, partial rows) by predicated stores from the fragment. The LSE goes to its (heads_q, total_q)
+  // row.
   template <class Out>
   __device__ static void store(const Params& p, SharedStorage& smem, const typename Config::TileRecord& tile,
                                const Out& out_frag, const float* row_max, const float* row_sum, int thread) {
@@ -45,12 +48,20 @@ struct ForwardEpilogue {
     const int row0 = tile.q_tile * kBlockM;
     const int valid_rows = rows_of(p, tile) - row0;
     const auto inverse_sum = [&](int r) { return sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f; };
-    if constexpr (Config::kStagedO) {
-      store_staged(p, smem, tile, out_frag, inverse_sum, thread);
-    } else {
+    const auto store_from_fragment = [&] {
       Element* o_tile = p.out + first_row_offset(p, tile, p.out_strides) + row0 * p.out_strides[1];
       store_accumulator_rows<Element, kBlockM, Config::kHeadDim>(mma_o, thread, out_frag, o_tile, p.out_strides[1],
                                                                  valid_rows, inverse_sum);
+    };
+    if constexpr (Config::kStagedO) {
+      const int warp_group = uniform_warp_group(thread, kWarpGroupThreads);
+      if (!Config::kVarlen || valid_rows >= (warp_group + 1) * kMmaWarpGroupRows) {
+        store_staged(p, smem, tile, out_frag, inverse_sum, thread);
+      } else {
+        store_from_fragment();
+      }
+    } else {
+      store_from_fragment();
     }
 
     // LSE: written by the thread that holds column 0 of the row.
@@ -111,7 +122,7 @@ struct ForwardEpilogue {
 
   // This warpgroup's 64 rows of O * row_scale(r) to its staging tile, then one TMA store of the tile.
   template <class Out, class RowScale>
-  __device__ static void store_staged(const Params& p, SharedStorage& smem, const ForwardTileRecord& tile,
+  __device__ static void store_staged(const Params& p, SharedStorage& smem, const typename Config::TileRecord& tile,
                                       const Out& out_frag, RowScale row_scale, int thread) {
     using Pair = cutlass::AlignedArray<Element, 2>;
     typename Config::TiledMmaO mma_o;
@@ -141,9 +152,15 @@ struct ForwardEpilogue {
     cutlass::arch::fence_view_async_shared();  // the writes above, visible to the TMA unit
     cutlass::arch::NamedBarrier::sync(kWarpGroupThreads, barrier);
     if (issues_store(thread)) {
-      const auto extent = make_shape(p.tiles.mask.seqlen_q, int{Config::kHeadDim}, p.tiles.heads_q, p.tiles.batch);
-      tma_store_tile(p.tma_o, extent, tile.head, tile.batch, tile.q_tile * Config::kMmaWarpGroups + warp_group,
-                     staging(_, _, warp_group));
+      if constexpr (Config::kVarlen) {
+        const auto extent = make_shape(p.packed.total_q, int{Config::kHeadDim}, p.tiles.heads_q, 1);
+        tma_store_rows(p.tma_o, extent, tile.head, tile.q_offset + tile.q_tile * kBlockM + row_base,
+                       staging(_, _, warp_group));
+      } else {
+        const auto extent = make_shape(p.tiles.mask.seqlen_q, int{Config::kHeadDim}, p.tiles.heads_q, p.tiles.batch);
+        tma_store_tile(p.tma_o, extent, tile.head, tile.batch, tile.q_tile * Config::kMmaWarpGroups + warp_group,
+                       staging(_, _, warp_group));
+      }
       tma_store_arrive();
     }
   }

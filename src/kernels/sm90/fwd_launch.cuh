@@ -36,7 +36,9 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
     p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.k.strides), kv_tile_layout);
     p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.v.strides), kv_tile_layout);
   }
-  if constexpr (Config::kStagedO) {
+  if constexpr (Config::kStagedO && kVarlen) {
+    p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_gmem_packed<Element, kHeadDim>(a.out.data, a.varlen.total_q, shape.heads_q, a.out.strides), take<0, 2>(typename Config::SmemLayoutO{}));
+  } else if constexpr (Config::kStagedO) {
     p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_gmem_bshd<Element, kHeadDim>(a.out.data, shape.seqlen_q, shape.heads_q, shape.batch, a.out.strides), take<0, 2>(typename Config::SmemLayoutO{}));
   }
   p.out = static_cast<Element*>(a.out.data);
@@ -78,52 +80,66 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
   return cudaGetLastError();
 }
 
-template <int kHeadDim, class Element, bool kSoftcap>
-int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
-  const AttentionShape& shape = params.args.shape;
-  const MaskShape mask = canonical_mask(static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k),
-                                        shape.causal, shape.window_left, shape.window_right);
-  // Under a sliding window the tiles stay the head dim's base tiles (128x128 up to d = 128): the tall and wide
-  // tiles were measured on the full and causal masks only (tile_config.hpp), and would compute more of a narrow
-  // band's masked corners.
+// The kernel of `tile` (the head dim's base, tall or wide tiles, tile_config.hpp) for a dense or a varlen batch.
+template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen>
+int launch_forward_tile_shape(const kernels::ForwardParams& params, TileShape tile, cudaStream_t stream) {
   constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
-  const bool windowed = mask.window.left >= 0 || mask.window.right >= 0;
-  // A left bound takes kernels of their own (fwd_config.cuh): testing it at run time in the others' masked steps
-  // cost 3-4% at 512-1024 causal tokens (same-run A/B on the H200, 2026-12-02, docs/PERF.md), and branching
-  // between two sets of step loops in one kernel made the d = 128 kernels spill.
-  if (mask.window.left >= 0) {
-    return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, true>(params, stream);
-  }
-  const TileShape tile = windowed ? kBase : forward_tile_shape(kHeadDim, mask.causal, shape.seqlen_q, shape.seqlen_k);
   if constexpr (forward_has_tall_tiles(kHeadDim)) {
     if (tile.block_q == kForwardTallBlockQ) {
-      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kBase.block_kv>(params, stream);
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kBase.block_kv, false, kVarlen>(
+          params, stream);
     }
   }
   // The softcap kernels keep 128-key tiles: at 128x176 their unmasked step loop spilled (7 local loads and 7
   // stores per iteration, scripts/sass_report.sh), where 128x128 spills none.
   if constexpr (forward_has_wide_tiles(kHeadDim) && !kSoftcap) {
     if (tile.block_kv == kForwardWideBlockKv) {
-      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv>(params, stream);
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv, false, kVarlen>(
+          params, stream);
     }
   }
-  return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv>(params, stream);
+  return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, false, kVarlen>(params,
+                                                                                                        stream);
 }
 
-// The forward of a packed varlen batch (args.varlen): the tile order, grid and mask of the maximum problem, each tile
-// fitted to its sequence in the kernel. Tiles stay 128x128 whatever the maxima: the tall and wide tiles were chosen
-// by dense lengths, and a batch's sequences are shorter than its maxima. A left window bound takes the left-bounded
-// kernel, as in the dense forward.
-template <int kHeadDim, class Element, bool kSoftcap>
-int launch_forward_varlen(const kernels::ForwardParams& params, cudaStream_t stream) {
+// The forward of a dense batch, or with kVarlen of a packed varlen batch (args.varlen): the tile order, grid and
+// mask of the maximum problem, each tile fitted to its sequence in the kernel.
+//
+// Under a sliding window the tiles stay the head dim's base tiles (128x128 up to d = 128): the tall and wide tiles
+// were measured on the full and causal masks only (tile_config.hpp), and would compute more of a narrow band's
+// masked corners. A left bound takes kernels of their own (fwd_config.cuh): testing it at run time in the others'
+// masked steps cost 3-4% at 512-1024 causal tokens (same-run A/B on the H200, 2026-12-02, docs/PERF.md), and
+// branching between two sets of step loops in one kernel made the d = 128 kernels spill.
+//
+// A varlen batch's tiles are chosen by its mean lengths (the packed rows over the sequences, known on the host
+// without reading cu_seqlens), not by its maxima: the tall and wide tiles pay off on long sequences, and a batch's
+// maxima can be far above most of its sequences.
+template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen = false>
+int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   const AttentionShape& shape = params.args.shape;
   const MaskShape mask = canonical_mask(static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k),
                                         shape.causal, shape.window_left, shape.window_right);
+  constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
   if (mask.window.left >= 0) {
-    return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardBlockKv, true, true>(params,
-                                                                                                        stream);
+    return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, true, kVarlen>(params,
+                                                                                                         stream);
   }
-  return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardBlockKv, false, true>(params, stream);
+  if (mask.window.right >= 0) {
+    return launch_forward_tile_shape<kHeadDim, Element, kSoftcap, kVarlen>(params, kBase, stream);
+  }
+  int64_t seqlen_q = shape.seqlen_q;
+  int64_t seqlen_k = shape.seqlen_k;
+  if constexpr (kVarlen) {  // validate() holds shape.batch, the sequences, at >= 1
+    seqlen_q = params.args.varlen.total_q / shape.batch;
+    seqlen_k = params.args.varlen.total_k / shape.batch;
+  }
+  return launch_forward_tile_shape<kHeadDim, Element, kSoftcap, kVarlen>(
+      params, forward_tile_shape(kHeadDim, mask.causal, seqlen_q, seqlen_k), stream);
+}
+
+template <int kHeadDim, class Element, bool kSoftcap>
+int launch_forward_varlen(const kernels::ForwardParams& params, cudaStream_t stream) {
+  return launch_forward<kHeadDim, Element, kSoftcap, true>(params, stream);
 }
 
 }  // namespace dash::sm90

@@ -88,7 +88,7 @@ struct ForwardMainloop {
           cap_scores(tSrS, p);
           softmax_tile(unmasked_begin > 0 || unmasked_end <= 0, scores, tScS, row_max, row_sum, correction, mask,
                        q_row0, kv_col_first, p.scale_log2);
-          convert(tSrS, operand_in_accumulator_layout(tOrP, tSrS));
+          convert_to_operand<Element>(tSrS, tOrP);
         }
         // One key/value tile of the pipelined loop, its softmax masked or not at compile time. The unmasked
         // tiles and those crossing a mask boundary run in loops of their own, each with one path, rather
@@ -109,7 +109,7 @@ struct ForwardMainloop {
           warpgroup_wait<0>();
           smem.v_stages.consumer_release(kv_loads + j - 1);
           rescale_rows(out, correction);
-          convert(tSrS, operand_in_accumulator_layout(tOrP, tSrS));
+          convert_to_operand<Element>(tSrS, tOrP);
         };
         int j = 1;
         if constexpr (Config::kLeftBounded) {
@@ -198,13 +198,6 @@ struct ForwardMainloop {
       CUTE_UNROLL
       for (int c = 0; c < size<1>(out); ++c) out(r, c) *= correction[r];
     }
-  }
-
-  // P in the MMA element type, into the A operand registers of O += P V.
-  template <class Accumulator, class Slots>
-  __device__ static void convert(const Accumulator& acc, Slots slots) {
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc); ++i) slots(i) = static_cast<Element>(acc(i));
   }
 
   // One key/value tile of the online softmax, in place: scores become P, the running max and sum are

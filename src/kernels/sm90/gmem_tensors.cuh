@@ -71,6 +71,19 @@ __device__ void tma_store_tile(const Tma& tma, const Extent& extent, int head, i
   copy(tma, smem_part, gmem_part(_, tile));
 }
 
+// One TMA store of the shared-memory tile `src` to the rows [row0, row0 + rows of `src`) of head `head` of a packed
+// tensor of extent (total_rows, head_dim, heads, 1) (make_gmem_packed): a varlen sequence's rows, which start at the
+// sequence's offset. TMA clips only at total_rows, so the caller stores no tile that reaches past its sequence (the
+// next sequence's rows follow). One thread issues it; committed and waited for as tma_store_tile's.
+template <class Tma, class Extent, class SmemTensor>
+__device__ void tma_store_rows(const Tma& tma, const Extent& extent, int head, int row0, SmemTensor src) {
+  using namespace cute;
+  auto m = domain_offset(make_coord(row0, _0{}), tma.get_tma_tensor(extent)(_, _, head, _0{}));
+  auto g = local_tile(m, product_each(shape(src)), make_coord(_, _0{}));
+  auto [gmem_part, smem_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(src), group_modes<0, 2>(g));
+  copy(tma, smem_part, gmem_part(_, 0));
+}
+
 // What the dense kernels' parameters carry in place of a varlen batch's PackedBatch (schedule/varlen.hpp): nothing.
 struct NoPackedBatch {};
 
