@@ -115,10 +115,7 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
         padding_rows<Element>(a.dq, shape.heads_q, kHeadDim, v.total_q, v.cu_seqlens_q, shape.batch),
         padding_rows<Element>(a.dk, shape.heads_kv, kHeadDim, v.total_k, v.cu_seqlens_k, shape.batch),
         padding_rows<Element>(a.dv, shape.heads_kv, kHeadDim, v.total_k, v.cu_seqlens_k, shape.batch)};
-    for (const PaddingRows<Element>& rows : padding) {
-      const cudaError_t err = clear_padding_rows(rows, stream);
-      if (err != cudaSuccess) return err;
-    }
+    return clear_padding_rows(padding, stream);
   }
   return cudaGetLastError();
 }

@@ -73,9 +73,9 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
   if constexpr (kVarlen) {
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    return clear_padding_rows(padding_rows<Element>(a.out, shape.heads_q, kHeadDim, a.varlen.total_q,
-                                                    a.varlen.cu_seqlens_q, shape.batch, a.lse),
-                              stream);
+    const PaddingRows<Element> padding[] = {padding_rows<Element>(a.out, shape.heads_q, kHeadDim, a.varlen.total_q,
+                                                                  a.varlen.cu_seqlens_q, shape.batch, a.lse)};
+    return clear_padding_rows(padding, stream);
   }
   return cudaGetLastError();
 }
