@@ -28,10 +28,15 @@ def median_ms(step: Callable[[], object], warmup: int, iters: int) -> float:
 
 def milliseconds_per_call(fn: Callable[[], object], calls_per_loop: int, repeats: int) -> float:
     """Median over `repeats` of one loop of `calls_per_loop` back-to-back calls between two CUDA events, divided by
-    the calls: per-call GPU time with launches queued ahead, which single-call timing would overstate."""
+    the calls: per-call GPU time with launches queued ahead, which single-call timing would overstate.
+
+    One untimed call is queued before the start event, so that the GPU is busy when the window opens and the host
+    path of the first timed call runs under it: otherwise the window starts with the GPU idle for one call's host
+    time, which a loop of 3 long calls spreads as tens of microseconds onto each, more for a slower host path."""
     times = []
     for _ in range(repeats):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn()
         start.record()
         for _ in range(calls_per_loop):
             fn()

@@ -10,15 +10,16 @@ For each point of the paper grid (head dims 64 and 128, full and causal, heads =
   16384; max_seqlen is the longest. TFLOPS count each sequence's own work (4 H s_q s_k D, half under the causal
   mask, as for the fixed batch), so a mixed batch is judged by the work it holds.
 Timing as in compare.py: a loop of back-to-back calls between two CUDA events, median of the repeats, after
-warm-up; the backward is torch.autograd.grad of the forward's output (schedule "auto", deterministic).
+warm-up; the backward is torch.autograd.grad of the forward's output (deterministic, schedule --schedule, "auto"
+by default).
 
 With --kernel-times the forward of each batch also runs under torch.profiler, and the rows add the GPU time of
 its kernels per call (summed over every kernel a call launches, padding clears included): where the loop's time
 per call is well above it, the calls are bound by their host path rather than by their kernels. The kernels of
 each call are listed on stderr.
 
-usage: python3 varlen_vs_fixed.py [--seqlens 512,1024,2048,4096,8192] [--repeats 5] [--kernel-times] [--csv OUT]
-                                  [--markdown OUT]
+usage: python3 varlen_vs_fixed.py [--seqlens 512,1024,2048,4096,8192] [--repeats 5] [--kernel-times]
+                                  [--schedule auto] [--csv OUT] [--markdown OUT]
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--kernel-times", action="store_true",
                         help="also profile each forward's kernels (GPU µs per call, see above)")
+    parser.add_argument("--schedule", default="auto",
+                        help="the deterministic backward's schedule, for the fixed and the varlen batches (one that "
+                             "every mask admits: auto, ascending, descending, shortest-first)")
     parser.add_argument("--csv")
     parser.add_argument("--markdown")
     args = parser.parse_args()
@@ -131,7 +135,7 @@ def main() -> int:
                 shape = f"hd{head_dim} {mask} {seqlen}"
 
                 def fixed_forward(q, k, v, causal=causal):
-                    return dash_attn.flash_attn_func(q, k, v, causal=causal)
+                    return dash_attn.flash_attn_func(q, k, v, causal=causal, schedule=args.schedule)
 
                 results = {"fixed": measure(fixed_forward, fixed, forward_flops([seqlen] * batch, heads, head_dim,
                                                                                causal), args.repeats)}
@@ -145,7 +149,8 @@ def main() -> int:
                     cu = torch.tensor(offsets, device="cuda", dtype=torch.int32)
                     longest = max(lengths)
                     def varlen_forward(q, k, v, cu=cu, longest=longest, causal=causal):
-                        return dash_attn.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
+                        return dash_attn.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal,
+                                                                schedule=args.schedule)
 
                     results[name] = measure(varlen_forward, packed, forward_flops(lengths, heads, head_dim, causal),
                                             args.repeats)
@@ -164,7 +169,7 @@ def main() -> int:
     headers = list(rows[0].keys())
     table = markdown_table(headers, [[r[h] for h in headers] for r in rows])
     env = environment()
-    text = f"Varlen against fixed length, TFLOPS, {env}\n\n{table}\n"
+    text = f"Varlen against fixed length, TFLOPS, schedule {args.schedule}, {env}\n\n{table}\n"
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:
