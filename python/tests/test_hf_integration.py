@@ -7,13 +7,15 @@ bottom-right causal mask (the varlen one sequence at a time), so whole models ru
 tests check: registration (idempotent, accepted by from_config and from_pretrained); the layout (transposed views
 in, (batch, seqlen, heads, head_dim) out); scaling, is_causal, GQA, deterministic and schedule reaching the kernel
 call; packed sequences (from position_ids or cu_seq_lens_*) reaching the varlen call as views with int32 offsets,
-read once per forward; every refusal, with its message naming the argument; the mask hook, packed masks included;
-tiny Llama and Qwen2 models against their SDPA implementation, dense and packed, and packed against each document
-run alone; decoding with a DynamicCache; and, without the stand-ins, that the real entry point applies torch's
-determinism switch and refuses CPU tensors.
+read once per forward; sliding_window reaching the kernels as window_size; every refusal, with its message naming
+the argument; the mask hook, packed and sliding-window masks included; tiny Llama and Qwen2 models against their
+SDPA implementation, dense and packed, and packed against each document run alone; tiny Mistral and mixed-layer
+Qwen2 models with sliding windows against their SDPA implementation; decoding with a DynamicCache; and, without the
+stand-ins, that the real entry point applies torch's determinism switch and refuses CPU tensors.
 
-The GPU tests at the end run the real kernels: a tiny Llama trained twice, on dense or on packed batches, gives
-bitwise-identical losses, gradients and weights, close to the SDPA implementation's. Without transformers (5.4 or
+The GPU tests at the end run the real kernels: a tiny Llama trained twice, on dense or on packed batches (and a
+tiny Mistral with a sliding window on packed ones), gives bitwise-identical losses, gradients and weights, close to
+the SDPA implementation's. Without transformers (5.4 or
 newer) the whole module skips; without a Hopper GPU and the library, the GPU tests skip, saying why.
 """
 
@@ -47,9 +49,11 @@ from transformers.masking_utils import (  # noqa: E402
     and_masks,
     bidirectional_mask_function,
     causal_mask_function,
+    chunked_causal_mask_function,
     find_packed_sequence_indices,
     packed_sequence_mask_function,
     remap_positions_for_packed_sequence,
+    sliding_window_bidirectional_mask_function,
     sliding_window_causal_mask_function,
 )
 
@@ -73,28 +77,35 @@ class KernelCall:
     function: str = "flash_attn_func"
 
 
-def bottom_right_causal(seqlen_q: int, seqlen_k: int) -> torch.Tensor:
-    """DASH's causal mask: query row i sees key j iff j <= i + seqlen_k - seqlen_q."""
-    rows = torch.arange(seqlen_q)[:, None]
-    return torch.arange(seqlen_k)[None, :] <= rows + (seqlen_k - seqlen_q)
+def bottom_right_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int]) -> torch.Tensor:
+    """DASH's mask: with d = seqlen_k - seqlen_q, query row i sees key j iff i + d - left <= j <= i + d + right,
+    right = 0 when causal, -1 leaving a side open."""
+    left, right = window_size
+    right = 0 if causal else right
+    shift = torch.arange(seqlen_k)[None, :] - torch.arange(seqlen_q)[:, None] - (seqlen_k - seqlen_q)
+    return ((shift <= right) | (right < 0)) & ((shift >= -left) | (left < 0))
 
 
-def attention_by_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+def attention_by_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window_size=(-1, -1)
+) -> torch.Tensor:
     """What DASH computes, on (batch, seqlen, heads, head_dim) tensors, by torch's SDPA in float32."""
     qh, kh, vh = (t.transpose(1, 2).float() for t in (q, k, v))
-    mask = bottom_right_causal(q.shape[1], k.shape[1]) if causal else None
+    mask = bottom_right_mask(q.shape[1], k.shape[1], causal, window_size)
     out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2).to(q.dtype)
 
 
-def packed_attention_by_sdpa(q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, causal: bool) -> torch.Tensor:
+def packed_attention_by_sdpa(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, causal: bool, window_size: tuple[int, int]
+) -> torch.Tensor:
     """What DASH's varlen computes, on packed (total, heads, head_dim) tensors: each sequence by attention_by_sdpa
     alone; rows after the last sequence are 0."""
     out = torch.zeros_like(q)
     bounds = zip(cu_seqlens_q.tolist(), cu_seqlens_q.tolist()[1:], cu_seqlens_k.tolist(), cu_seqlens_k.tolist()[1:])
     for q_start, q_end, k_start, k_end in bounds:
         document = (q[None, q_start:q_end], k[None, k_start:k_end], v[None, k_start:k_end])
-        out[q_start:q_end] = attention_by_sdpa(*document, scale, causal)[0]
+        out[q_start:q_end] = attention_by_sdpa(*document, scale, causal, window_size)[0]
     return out
 
 
@@ -114,14 +125,15 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> list[KernelCall]:
         arguments = bound_arguments(dash_attn.flash_attn_func, args, kwargs)
         q, k, v = arguments.pop("q"), arguments.pop("k"), arguments.pop("v")
         calls.append(KernelCall(q, k, v, arguments))
-        return attention_by_sdpa(q, k, v, arguments["softmax_scale"], arguments["causal"])
+        return attention_by_sdpa(q, k, v, arguments["softmax_scale"], arguments["causal"], arguments["window_size"])
 
     def varlen_stand_in(*args: object, **kwargs: object) -> torch.Tensor:
         arguments = bound_arguments(dash_attn.flash_attn_varlen_func, args, kwargs)
         q, k, v = arguments.pop("q"), arguments.pop("k"), arguments.pop("v")
         calls.append(KernelCall(q, k, v, arguments, "flash_attn_varlen_func"))
         return packed_attention_by_sdpa(
-            q, k, v, *(arguments[name] for name in ("cu_seqlens_q", "cu_seqlens_k", "softmax_scale", "causal"))
+            q, k, v, *(arguments[name] for name in ("cu_seqlens_q", "cu_seqlens_k", "softmax_scale", "causal")),
+            arguments["window_size"],
         )
 
     monkeypatch.setattr(integration, "flash_attn_func", dense_stand_in)
@@ -368,10 +380,11 @@ REFUSALS = [
         NotImplementedError,
         r"dropout=0\.1 is not supported: DASH has no attention dropout.*config\.attention_dropout",
     ),
+    ({"sliding_window": 0}, ValueError, r"sliding_window must be an int >= 1 \(the keys a query sees\), got 0"),
     (
-        {"sliding_window": 4096},
+        {"sliding_window": 8, "is_causal": False},
         NotImplementedError,
-        r"sliding_window=4096 is not supported: DASH's transformers integration has no sliding-window",
+        r"sliding_window=8 is not supported without causal attention \(is_causal=False\)",
     ),
     ({"softcap": -1.0}, ValueError, r"softcap must be finite and >= 0 \(0: no capping\), got -1\.0"),
     ({"s_aux": torch.zeros(HEADS)}, NotImplementedError, r"s_aux=<.*> is not supported: DASH has no attention sinks"),
@@ -565,22 +578,33 @@ def test_packed_sequences_from_the_mask_reach_the_varlen_kernel_without_position
     assert call.arguments["max_seqlen_q"] == 11
 
 
+def test_a_sliding_window_causal_mask_is_none_or_the_documents_offsets():
+    window = sliding_window_causal_mask_function(4)
+    assert integration.dash_attention_mask(q_length=SEQLEN, kv_length=SEQLEN, mask_function=window) is None
+    # A DynamicCache's sliding layer keeps the last window - 1 keys: they still end where the queries end.
+    decoding = {"q_length": 1, "kv_length": 4, "q_offset": 20, "kv_offset": 17}
+    assert integration.dash_attention_mask(mask_function=window, **decoding) is None
+    packed = packed_mask_function(window, packed_positions(5, 11))
+    packing = integration.dash_attention_mask(q_length=SEQLEN, kv_length=SEQLEN, mask_function=packed)
+    assert packing.cu_seqlens_q.tolist() == [0, 5, 16]
+
+
 @pytest.mark.parametrize(
     "mask_function",
     [
-        sliding_window_causal_mask_function(4),
-        packed_mask_function(sliding_window_causal_mask_function(4), packed_positions(5, 11)),
+        chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long)),
+        sliding_window_bidirectional_mask_function(4),
         and_masks(causal_mask_function, sliding_window_causal_mask_function(4)),
         and_masks(
             packed_mask_function(causal_mask_function, packed_positions(5, 11)),
             packed_sequence_mask_function(find_packed_sequence_indices(packed_positions(5, 11))),
         ),
     ],
-    ids=["sliding_window", "packed_sliding_window", "overlay", "packed_twice"],
+    ids=["chunked", "bidirectional_window", "overlay", "packed_twice"],
 )
 def test_other_masks_are_refused(mask_function):
     with pytest.raises(
-        NotImplementedError, match=r"an attention mask other than the causal or full one \(within each packed"
+        NotImplementedError, match=r"an attention mask other than the causal, sliding-window causal or full one"
     ):
         integration.dash_attention_mask(q_length=SEQLEN, kv_length=SEQLEN, mask_function=mask_function)
 
@@ -823,13 +847,6 @@ def test_a_packed_row_with_padding_is_refused(kernel):
     assert not kernel
 
 
-def test_a_packed_row_of_a_sliding_window_model_is_refused(kernel):
-    model = tiny_model(tiny_config(MistralConfig, sliding_window=8))
-    with pytest.raises(NotImplementedError, match=r"other than the causal or full one \(within each packed sequence"):
-        model(token_ids(batch=1), position_ids=packed_positions(*DOCUMENTS), use_cache=False)
-    assert not kernel
-
-
 def test_packed_position_ids_after_cached_tokens_are_refused(kernel):
     model = tiny_model(tiny_config())
     ids = token_ids(batch=1)
@@ -847,11 +864,61 @@ def test_a_static_cache_is_refused(kernel):
     assert not kernel
 
 
-def test_a_sliding_window_model_is_refused(kernel):
-    model = tiny_model(tiny_config(MistralConfig, sliding_window=8))
-    with pytest.raises(NotImplementedError, match=r"a sliding window \(config\.sliding_window"):
-        model(token_ids())
-    assert not kernel
+# Sliding windows.
+
+WINDOW = 4
+
+
+def test_sliding_window_reaches_the_kernel_as_a_left_window(kernel):
+    integration.dash_attention_forward(**call_arguments(sliding_window=4096))
+    integration.dash_attention_forward(**call_arguments(sliding_window=WINDOW, position_ids=packed_positions(8, 8)))
+    assert [call.arguments["window_size"] for call in kernel] == [(4095, 0), (WINDOW - 1, 0)]
+    assert kernel[1].function == "flash_attn_varlen_func"
+
+
+# Each model's config for a window, and the window_size its two layers reach the kernel with for WINDOW.
+SLIDING_MODELS = {
+    "mistral": (lambda window: tiny_config(MistralConfig, sliding_window=window), [(WINDOW - 1, 0)] * 2),
+    # One sliding layer, one full one: each gets its own mask and its own sliding_window.
+    "qwen2_mixed": (
+        lambda window: tiny_config(
+            Qwen2Config,
+            use_sliding_window=True,
+            sliding_window=window,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        [(WINDOW - 1, 0), (-1, -1)],
+    ),
+}
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no_cache", "cache"])
+@pytest.mark.parametrize(("config", "windows"), SLIDING_MODELS.values(), ids=SLIDING_MODELS.keys())
+def test_a_sliding_window_model_matches_its_sdpa_implementation(kernel, config, windows, use_cache, packed):
+    model = tiny_model(config(WINDOW))
+    ids = token_ids(batch=1) if packed else token_ids()
+    packing = {"position_ids": packed_positions(*DOCUMENTS)} if packed else {}
+    logits = model(ids, use_cache=use_cache, **packing).logits
+    assert [call.arguments["window_size"] for call in kernel] == windows
+    model.set_attn_implementation("sdpa")
+    expected = model(ids, use_cache=False, **packing).logits
+    assert relative_error(logits, expected) < 1e-2
+    # The window changes the result: the same weights under a window wider than the sequence give other logits.
+    unwindowed = tiny_model(config(4 * SEQLEN), attn_implementation="sdpa")
+    assert relative_error(unwindowed(ids, use_cache=False, **packing).logits, expected) > 1e-1
+
+
+def test_decoding_a_sliding_window_model_with_a_dynamic_cache(kernel):
+    model = tiny_model(tiny_config(MistralConfig, sliding_window=WINDOW))
+    ids = token_ids()
+    full = model(ids).logits[:, -1]
+    cache = DynamicCache(config=model.config)
+    model(ids[:, :-2], **cache_keyword(model, cache), use_cache=True)
+    model(ids[:, -2:-1], **cache_keyword(model, cache), use_cache=True)
+    last = model(ids[:, -1:], **cache_keyword(model, cache), use_cache=True).logits[:, -1]
+    assert kernel[-1].q.shape[1] == 1 and kernel[-1].arguments["window_size"] == (WINDOW - 1, 0)
+    assert relative_error(last, full) < 1e-2
 
 
 def test_attention_dropout_is_refused_in_training_only(kernel):
@@ -912,13 +979,25 @@ def test_the_determinism_switch_refuses_deterministic_false_through_the_model(de
 GPU_SEQLEN = 512
 GPU_STEPS = 5
 GPU_DOCUMENTS = (100, 37, 200, 175)  # a packed batch: one row of GPU_SEQLEN tokens
+GPU_WINDOW = 64
+# What a GPU training run trains: its model's config, and whether its batch is packed.
+GPU_RUNS = {
+    "dense": (lambda: tiny_config(max_position_embeddings=GPU_SEQLEN), False),
+    "packed": (lambda: tiny_config(max_position_embeddings=GPU_SEQLEN), True),
+    "packed_sliding_window": (
+        lambda: tiny_config(MistralConfig, max_position_embeddings=GPU_SEQLEN, sliding_window=GPU_WINDOW),
+        True,
+    ),
+}
 
 
-def train(device: torch.device, attn_implementation: str, steps: int, packed: bool) -> dict[str, object]:
-    """`steps` AdamW steps of the tiny Llama in bf16 on fixed random tokens, BATCH rows of one sequence each or
-    (`packed`) one row of GPU_DOCUMENTS marked by position_ids, without a cache so that the SDPA implementation
-    finds the packing too: the losses, and the first step's logits and gradients, and the final weights."""
-    model = tiny_model(tiny_config(max_position_embeddings=GPU_SEQLEN), attn_implementation).to(device).train()
+def train(device: torch.device, attn_implementation: str, steps: int, run: str) -> dict[str, object]:
+    """`steps` AdamW steps of the tiny model of GPU_RUNS[run] in bf16 on fixed random tokens, BATCH rows of one
+    sequence each or (packed) one row of GPU_DOCUMENTS marked by position_ids, without a cache so that the SDPA
+    implementation finds the packing too: the losses, and the first step's logits and gradients, and the final
+    weights."""
+    config, packed = GPU_RUNS[run]
+    model = tiny_model(config(), attn_implementation).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = token_ids(batch=1 if packed else BATCH, seqlen=GPU_SEQLEN).to(device)
     packing = {"position_ids": packed_positions(*GPU_DOCUMENTS).to(device), "use_cache": False} if packed else {}
@@ -937,11 +1016,11 @@ def train(device: torch.device, attn_implementation: str, steps: int, packed: bo
     return dict(losses=losses, **first, weights={n: p.detach().clone() for n, p in model.state_dict().items()})
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
-def test_training_on_the_gpu_is_bitwise_reproducible(device, require_kernel, deterministic_algorithms, packed):
+@pytest.mark.parametrize("run", GPU_RUNS)
+def test_training_on_the_gpu_is_bitwise_reproducible(device, require_kernel, deterministic_algorithms, run):
     require_kernel(HEAD_DIM, torch.bfloat16)
     torch.use_deterministic_algorithms(True)
-    first, second = (train(device, "dash_attn", GPU_STEPS, packed) for _ in range(2))
+    first, second = (train(device, "dash_attn", GPU_STEPS, run) for _ in range(2))
     assert first["losses"] == second["losses"]
     assert torch.equal(first["logits"], second["logits"])
     for name, grad in first["grads"].items():
@@ -950,10 +1029,10 @@ def test_training_on_the_gpu_is_bitwise_reproducible(device, require_kernel, det
         assert torch.equal(weight, second["weights"][name]), name
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
-def test_training_on_the_gpu_is_close_to_sdpa(device, require_kernel, packed):
+@pytest.mark.parametrize("run", GPU_RUNS)
+def test_training_on_the_gpu_is_close_to_sdpa(device, require_kernel, run):
     require_kernel(HEAD_DIM, torch.bfloat16)
-    dash, sdpa = (train(device, implementation, 1, packed) for implementation in ("dash_attn", "sdpa"))
+    dash, sdpa = (train(device, implementation, 1, run) for implementation in ("dash_attn", "sdpa"))
     assert relative_error(dash["logits"], sdpa["logits"]) < 1e-2
     for name, grad in dash["grads"].items():
         assert relative_error(grad, sdpa["grads"][name]) < 3e-2, name

@@ -13,10 +13,10 @@ Invariants:
   function is not optional: for an implementation without one, transformers builds no mask at all, and padding
   would be dropped without a word. Registering again changes nothing.
 - Nothing transformers passes is ignored in a way that changes the result. What DASH cannot compute (padding,
-  sliding windows, mask overlays, caches whose keys are not exactly the tokens seen, dropout, attention sinks,
-  position biases, attention weights, head dims the package does not take (_library.HEAD_DIMS), fp32 outside
-  autocast, softcap on packed sequences) raises NotImplementedError naming the argument as transformers spells it,
-  before any kernel runs.
+  chunked attention, bidirectional windows, mask overlays, caches whose keys are not exactly the tokens seen,
+  dropout, attention sinks, position biases, attention weights, head dims the package does not take
+  (_library.HEAD_DIMS), fp32 outside autocast, softcap on packed sequences) raises NotImplementedError naming the
+  argument as transformers spells it, before any kernel runs.
 - Packed sequences (several documents in one row, as DataCollatorWithFlattening makes them) go to
   dash_attn.flash_attn_varlen_func, each document attending only to itself, causal or full as the layer asks.
   The documents are, in this order of precedence: cu_seq_lens_q/k with max_length_q/k, when all four are passed
@@ -35,12 +35,17 @@ Invariants:
   forward with a cache and position_ids pays the read to find nothing packed; decoding (one position a row) reads
   nothing. The read is a graph break under torch.compile and cannot be captured in a CUDA graph.
 - softcap (Gemma 2's config.attn_logit_softcapping) goes to flash_attn_func's softcap.
-- dash_attention_mask runs once per forward, in transformers' mask creation. It returns None for the causal and
-  the full mask, PackedSequences for either one restricted to each packed sequence (the mask transformers builds
-  when position_ids restart and there is no cache, recognized by the functions transformers composes it from), and
-  raises for anything else. So a packed mask reaches the layers as the documents' offsets, also in a model whose
-  layers receive no position_ids. Any other mask that reaches dash_attention_forward did not come from the hook
-  (a prepared 4-D mask, or a model that builds its own) and is refused.
+- sliding_window (config.sliding_window, per layer with layer_types), which a causal layer passes, becomes
+  window_size=(sliding_window - 1, 0), dense or packed: transformers' sliding-window causal mask. The mask hook
+  accepts that mask (any window, recognized by the functions transformers composes it from) and the layer applies
+  the window it is passed, as transformers' flash-attention path does.
+- dash_attention_mask runs once per forward, in transformers' mask creation. It returns None for the causal, the
+  sliding-window causal and the full mask, PackedSequences for any of them restricted to each packed sequence (the
+  mask transformers builds when position_ids restart and there is no cache, recognized by the functions
+  transformers composes it from), and raises for anything else. So a packed mask reaches the layers as the
+  documents' offsets, also in a model whose layers receive no position_ids. Any other mask that reaches
+  dash_attention_forward did not come from the hook (a prepared 4-D mask, or a model that builds its own) and is
+  refused.
 - Causal attention: DASH aligns the causal mask to the bottom-right corner, which is transformers' causal mask
   exactly when the keys are the tokens seen so far (kv_offset + kv_length == q_offset + q_length): training
   without a cache, and prefill and decoding with a DynamicCache. dash_attention_mask checks that equality; packed
@@ -92,6 +97,7 @@ from transformers.masking_utils import (  # noqa: E402
     bidirectional_mask_function,
     causal_mask_function,
     packed_sequence_mask_function,
+    sliding_window_overlay,
 )
 
 from .._arguments import SUPPORTED_DTYPES, check_flags, refuse_unsupported, resolve_scale, resolve_softcap  # noqa: E402
@@ -120,6 +126,8 @@ _PACKING_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_leng
 # refused.
 _AND_MASKS_CODE = and_masks(causal_mask_function).__code__
 _PACKED_SEQUENCE_CODE = packed_sequence_mask_function(None).__code__
+# A sliding-window causal mask is and_masks(sliding_window_overlay(window), causal_mask_function).
+_SLIDING_WINDOW_OVERLAY_CODE = sliding_window_overlay(1).__code__
 _REMAP_POSITIONS_CODE = (
     masking_utils.remap_positions_for_packed_sequence(causal_mask_function, None).__code__
     if hasattr(masking_utils, "remap_positions_for_packed_sequence")
@@ -145,19 +153,22 @@ def dash_attention_mask(
     attention_mask: Tensor | None = None,
     **_mask_materialization: object,
 ) -> PackedSequences | None:
-    """transformers' mask hook for "dash_attn": None when the mask is the plain causal or full one, which
-    dash_attention_forward computes from is_causal; PackedSequences (the documents' offsets, read here once per
-    forward) when it is either one within each packed sequence, which the attention layers receive as their
-    attention_mask; NotImplementedError naming what else was asked for.
+    """transformers' mask hook for "dash_attn": None when the mask is the plain causal, sliding-window causal or full
+    one, which dash_attention_forward computes from is_causal and sliding_window; PackedSequences (the documents'
+    offsets, read here once per forward) when it is any of them within each packed sequence, which the attention
+    layers receive as their attention_mask; NotImplementedError naming what else was asked for.
 
     The keywords in _mask_materialization (batch_size, dtype, device, config, SDPA's options) describe how to build
     a mask tensor, which DASH never needs."""
     base_mask_function, document_ids = _unpacked(mask_function)
+    if _is_sliding_window_causal(base_mask_function):
+        # The layer passes the window as sliding_window, and dash_attention_forward applies it.
+        base_mask_function = causal_mask_function
     if base_mask_function is not causal_mask_function and base_mask_function is not bidirectional_mask_function:
         raise NotImplementedError(
-            "the model asks for an attention mask other than the causal or full one (within each packed sequence "
-            "or not): a sliding window (config.sliding_window or layer_types), chunked attention, or the model's "
-            "own overlay (e.g. for image tokens). DASH computes only the causal and the full mask"
+            "the model asks for an attention mask other than the causal, sliding-window causal or full one (within "
+            "each packed sequence or not): chunked attention, a bidirectional window, or the model's own overlay "
+            "(e.g. for image tokens). DASH computes only those three"
         )
     if base_mask_function is causal_mask_function:
         # q_offset is a 0-d tensor for static cache layers; int() reads it once per forward.
@@ -203,6 +214,17 @@ def _unpacked(mask_function: object) -> tuple[object, Tensor | None]:
     return (base if remapped is None else remapped), document_ids
 
 
+def _is_sliding_window_causal(mask_function: object) -> bool:
+    """Whether `mask_function` is transformers' sliding-window causal mask (see _SLIDING_WINDOW_OVERLAY_CODE)."""
+    parts = _closure(mask_function, _AND_MASKS_CODE).get("mask_functions")
+    return (
+        isinstance(parts, tuple)
+        and len(parts) == 2
+        and getattr(parts[0], "__code__", None) is _SLIDING_WINDOW_OVERLAY_CODE
+        and parts[1] is causal_mask_function
+    )
+
+
 def _closure(function: object, code: object) -> dict[str, object]:
     """The variables `function` closes over, by name, when it is a closure of `code`; else empty."""
     if code is None or getattr(function, "__code__", None) is not code or function.__closure__ is None:
@@ -229,8 +251,9 @@ def dash_attention_forward(
     (batch, heads_kv, seqlen_k, head_dim) in, (attn_output (batch, seqlen_q, heads_q, head_dim), None) out.
 
     is_causal defaults to module.is_causal (True for a module without one, as in transformers' SDPA path);
-    scaling to head_dim ** -0.5. Packed sequences (cu_seq_lens_q/k with max_length_q/k, or position_ids that
-    restart within a row) go to flash_attn_varlen_func, one document at a time. Keyword arguments that DASH has no
+    scaling to head_dim ** -0.5; sliding_window to window_size=(sliding_window - 1, 0). Packed sequences
+    (cu_seq_lens_q/k with max_length_q/k, the mask hook's PackedSequences, or position_ids that restart within a
+    row) go to flash_attn_varlen_func, one document at a time. Keyword arguments that DASH has no
     use for and that do not change attention (use_cache, num_items_in_batch, ...) pass."""
     packed_by_mask = attention_mask if isinstance(attention_mask, PackedSequences) else None
     refuse_unsupported(
@@ -247,21 +270,13 @@ def dash_attention_forward(
         (0.0,),
         "DASH has no attention dropout (the model passes config.attention_dropout while training: set it to 0.0)",
     )
-    # The kernels take a window (flash_attn_func's window_size), but transformers hands the "dash_attn" mask hook
-    # a sliding-window mask function whose size it cannot read, so a windowed model is refused there and here.
-    refuse_unsupported(
-        "sliding_window",
-        sliding_window,
-        (None,),
-        "DASH's transformers integration has no sliding-window attention (config.sliding_window; "
-        "dash_attn.flash_attn_func takes window_size)",
-    )
     cap = resolve_softcap(softcap)
     for name, reason in _UNSUPPORTED_KEYWORDS.items():
         refuse_unsupported(name, kwargs.get(name), (None,), reason)
     _refuse_attention_weights(module, kwargs.get("output_attentions"))
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     check_flags(is_causal=causal)
+    window_size = _window_size(sliding_window, causal)
     scale = resolve_scale(scaling, query.shape[-1], "scaling")
     batch, seqlen_q, seqlen_k = query.shape[0], query.shape[2], key.shape[2]
     packing = _packing(kwargs, batch, seqlen_q, query.device, packed_by_mask)
@@ -276,6 +291,7 @@ def dash_attention_forward(
             value.transpose(1, 2),
             softmax_scale=scale,
             causal=causal,
+            window_size=window_size,
             deterministic=deterministic,
             schedule=schedule,
             softcap=cap,
@@ -295,10 +311,29 @@ def dash_attention_forward(
         packing.max_seqlen_k,
         softmax_scale=scale,
         causal=causal,
+        window_size=window_size,
         deterministic=deterministic,
         schedule=schedule,
     )
     return out.view(batch, seqlen_q, *out.shape[1:]), None
+
+
+def _window_size(sliding_window: object, causal: bool) -> tuple[int, int]:
+    """flash_attn_func's window_size for transformers' sliding_window: a query sees the sliding_window keys ending
+    at its own (transformers' sliding_window_overlay: kv_idx > q_idx - sliding_window), so (sliding_window - 1, 0),
+    bottom-right aligned, which matches transformers' mask when the keys are the tokens seen so far, as for the
+    causal mask (a DynamicCache's sliding layers keep the last sliding_window - 1 keys, whose end is still the
+    queries' end). (-1, -1) for none."""
+    if sliding_window is None:
+        return (-1, -1)
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+        raise ValueError(f"sliding_window must be an int >= 1 (the keys a query sees), got {sliding_window!r}")
+    if not causal:
+        raise NotImplementedError(
+            f"sliding_window={sliding_window} is not supported without causal attention (is_causal=False): "
+            f"transformers' bidirectional window is not DASH's"
+        )
+    return (sliding_window - 1, 0)
 
 
 @dataclass(frozen=True)
