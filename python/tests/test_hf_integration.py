@@ -1,22 +1,28 @@
 """Tests of dash_attn.integrations.transformers, the "dash_attn" attention implementation of Hugging Face
 Transformers.
 
-On the CPU, dash_attn.flash_attn_func is replaced by a stand-in that records its arguments (bound to the real
-signature) and computes attention with torch's SDPA in float32 under DASH's bottom-right causal mask, so whole
-models run forward and backward. These tests check: registration (idempotent, accepted by from_config and
-from_pretrained); the layout (transposed views in, (batch, seqlen, heads, head_dim) out); scaling, is_causal,
-GQA, deterministic and schedule reaching the kernel call; every refusal, with its message naming the argument;
-tiny Llama and Qwen2 models against their SDPA implementation; decoding with a DynamicCache; and, without the
-stand-in, that the real entry point applies torch's determinism switch and refuses CPU tensors.
+On the CPU, dash_attn.flash_attn_func and dash_attn.flash_attn_varlen_func are replaced by stand-ins that record
+their arguments (bound to the real signatures) and compute attention with torch's SDPA in float32 under DASH's
+bottom-right causal mask (the varlen one sequence at a time), so whole models run forward and backward. These
+tests check: registration (idempotent, accepted by from_config and from_pretrained); the layout (transposed views
+in, (batch, seqlen, heads, head_dim) out); scaling, is_causal, GQA, deterministic and schedule reaching the kernel
+call; packed sequences (from position_ids or cu_seq_lens_*) reaching the varlen call as views with int32 offsets,
+read once per forward; sliding_window reaching the kernels as window_size; every refusal, with its message naming
+the argument; the mask hook, packed and sliding-window masks included; tiny Llama and Qwen2 models against their
+SDPA implementation, dense and packed, and packed against each document run alone; tiny Mistral and mixed-layer
+Qwen2 models with sliding windows against their SDPA implementation; decoding with a DynamicCache; and, without the
+stand-ins, that the real entry point applies torch's determinism switch and refuses CPU tensors.
 
-The GPU tests at the end run the real kernels: a tiny Llama trained twice gives bitwise-identical losses,
-gradients and weights, close to the SDPA implementation's. Without transformers (5.4 or newer) the whole module
-skips; without a Hopper GPU and the library, the GPU tests skip, saying why.
+The GPU tests at the end run the real kernels: a tiny Llama trained twice, on dense or on packed batches (and a
+tiny Mistral with a sliding window on packed ones), gives bitwise-identical losses, gradients and weights, close to
+the SDPA implementation's. Without transformers (5.4 or
+newer) the whole module skips; without a Hopper GPU and the library, the GPU tests skip, saying why.
 """
 
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 import subprocess
 import sys
@@ -40,8 +46,14 @@ from transformers import (  # noqa: E402
 )
 from transformers.masking_utils import (  # noqa: E402
     AttentionMaskInterface,
+    and_masks,
     bidirectional_mask_function,
     causal_mask_function,
+    chunked_causal_mask_function,
+    find_packed_sequence_indices,
+    packed_sequence_mask_function,
+    remap_positions_for_packed_sequence,
+    sliding_window_bidirectional_mask_function,
     sliding_window_causal_mask_function,
 )
 
@@ -55,43 +67,77 @@ SEED = 1234
 
 @dataclass
 class KernelCall:
-    """One call of dash_attn.flash_attn_func: its tensors and every argument, defaults included."""
+    """One call of dash_attn.flash_attn_func or flash_attn_varlen_func (`function`): its tensors and every
+    argument, defaults included."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     arguments: dict[str, object]
+    function: str = "flash_attn_func"
 
 
-def bottom_right_causal(seqlen_q: int, seqlen_k: int) -> torch.Tensor:
-    """DASH's causal mask: query row i sees key j iff j <= i + seqlen_k - seqlen_q."""
-    rows = torch.arange(seqlen_q)[:, None]
-    return torch.arange(seqlen_k)[None, :] <= rows + (seqlen_k - seqlen_q)
+def bottom_right_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int]) -> torch.Tensor:
+    """DASH's mask: with d = seqlen_k - seqlen_q, query row i sees key j iff i + d - left <= j <= i + d + right,
+    right = 0 when causal, -1 leaving a side open."""
+    left, right = window_size
+    right = 0 if causal else right
+    shift = torch.arange(seqlen_k)[None, :] - torch.arange(seqlen_q)[:, None] - (seqlen_k - seqlen_q)
+    return ((shift <= right) | (right < 0)) & ((shift >= -left) | (left < 0))
 
 
-def attention_by_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+def attention_by_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window_size=(-1, -1)
+) -> torch.Tensor:
     """What DASH computes, on (batch, seqlen, heads, head_dim) tensors, by torch's SDPA in float32."""
     qh, kh, vh = (t.transpose(1, 2).float() for t in (q, k, v))
-    mask = bottom_right_causal(q.shape[1], k.shape[1]) if causal else None
+    mask = bottom_right_mask(q.shape[1], k.shape[1], causal, window_size)
     out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2).to(q.dtype)
 
 
+def packed_attention_by_sdpa(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, causal: bool, window_size: tuple[int, int]
+) -> torch.Tensor:
+    """What DASH's varlen computes, on packed (total, heads, head_dim) tensors: each sequence by attention_by_sdpa
+    alone; rows after the last sequence are 0."""
+    out = torch.zeros_like(q)
+    bounds = zip(cu_seqlens_q.tolist(), cu_seqlens_q.tolist()[1:], cu_seqlens_k.tolist(), cu_seqlens_k.tolist()[1:])
+    for q_start, q_end, k_start, k_end in bounds:
+        document = (q[None, q_start:q_end], k[None, k_start:k_end], v[None, k_start:k_end])
+        out[q_start:q_end] = attention_by_sdpa(*document, scale, causal, window_size)[0]
+    return out
+
+
+def bound_arguments(function: object, args: tuple, kwargs: dict) -> dict[str, object]:
+    bound = inspect.signature(function).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
 @pytest.fixture
 def kernel(monkeypatch: pytest.MonkeyPatch) -> list[KernelCall]:
-    """Replaces the integration's flash_attn_func by the SDPA stand-in; the list collects its calls."""
+    """Replaces the integration's flash_attn_func and flash_attn_varlen_func by the SDPA stand-ins; the list
+    collects their calls."""
     calls: list[KernelCall] = []
-    signature = inspect.signature(dash_attn.flash_attn_func)
 
-    def stand_in(*args: object, **kwargs: object) -> torch.Tensor:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
+    def dense_stand_in(*args: object, **kwargs: object) -> torch.Tensor:
+        arguments = bound_arguments(dash_attn.flash_attn_func, args, kwargs)
         q, k, v = arguments.pop("q"), arguments.pop("k"), arguments.pop("v")
         calls.append(KernelCall(q, k, v, arguments))
-        return attention_by_sdpa(q, k, v, arguments["softmax_scale"], arguments["causal"])
+        return attention_by_sdpa(q, k, v, arguments["softmax_scale"], arguments["causal"], arguments["window_size"])
 
-    monkeypatch.setattr(integration, "flash_attn_func", stand_in)
+    def varlen_stand_in(*args: object, **kwargs: object) -> torch.Tensor:
+        arguments = bound_arguments(dash_attn.flash_attn_varlen_func, args, kwargs)
+        q, k, v = arguments.pop("q"), arguments.pop("k"), arguments.pop("v")
+        calls.append(KernelCall(q, k, v, arguments, "flash_attn_varlen_func"))
+        return packed_attention_by_sdpa(
+            q, k, v, *(arguments[name] for name in ("cu_seqlens_q", "cu_seqlens_k", "softmax_scale", "causal")),
+            arguments["window_size"],
+        )
+
+    monkeypatch.setattr(integration, "flash_attn_func", dense_stand_in)
+    monkeypatch.setattr(integration, "flash_attn_varlen_func", varlen_stand_in)
     return calls
 
 
@@ -288,6 +334,28 @@ def test_fp32_states_are_cast_under_autocast(kernel):
 # The attention function: refusals. Each names the argument; none reaches the kernel.
 
 
+def packed_positions(*lengths: int) -> torch.Tensor:
+    """position_ids of one row holding documents of `lengths`, as DataCollatorWithFlattening makes them."""
+    return torch.cat([torch.arange(length) for length in lengths])[None]
+
+
+def offsets(*lengths: int) -> torch.Tensor:
+    """cu_seq_lens of documents of `lengths`, as DataCollatorWithFlattening makes them (int32)."""
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+
+
+def packing_keywords(**overrides: object) -> dict[str, object]:
+    """cu_seq_lens_q/k and max_length_q/k of two documents of 8 and 24 tokens (both rows of states() flattened),
+    as two equal tensors, then `overrides`."""
+    return {
+        "cu_seq_lens_q": offsets(8, 24),
+        "cu_seq_lens_k": offsets(8, 24),
+        "max_length_q": 24,
+        "max_length_k": 24,
+        **overrides,
+    }
+
+
 def call_arguments(**overrides: object) -> dict[str, object]:
     """The attention function's arguments, by name: a causal module, states(), no mask, then `overrides`."""
     query, key, value = states()
@@ -312,10 +380,11 @@ REFUSALS = [
         NotImplementedError,
         r"dropout=0\.1 is not supported: DASH has no attention dropout.*config\.attention_dropout",
     ),
+    ({"sliding_window": 0}, ValueError, r"sliding_window must be an int >= 1 \(the keys a query sees\), got 0"),
     (
-        {"sliding_window": 4096},
+        {"sliding_window": 8, "is_causal": False},
         NotImplementedError,
-        r"sliding_window=4096 is not supported: DASH's transformers integration has no sliding-window",
+        r"sliding_window=8 is not supported without causal attention \(is_causal=False\)",
     ),
     ({"softcap": -1.0}, ValueError, r"softcap must be finite and >= 0 \(0: no capping\), got -1\.0"),
     ({"s_aux": torch.zeros(HEADS)}, NotImplementedError, r"s_aux=<.*> is not supported: DASH has no attention sinks"),
@@ -327,30 +396,49 @@ REFUSALS = [
     ),
     (
         {"cu_seq_lens_q": torch.tensor([0, 8, 16])},
-        NotImplementedError,
-        r"cu_seq_lens_q=<.*> is not supported: DASH's transformers integration takes no variable-length",
+        ValueError,
+        r"cu_seq_lens_q passed without cu_seq_lens_k, max_length_q, max_length_k: packed sequences need all",
     ),
     (
-        {"cu_seq_lens_k": torch.tensor([0, 8, 16])},
-        NotImplementedError,
-        r"cu_seq_lens_k=<.*> is not supported: DASH's transformers integration takes no variable-length",
+        {"cu_seq_lens_k": torch.tensor([0, 8, 16]), "max_length_k": 8},
+        ValueError,
+        r"cu_seq_lens_k, max_length_k passed without cu_seq_lens_q, max_length_q",
     ),
-    ({"max_length_q": 8}, NotImplementedError, r"max_length_q=8 is not supported: DASH's transformers integration takes no variable-length"),
-    ({"max_length_k": 8}, NotImplementedError, r"max_length_k=8 is not supported: DASH's transformers integration takes no variable-length"),
     (
-        {"seq_idx": torch.zeros(BATCH, SEQLEN, dtype=torch.int32)},
+        packing_keywords(cu_seq_lens_q=torch.tensor([0.0, 8.0, 16.0])),
+        ValueError,
+        r"cu_seq_lens_q must be a 1-D integer tensor",
+    ),
+    (
+        packing_keywords(cu_seq_lens_k=torch.tensor([0, 16])),
+        ValueError,
+        r"cu_seq_lens_k has 2 offsets but cu_seq_lens_q 3",
+    ),
+    (packing_keywords(max_length_q=8.0), ValueError, r"max_length_q must be an int \(the longest sequence\), got 8\.0"),
+    (
+        packing_keywords(softcap=30.0),
         NotImplementedError,
-        r"seq_idx=<.*> is not supported: DASH's transformers integration takes no variable-length",
+        r"softcap=30\.0 is not supported with packed sequences \(cu_seq_lens_q\)",
+    ),
+    (
+        {"position_ids": packed_positions(8, 8).expand(BATCH, -1), "softcap": 30.0},
+        NotImplementedError,
+        r"softcap=30\.0 is not supported with packed sequences \(position_ids\)",
     ),
     (
         {"position_ids": torch.tensor([[0, 1, 2, 0, 1, 2]])},
         NotImplementedError,
-        r"position_ids restart or jump within a row",
+        r"position_ids of shape \(1, 6\) restart within a row.*do not give one position per query token",
     ),
     (
-        {"position_ids": torch.tensor([[0, 1, 2], [5, 6, 8]])},
+        {"position_ids": packed_positions(8, 8).expand(BATCH, -1), "key": states(seqlen_k=2 * SEQLEN)[1]},
         NotImplementedError,
-        r"position_ids restart or jump within a row",
+        r"position_ids restart within a row \(packed sequences\), but the layer has 32 keys for 16 queries",
+    ),
+    (
+        {"seq_idx": torch.tensor([[0] * 8 + [1] * 8] * BATCH, dtype=torch.int32)},
+        NotImplementedError,
+        r"seq_idx marks several sequences in a row, but neither position_ids",
     ),
     ({"output_attentions": True}, NotImplementedError, r"output_attentions=True is not supported.*eager"),
     (
@@ -455,13 +543,70 @@ def test_keys_that_are_not_the_tokens_seen_are_refused():
         integration.dash_attention_mask(q_length=SEQLEN, kv_length=64, mask_function=causal_mask_function)
 
 
-def test_other_masks_are_refused():
+def packed_mask_function(base, positions: torch.Tensor):
+    """The mask transformers' mask creation hands the hook for packed `positions` (one row) and no cache."""
+    documents = find_packed_sequence_indices(positions)
+    return and_masks(remap_positions_for_packed_sequence(base, positions), packed_sequence_mask_function(documents))
+
+
+@pytest.mark.parametrize(
+    "mask_function",
+    [
+        packed_mask_function(causal_mask_function, packed_positions(5, 11)),
+        packed_mask_function(bidirectional_mask_function, packed_positions(5, 11)),
+        # Before remap_positions_for_packed_sequence, transformers composed the packed mask without it.
+        and_masks(
+            causal_mask_function, packed_sequence_mask_function(find_packed_sequence_indices(packed_positions(5, 11)))
+        ),
+    ],
+    ids=["causal", "full", "causal_unmapped"],
+)
+def test_a_packed_causal_or_full_mask_becomes_the_documents_offsets(mask_function):
+    packing = integration.dash_attention_mask(q_length=SEQLEN, kv_length=SEQLEN, mask_function=mask_function)
+    assert isinstance(packing, integration.PackedSequences)
+    assert packing.cu_seqlens_q is packing.cu_seqlens_k and packing.cu_seqlens_q.dtype == torch.int32
+    assert packing.cu_seqlens_q.tolist() == [0, 5, 16] and packing.max_seqlen_q == packing.max_seqlen_k == 11
+
+
+def test_packed_sequences_from_the_mask_reach_the_varlen_kernel_without_position_ids(kernel):
+    mask_function = packed_mask_function(causal_mask_function, packed_positions(5, 11))
+    packing = integration.dash_attention_mask(q_length=SEQLEN, kv_length=SEQLEN, mask_function=mask_function)
+    query, key, value = (t[:1] for t in states())
+    integration.dash_attention_forward(AttentionModule(), query, key, value, packing)
+    (call,) = kernel
+    assert call.function == "flash_attn_varlen_func" and call.arguments["cu_seqlens_q"] is packing.cu_seqlens_q
+    assert call.arguments["max_seqlen_q"] == 11
+
+
+def test_a_sliding_window_causal_mask_is_none_or_the_documents_offsets():
+    window = sliding_window_causal_mask_function(4)
+    assert integration.dash_attention_mask(q_length=SEQLEN, kv_length=SEQLEN, mask_function=window) is None
+    # A DynamicCache's sliding layer keeps the last window - 1 keys: they still end where the queries end.
+    decoding = {"q_length": 1, "kv_length": 4, "q_offset": 20, "kv_offset": 17}
+    assert integration.dash_attention_mask(mask_function=window, **decoding) is None
+    packed = packed_mask_function(window, packed_positions(5, 11))
+    packing = integration.dash_attention_mask(q_length=SEQLEN, kv_length=SEQLEN, mask_function=packed)
+    assert packing.cu_seqlens_q.tolist() == [0, 5, 16]
+
+
+@pytest.mark.parametrize(
+    "mask_function",
+    [
+        chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long)),
+        sliding_window_bidirectional_mask_function(4),
+        and_masks(causal_mask_function, sliding_window_causal_mask_function(4)),
+        and_masks(
+            packed_mask_function(causal_mask_function, packed_positions(5, 11)),
+            packed_sequence_mask_function(find_packed_sequence_indices(packed_positions(5, 11))),
+        ),
+    ],
+    ids=["chunked", "bidirectional_window", "overlay", "packed_twice"],
+)
+def test_other_masks_are_refused(mask_function):
     with pytest.raises(
-        NotImplementedError, match=r"an attention mask other than the causal or full one: a sliding window"
+        NotImplementedError, match=r"an attention mask other than the causal, sliding-window causal or full one"
     ):
-        integration.dash_attention_mask(
-            q_length=SEQLEN, kv_length=SEQLEN, mask_function=sliding_window_causal_mask_function(4)
-        )
+        integration.dash_attention_mask(q_length=SEQLEN, kv_length=SEQLEN, mask_function=mask_function)
 
 
 # Whole models on the CPU, with the stand-in kernel.
@@ -523,23 +668,192 @@ def test_a_padded_batch_is_refused(kernel):
     assert not kernel
 
 
+# Packed sequences: the attention function alone.
+
+
+def test_packed_position_ids_reach_the_varlen_kernel_as_views(kernel):
+    query, key, value = (t[:1] for t in states())
+    out, _ = integration.dash_attention_forward(
+        AttentionModule(), query, key, value, None, scaling=0.3, position_ids=packed_positions(5, 11)
+    )
+    (call,) = kernel
+    assert call.function == "flash_attn_varlen_func"
+    for sent, received in ((query, call.q), (key, call.k), (value, call.v)):
+        assert received.shape == (SEQLEN, sent.shape[1], HEAD_DIM) and received.data_ptr() == sent.data_ptr()
+    arguments = call.arguments
+    assert arguments["cu_seqlens_q"] is arguments["cu_seqlens_k"]  # one tensor: the self-attention promise
+    assert arguments["cu_seqlens_q"].dtype == torch.int32 and arguments["cu_seqlens_q"].tolist() == [0, 5, 16]
+    assert arguments["max_seqlen_q"] == arguments["max_seqlen_k"] == 11
+    assert arguments["causal"] is True and arguments["softmax_scale"] == 0.3 and arguments["deterministic"] is True
+    assert call.k.shape[1] == KV_HEADS  # GQA heads are not repeated
+    assert out.shape == (1, SEQLEN, HEADS, HEAD_DIM)
+    documents = [
+        attention_by_sdpa(*(t.transpose(1, 2)[:, start:end] for t in (query, key, value)), 0.3, True)
+        for start, end in ((0, 5), (5, 16))
+    ]
+    assert torch.equal(out, torch.cat(documents, dim=1))
+
+
 @pytest.mark.parametrize(
-    ("use_cache", "message"),
+    ("position_ids", "expected_offsets"),
     [
-        # Without a cache, transformers' mask creation finds the packing and asks for its mask.
-        (False, r"packed sequences \(position_ids that restart within a row"),
-        # With one (config.use_cache is on by default), it does not look: the attention function does.
-        (True, r"position_ids restart or jump within a row, which marks packed sequences"),
+        # Each row its own documents; a jump starts one too, as in transformers' packed-sequence mask.
+        (
+            torch.cat([packed_positions(4, 12), torch.cat([torch.arange(6), torch.arange(20, 30)])[None]]),
+            [0, 4, 16, 22, 32],
+        ),
+        # One row of positions for both rows of states (unsqueezed, not expanded).
+        (packed_positions(3, 13), [0, 3, 16, 19, 32]),
+        # Documents restarting at another first position (RoBERTa-like models).
+        (packed_positions(8, 8).expand(BATCH, -1) + 2, [0, 8, 16, 24, 32]),
     ],
-    ids=["found_by_the_mask", "found_by_the_attention"],
+    ids=["per_row", "unsqueezed", "offset_start"],
 )
-def test_a_packed_batch_is_refused(kernel, use_cache, message):
+def test_packed_rows_are_flattened_into_one_batch_of_documents(kernel, position_ids, expected_offsets):
+    integration.dash_attention_forward(**call_arguments(position_ids=position_ids))
+    (call,) = kernel
+    assert call.arguments["cu_seqlens_q"].tolist() == expected_offsets
+    assert call.q.shape == (BATCH * SEQLEN, HEADS, HEAD_DIM)
+
+
+def test_consecutive_position_ids_take_the_dense_kernel(kernel):
+    integration.dash_attention_forward(**call_arguments(position_ids=torch.arange(SEQLEN).expand(BATCH, -1)))
+    integration.dash_attention_forward(**call_arguments(position_ids=torch.tensor([[7]]), query=states(seqlen_q=1)[0]))
+    assert [call.function for call in kernel] == ["flash_attn_func"] * 2
+
+
+@pytest.mark.parametrize("one_tensor", [True, False], ids=["one_tensor", "equal_tensors"])
+def test_cu_seq_lens_reach_the_varlen_kernel_and_win_over_position_ids(kernel, one_tensor):
+    cu_seq_lens = offsets(8, 24).long()
+    keywords = packing_keywords(cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens if one_tensor else offsets(8, 24))
+    position_ids = packed_positions(4, 12).expand(BATCH, -1)
+    integration.dash_attention_forward(**call_arguments(position_ids=position_ids, **keywords))
+    (call,) = kernel
+    arguments = call.arguments
+    assert arguments["cu_seqlens_q"].dtype == torch.int32 and arguments["cu_seqlens_q"].tolist() == [0, 8, 32]
+    assert arguments["cu_seqlens_k"] is arguments["cu_seqlens_q"]  # equal offsets go in as one tensor
+    assert arguments["max_seqlen_q"] == arguments["max_seqlen_k"] == 24
+
+
+def test_different_cu_seq_lens_go_in_as_two_tensors(kernel):
+    keywords = packing_keywords(cu_seq_lens_k=offsets(16, 16), max_length_k=16)
+    integration.dash_attention_forward(**call_arguments(**keywords))
+    arguments = kernel[0].arguments
+    assert arguments["cu_seqlens_q"].tolist() == [0, 8, 32] and arguments["cu_seqlens_k"].tolist() == [0, 16, 32]
+    assert (arguments["max_seqlen_q"], arguments["max_seqlen_k"]) == (24, 16)
+
+
+def test_seq_idx_passes_alongside_packing_or_with_one_sequence_per_row(kernel):
+    two_documents = torch.tensor([[0] * 8 + [1] * 8] * BATCH, dtype=torch.int32)
+    integration.dash_attention_forward(
+        **call_arguments(seq_idx=two_documents, position_ids=packed_positions(8, 8).expand(BATCH, -1))
+    )
+    integration.dash_attention_forward(**call_arguments(seq_idx=torch.zeros(BATCH, SEQLEN, dtype=torch.int32)))
+    assert [call.function for call in kernel] == ["flash_attn_varlen_func", "flash_attn_func"]
+
+
+def test_position_ids_are_read_once_for_all_layers_and_again_when_changed(kernel, monkeypatch):
+    reads = []
+    read = integration._packing_from_positions
+    monkeypatch.setattr(integration, "_packing_from_positions", lambda *args: reads.append(args) or read(*args))
+    position_ids = packed_positions(8, 8).expand(BATCH, -1).clone()
+    for _ in range(3):  # three layers of one forward
+        integration.dash_attention_forward(**call_arguments(position_ids=position_ids))
+    assert len(reads) == 1
+    position_ids[:, 8:] += 8  # in place: one document per row now
+    integration.dash_attention_forward(**call_arguments(position_ids=position_ids))
+    assert len(reads) == 2
+    assert [call.function for call in kernel] == ["flash_attn_varlen_func"] * 3 + ["flash_attn_func"]
+
+
+@pytest.mark.parametrize(
+    ("use_cache", "position_reads"),
+    # Without a cache the mask hook makes the offsets from transformers' document ids; with one, the first layer
+    # makes them from position_ids.
+    [(False, 0), (True, 1)],
+    ids=["by_the_mask", "by_the_attention"],
+)
+def test_a_forward_reads_the_packing_once(kernel, monkeypatch, use_cache, position_reads):
+    reads = {"offsets_made": 0, "position_ids_read": 0}
+    read_positions, read_starts = integration._packing_from_positions, integration._packing_from_starts
+
+    def counting_positions(*args):
+        reads["position_ids_read"] += 1
+        return read_positions(*args)
+
+    def counting_starts(*args):
+        reads["offsets_made"] += 1
+        return read_starts(*args)
+
+    monkeypatch.setattr(integration, "_packing_from_positions", counting_positions)
+    monkeypatch.setattr(integration, "_packing_from_starts", counting_starts)
+    model = tiny_model(tiny_config())
+    model(token_ids(batch=1), position_ids=packed_positions(5, 7, 4), use_cache=use_cache)
+    assert len(kernel) == 2 and reads == {"offsets_made": 1, "position_ids_read": position_reads}
+
+
+# Packed sequences through whole models.
+
+DOCUMENTS = (5, 7, 4)  # three documents packed into one row of SEQLEN tokens
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["found_by_the_mask", "found_by_the_attention"])
+@pytest.mark.parametrize("family", [LlamaConfig, Qwen2Config], ids=["llama", "qwen2"])
+def test_a_packed_row_matches_sdpa_and_each_document_alone(kernel, family, use_cache):
+    model = tiny_model(tiny_config(family))
+    ids = token_ids(batch=1)
+    positions = packed_positions(*DOCUMENTS)
+    # Without a cache, transformers' mask creation finds the packing and hands the hook its packed mask; with one
+    # (config.use_cache is on by default) it does not look, and the attention function finds it.
+    logits = model(ids, position_ids=positions, use_cache=use_cache).logits
+    assert [call.function for call in kernel] == ["flash_attn_varlen_func"] * 2
+    alone = torch.cat([model(document[None]).logits for document in ids[0].split(DOCUMENTS)], dim=1)
+    assert relative_error(logits, alone) < 1e-2
+    model.set_attn_implementation("sdpa")
+    assert relative_error(logits, model(ids, position_ids=positions, use_cache=False).logits) < 1e-2
+
+
+def test_a_packed_row_with_cu_seq_lens_matches_each_document_alone(kernel):
     model = tiny_model(tiny_config())
     ids = token_ids(batch=1)
-    packed = torch.cat([torch.arange(SEQLEN // 2), torch.arange(SEQLEN // 2)])[None]
-    with pytest.raises(NotImplementedError, match=message):
-        model(ids, position_ids=packed, use_cache=use_cache)
+    keywords = {
+        "cu_seq_lens_q": offsets(*DOCUMENTS),
+        "cu_seq_lens_k": offsets(*DOCUMENTS),
+        "max_length_q": max(DOCUMENTS),
+        "max_length_k": max(DOCUMENTS),
+    }
+    logits = model(ids, position_ids=packed_positions(*DOCUMENTS), **keywords).logits
+    assert [call.arguments["cu_seqlens_q"].tolist() for call in kernel] == [[0, 5, 12, 16]] * 2
+    alone = torch.cat([model(document[None]).logits for document in ids[0].split(DOCUMENTS)], dim=1)
+    assert relative_error(logits, alone) < 1e-2
+
+
+def test_a_packed_row_trains_through_the_stand_in(kernel):
+    model = tiny_model(tiny_config()).train()
+    ids = token_ids(batch=1)
+    model(ids, labels=ids, position_ids=packed_positions(*DOCUMENTS)).loss.backward()
+    assert all(call.function == "flash_attn_varlen_func" for call in kernel)
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g.float()).all() for g in grads)
+
+
+def test_a_packed_row_with_padding_is_refused(kernel):
+    model = tiny_model(tiny_config())
+    ids = token_ids(batch=1)
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0
+    with pytest.raises(NotImplementedError, match=r"attention_mask marks padding"):
+        model(ids, attention_mask=mask, position_ids=packed_positions(*DOCUMENTS))
     assert not kernel
+
+
+def test_packed_position_ids_after_cached_tokens_are_refused(kernel):
+    model = tiny_model(tiny_config())
+    ids = token_ids(batch=1)
+    cache = DynamicCache(config=model.config)
+    model(ids[:, :4], **cache_keyword(model, cache), use_cache=True)
+    with pytest.raises(NotImplementedError, match=r"position_ids restart within a row \(packed sequences\), but"):
+        model(ids[:, 4:], position_ids=packed_positions(5, 7), **cache_keyword(model, cache), use_cache=True)
 
 
 def test_a_static_cache_is_refused(kernel):
@@ -550,11 +864,61 @@ def test_a_static_cache_is_refused(kernel):
     assert not kernel
 
 
-def test_a_sliding_window_model_is_refused(kernel):
-    model = tiny_model(tiny_config(MistralConfig, sliding_window=8))
-    with pytest.raises(NotImplementedError, match=r"a sliding window \(config\.sliding_window"):
-        model(token_ids())
-    assert not kernel
+# Sliding windows.
+
+WINDOW = 4
+
+
+def test_sliding_window_reaches_the_kernel_as_a_left_window(kernel):
+    integration.dash_attention_forward(**call_arguments(sliding_window=4096))
+    integration.dash_attention_forward(**call_arguments(sliding_window=WINDOW, position_ids=packed_positions(8, 8)))
+    assert [call.arguments["window_size"] for call in kernel] == [(4095, 0), (WINDOW - 1, 0)]
+    assert kernel[1].function == "flash_attn_varlen_func"
+
+
+# Each model's config for a window, and the window_size its two layers reach the kernel with for WINDOW.
+SLIDING_MODELS = {
+    "mistral": (lambda window: tiny_config(MistralConfig, sliding_window=window), [(WINDOW - 1, 0)] * 2),
+    # One sliding layer, one full one: each gets its own mask and its own sliding_window.
+    "qwen2_mixed": (
+        lambda window: tiny_config(
+            Qwen2Config,
+            use_sliding_window=True,
+            sliding_window=window,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        [(WINDOW - 1, 0), (-1, -1)],
+    ),
+}
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no_cache", "cache"])
+@pytest.mark.parametrize(("config", "windows"), SLIDING_MODELS.values(), ids=SLIDING_MODELS.keys())
+def test_a_sliding_window_model_matches_its_sdpa_implementation(kernel, config, windows, use_cache, packed):
+    model = tiny_model(config(WINDOW))
+    ids = token_ids(batch=1) if packed else token_ids()
+    packing = {"position_ids": packed_positions(*DOCUMENTS)} if packed else {}
+    logits = model(ids, use_cache=use_cache, **packing).logits
+    assert [call.arguments["window_size"] for call in kernel] == windows
+    model.set_attn_implementation("sdpa")
+    expected = model(ids, use_cache=False, **packing).logits
+    assert relative_error(logits, expected) < 1e-2
+    # The window changes the result: the same weights under a window wider than the sequence give other logits.
+    unwindowed = tiny_model(config(4 * SEQLEN), attn_implementation="sdpa")
+    assert relative_error(unwindowed(ids, use_cache=False, **packing).logits, expected) > 1e-1
+
+
+def test_decoding_a_sliding_window_model_with_a_dynamic_cache(kernel):
+    model = tiny_model(tiny_config(MistralConfig, sliding_window=WINDOW))
+    ids = token_ids()
+    full = model(ids).logits[:, -1]
+    cache = DynamicCache(config=model.config)
+    model(ids[:, :-2], **cache_keyword(model, cache), use_cache=True)
+    model(ids[:, -2:-1], **cache_keyword(model, cache), use_cache=True)
+    last = model(ids[:, -1:], **cache_keyword(model, cache), use_cache=True).logits[:, -1]
+    assert kernel[-1].q.shape[1] == 1 and kernel[-1].arguments["window_size"] == (WINDOW - 1, 0)
+    assert relative_error(last, full) < 1e-2
 
 
 def test_attention_dropout_is_refused_in_training_only(kernel):
@@ -614,17 +978,32 @@ def test_the_determinism_switch_refuses_deterministic_false_through_the_model(de
 
 GPU_SEQLEN = 512
 GPU_STEPS = 5
+GPU_DOCUMENTS = (100, 37, 200, 175)  # a packed batch: one row of GPU_SEQLEN tokens
+GPU_WINDOW = 64
+# What a GPU training run trains: its model's config, and whether its batch is packed.
+GPU_RUNS = {
+    "dense": (lambda: tiny_config(max_position_embeddings=GPU_SEQLEN), False),
+    "packed": (lambda: tiny_config(max_position_embeddings=GPU_SEQLEN), True),
+    "packed_sliding_window": (
+        lambda: tiny_config(MistralConfig, max_position_embeddings=GPU_SEQLEN, sliding_window=GPU_WINDOW),
+        True,
+    ),
+}
 
 
-def train(device: torch.device, attn_implementation: str, steps: int) -> dict[str, object]:
-    """`steps` AdamW steps of the tiny Llama in bf16 on fixed random tokens: the losses, and the first step's
-    logits and gradients, and the final weights."""
-    model = tiny_model(tiny_config(max_position_embeddings=GPU_SEQLEN), attn_implementation).to(device).train()
+def train(device: torch.device, attn_implementation: str, steps: int, run: str) -> dict[str, object]:
+    """`steps` AdamW steps of the tiny model of GPU_RUNS[run] in bf16 on fixed random tokens, BATCH rows of one
+    sequence each or (packed) one row of GPU_DOCUMENTS marked by position_ids, without a cache so that the SDPA
+    implementation finds the packing too: the losses, and the first step's logits and gradients, and the final
+    weights."""
+    config, packed = GPU_RUNS[run]
+    model = tiny_model(config(), attn_implementation).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = token_ids(seqlen=GPU_SEQLEN).to(device)
+    ids = token_ids(batch=1 if packed else BATCH, seqlen=GPU_SEQLEN).to(device)
+    packing = {"position_ids": packed_positions(*GPU_DOCUMENTS).to(device), "use_cache": False} if packed else {}
     losses, first = [], {}
     for step in range(steps):
-        output = model(ids, labels=ids)
+        output = model(ids, labels=ids, **packing)
         output.loss.backward()
         if step == 0:
             first = {
@@ -637,10 +1016,11 @@ def train(device: torch.device, attn_implementation: str, steps: int) -> dict[st
     return dict(losses=losses, **first, weights={n: p.detach().clone() for n, p in model.state_dict().items()})
 
 
-def test_training_on_the_gpu_is_bitwise_reproducible(device, require_kernel, deterministic_algorithms):
+@pytest.mark.parametrize("run", GPU_RUNS)
+def test_training_on_the_gpu_is_bitwise_reproducible(device, require_kernel, deterministic_algorithms, run):
     require_kernel(HEAD_DIM, torch.bfloat16)
     torch.use_deterministic_algorithms(True)
-    first, second = (train(device, "dash_attn", GPU_STEPS) for _ in range(2))
+    first, second = (train(device, "dash_attn", GPU_STEPS, run) for _ in range(2))
     assert first["losses"] == second["losses"]
     assert torch.equal(first["logits"], second["logits"])
     for name, grad in first["grads"].items():
@@ -649,9 +1029,10 @@ def test_training_on_the_gpu_is_bitwise_reproducible(device, require_kernel, det
         assert torch.equal(weight, second["weights"][name]), name
 
 
-def test_training_on_the_gpu_is_close_to_sdpa(device, require_kernel):
+@pytest.mark.parametrize("run", GPU_RUNS)
+def test_training_on_the_gpu_is_close_to_sdpa(device, require_kernel, run):
     require_kernel(HEAD_DIM, torch.bfloat16)
-    dash, sdpa = (train(device, implementation, 1) for implementation in ("dash_attn", "sdpa"))
+    dash, sdpa = (train(device, implementation, 1, run) for implementation in ("dash_attn", "sdpa"))
     assert relative_error(dash["logits"], sdpa["logits"]) < 1e-2
     for name, grad in dash["grads"].items():
         assert relative_error(grad, sdpa["grads"][name]) < 3e-2, name

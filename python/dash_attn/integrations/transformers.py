@@ -3,9 +3,9 @@
     from dash_attn.integrations.transformers import register
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=register())
 
-runs every attention layer of the model through dash_attn.flash_attn_func, with the bitwise-reproducible backward
-by default. Written against transformers 5.24; it needs 5.4 or newer, where mask functions receive q_length and
-q_offset.
+runs every attention layer of the model through dash_attn.flash_attn_func (dash_attn.flash_attn_varlen_func for
+packed sequences), with the bitwise-reproducible backward by default. Written against transformers 5.24 and 5.25;
+it needs 5.4 or newer, where mask functions receive q_length and q_offset.
 
 Invariants:
 - register() registers two functions under one name, as transformers does for its flash-attention paths:
@@ -13,20 +13,49 @@ Invariants:
   function is not optional: for an implementation without one, transformers builds no mask at all, and padding
   would be dropped without a word. Registering again changes nothing.
 - Nothing transformers passes is ignored in a way that changes the result. What DASH cannot compute (padding,
-  packed sequences marked by position_ids or cu_seq_lens_*, sliding windows, mask overlays, caches whose keys are
-  not exactly the tokens seen, dropout, attention sinks, position biases, attention weights, head dims the package
-  does not take (_library.HEAD_DIMS), fp32 outside autocast) raises NotImplementedError naming the argument as transformers
-  spells it, before any CUDA call.
+  chunked attention, bidirectional windows, mask overlays, caches whose keys are not exactly the tokens seen,
+  dropout, attention sinks, position biases, attention weights, head dims the package does not take
+  (_library.HEAD_DIMS), fp32 outside autocast, softcap on packed sequences) raises NotImplementedError naming the
+  argument as transformers spells it, before any kernel runs.
+- Packed sequences (several documents in one row, as DataCollatorWithFlattening makes them) go to
+  dash_attn.flash_attn_varlen_func, each document attending only to itself, causal or full as the layer asks.
+  The documents are, in this order of precedence: cu_seq_lens_q/k with max_length_q/k, when all four are passed
+  (as transformers' flash-attention path takes them); those of transformers' packed-sequence mask, which the mask
+  hook turns into offsets (PackedSequences, the layers' attention_mask); those of 2-D position_ids, read by the
+  attention layer, since transformers looks for packing in the mask only without a cache. Both of the last two
+  start a document at every row's first token and wherever a position is not its predecessor's plus one (so any
+  batch size and any first position). seq_idx (the Mamba kernels' view of the same packing) is accepted with
+  packing found that way, and refused when it marks several sequences in a row that nothing else marks.
+- Packing costs one device-to-host read per forward, not per layer, and int32 offsets sent to the device once:
+  the mask hook reads transformers' document ids, or else the first layer reads position_ids (8 bytes a token);
+  with cu_seq_lens_q/k passed, the first layer compares them (equal offsets go in as one tensor, which lets the
+  backward use the shift schedules), unless one tensor is passed as both. What a layer reads is cached per tensor
+  object (the model hands the same one to every layer; checked against the tensor's version counter, so an
+  in-place change is read again); inference-mode tensors have no version counter and are read in every layer. A
+  forward with a cache and position_ids pays the read to find nothing packed; decoding (one position a row) reads
+  nothing. The read is a graph break under torch.compile and cannot be captured in a CUDA graph.
 - softcap (Gemma 2's config.attn_logit_softcapping) goes to flash_attn_func's softcap.
-- dash_attention_mask runs once per forward, in transformers' mask creation. It returns None, the plain mask,
-  or raises. A mask that reaches dash_attention_forward therefore did not come from it (a prepared 4-D mask, or a
-  model that builds its own) and is refused.
+- sliding_window (config.sliding_window, per layer with layer_types), which a causal layer passes, becomes
+  window_size=(sliding_window - 1, 0), dense or packed: transformers' sliding-window causal mask. The mask hook
+  accepts that mask (any window, recognized by the functions transformers composes it from) and the layer applies
+  the window it is passed, as transformers' flash-attention path does.
+- dash_attention_mask runs once per forward, in transformers' mask creation. It returns None for the causal, the
+  sliding-window causal and the full mask, PackedSequences for any of them restricted to each packed sequence (the
+  mask transformers builds when position_ids restart and there is no cache, recognized by the functions
+  transformers composes it from), and raises for anything else. So a packed mask reaches the layers as the
+  documents' offsets, also in a model whose layers receive no position_ids. Any other mask that reaches
+  dash_attention_forward did not come from the hook (a prepared 4-D mask, or a model that builds its own) and is
+  refused.
 - Causal attention: DASH aligns the causal mask to the bottom-right corner, which is transformers' causal mask
   exactly when the keys are the tokens seen so far (kv_offset + kv_length == q_offset + q_length): training
-  without a cache, and prefill and decoding with a DynamicCache. dash_attention_mask checks that equality.
+  without a cache, and prefill and decoding with a DynamicCache. dash_attention_mask checks that equality; packed
+  sequences further need the keys to be the queries' own tokens (no cached ones).
 - Layout: transformers passes (batch, heads, seqlen, head_dim) and expects (batch, seqlen, heads, head_dim) back,
   which is dash_attn.flash_attn_func's layout: the states go in as transposed views, with no copy, and the output
-  comes back as the kernel wrote it. Fewer key/value heads (GQA) go in as they are, never repeated.
+  comes back as the kernel wrote it. Packed states go to flash_attn_varlen_func as (batch * seqlen, heads,
+  head_dim) views of the same memory (a copy only where the memory does not allow one, never for one row), and
+  its output is viewed back as (batch, seqlen, heads, head_dim). Fewer key/value heads (GQA) go in as they are,
+  never repeated.
 - deterministic defaults to True. The keyword arguments deterministic and schedule, passed to the model's forward
   (transformers hands extra keywords to every attention layer), choose the backward schedule as in
   dash_attn.flash_attn_func; torch.use_deterministic_algorithms(True) governs them as it does there.
@@ -34,8 +63,13 @@ Invariants:
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 try:
     import transformers
@@ -56,36 +90,49 @@ if Version(transformers.__version__) < Version(MIN_TRANSFORMERS_VERSION):
     )
 
 from transformers import AttentionInterface  # noqa: E402
+from transformers import masking_utils  # noqa: E402
 from transformers.masking_utils import (  # noqa: E402
     AttentionMaskInterface,
+    and_masks,
     bidirectional_mask_function,
     causal_mask_function,
+    packed_sequence_mask_function,
+    sliding_window_overlay,
 )
 
 from .._arguments import SUPPORTED_DTYPES, check_flags, refuse_unsupported, resolve_scale, resolve_softcap  # noqa: E402
 from .._library import HEAD_DIMS  # noqa: E402
 from ..fa2 import flash_attn_func  # noqa: E402
+from ..varlen import flash_attn_varlen_func  # noqa: E402
 
 ATTN_IMPLEMENTATION = "dash_attn"
 
 # Keyword arguments some models pass to their attention function, each asking for something DASH does not compute.
 # Any value but None is refused; the reason says what it would have asked for.
-# Packed batches reach the kernels through dash_attn.flash_attn_varlen_func; transformers marks them with a mask
-# function this hook cannot read, so the integration does not route them yet.
-_PACKED_REFUSAL = (
-    "DASH's transformers integration takes no variable-length (packed) batches yet "
-    "(dash_attn.flash_attn_varlen_func does, called directly)"
-)
 _UNSUPPORTED_KEYWORDS = {
     "s_aux": "DASH has no attention sinks",
     "sinks": "DASH has no attention sinks",
     "position_bias": "DASH has no additive position bias",
-    "cu_seq_lens_q": _PACKED_REFUSAL,
-    "cu_seq_lens_k": _PACKED_REFUSAL,
-    "max_length_q": _PACKED_REFUSAL,
-    "max_length_k": _PACKED_REFUSAL,
-    "seq_idx": _PACKED_REFUSAL,
 }
+
+# transformers' keywords that mark packed sequences explicitly (DataCollatorWithFlattening(return_flash_attn_kwargs=
+# True)); they are used together or not at all.
+_PACKING_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+# The mask functions transformers composes a packed batch's mask from, known by their code objects (every closure a
+# factory returns shares its code): and_masks(base, packed_sequence_mask_function(ids)), where base is the causal or
+# full mask, wrapped by newer versions (5.25 does) in remap_positions_for_packed_sequence, which changes nothing
+# within a document, whose positions are consecutive. A composition of anything else is not recognized, and is
+# refused.
+_AND_MASKS_CODE = and_masks(causal_mask_function).__code__
+_PACKED_SEQUENCE_CODE = packed_sequence_mask_function(None).__code__
+# A sliding-window causal mask is and_masks(sliding_window_overlay(window), causal_mask_function).
+_SLIDING_WINDOW_OVERLAY_CODE = sliding_window_overlay(1).__code__
+_REMAP_POSITIONS_CODE = (
+    masking_utils.remap_positions_for_packed_sequence(causal_mask_function, None).__code__
+    if hasattr(masking_utils, "remap_positions_for_packed_sequence")
+    else None
+)
 
 
 def register() -> str:
@@ -105,27 +152,25 @@ def dash_attention_mask(
     mask_function: object = causal_mask_function,
     attention_mask: Tensor | None = None,
     **_mask_materialization: object,
-) -> None:
-    """transformers' mask hook for "dash_attn": None when the mask is the plain causal or full one, which
-    dash_attention_forward computes from is_causal; NotImplementedError naming what else was asked for.
+) -> PackedSequences | None:
+    """transformers' mask hook for "dash_attn": None when the mask is the plain causal, sliding-window causal or full
+    one, which dash_attention_forward computes from is_causal and sliding_window; PackedSequences (the documents'
+    offsets, read here once per forward) when it is any of them within each packed sequence, which the attention
+    layers receive as their attention_mask; NotImplementedError naming what else was asked for.
 
     The keywords in _mask_materialization (batch_size, dtype, device, config, SDPA's options) describe how to build
     a mask tensor, which DASH never needs."""
-    if mask_function is not causal_mask_function and mask_function is not bidirectional_mask_function:
-        compile_note = (
-            " Under torch.compile, transformers cannot tell from position_ids whether a batch is packed and builds "
-            "the packed-sequence mask for every batch: compile the decoder layers rather than the whole model, so "
-            "the mask is built outside the compiled region."
-            if torch.compiler.is_compiling()
-            else ""
-        )
+    base_mask_function, document_ids = _unpacked(mask_function)
+    if _is_sliding_window_causal(base_mask_function):
+        # The layer passes the window as sliding_window, and dash_attention_forward applies it.
+        base_mask_function = causal_mask_function
+    if base_mask_function is not causal_mask_function and base_mask_function is not bidirectional_mask_function:
         raise NotImplementedError(
-            "the model asks for an attention mask other than the causal or full one: a sliding window "
-            "(config.sliding_window or layer_types), chunked attention, packed sequences (position_ids that "
-            "restart within a row, with no attention_mask), or the model's own overlay (e.g. for image tokens). "
-            f"DASH computes only the causal and the full mask.{compile_note}"
+            "the model asks for an attention mask other than the causal, sliding-window causal or full one (within "
+            "each packed sequence or not): chunked attention, a bidirectional window, or the model's own overlay "
+            "(e.g. for image tokens). DASH computes only those three"
         )
-    if mask_function is causal_mask_function:
+    if base_mask_function is causal_mask_function:
         # q_offset is a 0-d tensor for static cache layers; int() reads it once per forward.
         queries_end = int(q_offset) + q_length
         if kv_offset + kv_length != queries_end:
@@ -142,9 +187,49 @@ def dash_attention_mask(
             )
         if not attention_mask.all():
             raise NotImplementedError(
-                "attention_mask marks padding (zeros): DASH has no padding masks or variable-length batches yet; "
-                "pass batches of sequences of one length, with attention_mask=None or all ones"
+                "attention_mask marks padding (zeros): DASH has no padding masks; pass sequences of one length "
+                "with attention_mask=None or all ones, or pack them into one row (position_ids restarting at each "
+                "sequence, as DataCollatorWithFlattening makes them)"
             )
+    if document_ids is None:
+        return None
+    # transformers looks for packing only without a cache, so the keys are the queries' own tokens.
+    starts = torch.ones(document_ids.shape, dtype=torch.bool)
+    starts[:, 1:] = document_ids.detach().to("cpu").diff(dim=-1) != 0
+    return _packing_from_starts(starts, document_ids.device)
+
+
+def _unpacked(mask_function: object) -> tuple[object, Tensor | None]:
+    """When `mask_function` is transformers' restriction of a mask function to packed sequences (see
+    _AND_MASKS_CODE): that function and transformers' (batch, seqlen) document ids, each token's document in its
+    row. Else `mask_function` itself and None."""
+    parts = _closure(mask_function, _AND_MASKS_CODE).get("mask_functions")
+    if not isinstance(parts, tuple) or len(parts) != 2:
+        return mask_function, None
+    document_ids = _closure(parts[1], _PACKED_SEQUENCE_CODE).get("packed_sequence_mask")
+    if not isinstance(document_ids, Tensor) or document_ids.dim() != 2:
+        return mask_function, None
+    base = parts[0]
+    remapped = _closure(base, _REMAP_POSITIONS_CODE).get("mask_function") if _REMAP_POSITIONS_CODE else None
+    return (base if remapped is None else remapped), document_ids
+
+
+def _is_sliding_window_causal(mask_function: object) -> bool:
+    """Whether `mask_function` is transformers' sliding-window causal mask (see _SLIDING_WINDOW_OVERLAY_CODE)."""
+    parts = _closure(mask_function, _AND_MASKS_CODE).get("mask_functions")
+    return (
+        isinstance(parts, tuple)
+        and len(parts) == 2
+        and getattr(parts[0], "__code__", None) is _SLIDING_WINDOW_OVERLAY_CODE
+        and parts[1] is causal_mask_function
+    )
+
+
+def _closure(function: object, code: object) -> dict[str, object]:
+    """The variables `function` closes over, by name, when it is a closure of `code`; else empty."""
+    if code is None or getattr(function, "__code__", None) is not code or function.__closure__ is None:
+        return {}
+    return {name: cell.cell_contents for name, cell in zip(code.co_freevars, function.__closure__)}
 
 
 def dash_attention_forward(
@@ -166,14 +251,18 @@ def dash_attention_forward(
     (batch, heads_kv, seqlen_k, head_dim) in, (attn_output (batch, seqlen_q, heads_q, head_dim), None) out.
 
     is_causal defaults to module.is_causal (True for a module without one, as in transformers' SDPA path);
-    scaling to head_dim ** -0.5. Keyword arguments that DASH has no use for and that do not change attention
-    (position_ids, use_cache, num_items_in_batch, ...) pass."""
+    scaling to head_dim ** -0.5; sliding_window to window_size=(sliding_window - 1, 0). Packed sequences
+    (cu_seq_lens_q/k with max_length_q/k, the mask hook's PackedSequences, or position_ids that restart within a
+    row) go to flash_attn_varlen_func, one document at a time. Keyword arguments that DASH has no
+    use for and that do not change attention (use_cache, num_items_in_batch, ...) pass."""
+    packed_by_mask = attention_mask if isinstance(attention_mask, PackedSequences) else None
     refuse_unsupported(
         "attention_mask",
-        attention_mask,
+        None if packed_by_mask is not None else attention_mask,
         (None,),
-        'DASH has no attention mask but the causal one, and the "dash_attn" mask function returns None for every '
-        "mask it accepts, so this one is a prepared 4-D mask or one the model built itself",
+        'DASH has no attention mask but the causal one, and the "dash_attn" mask function returns None or '
+        "PackedSequences for every mask it accepts, so this one is a prepared 4-D mask or one the model built "
+        "itself",
     )
     refuse_unsupported(
         "dropout",
@@ -181,50 +270,232 @@ def dash_attention_forward(
         (0.0,),
         "DASH has no attention dropout (the model passes config.attention_dropout while training: set it to 0.0)",
     )
-    # The kernels take a window (flash_attn_func's window_size), but transformers hands the "dash_attn" mask hook
-    # a sliding-window mask function whose size it cannot read, so a windowed model is refused there and here.
-    refuse_unsupported(
-        "sliding_window",
-        sliding_window,
-        (None,),
-        "DASH's transformers integration has no sliding-window attention (config.sliding_window; "
-        "dash_attn.flash_attn_func takes window_size)",
-    )
     cap = resolve_softcap(softcap)
     for name, reason in _UNSUPPORTED_KEYWORDS.items():
         refuse_unsupported(name, kwargs.get(name), (None,), reason)
-    _refuse_packed_positions(kwargs.get("position_ids"))
     _refuse_attention_weights(module, kwargs.get("output_attentions"))
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     check_flags(is_causal=causal)
-    query, key, value = _half_precision(query, key, value)
+    window_size = _window_size(sliding_window, causal)
     scale = resolve_scale(scaling, query.shape[-1], "scaling")
-    out = flash_attn_func(
-        query.transpose(1, 2),
-        key.transpose(1, 2),
-        value.transpose(1, 2),
+    batch, seqlen_q, seqlen_k = query.shape[0], query.shape[2], key.shape[2]
+    packing = _packing(kwargs, batch, seqlen_q, query.device, packed_by_mask)
+    if packing is not None:
+        _check_packable(packing, seqlen_q, seqlen_k, cap)
+    query, key, value = _half_precision(query, key, value)
+    deterministic = True if deterministic is None else deterministic
+    if packing is None:
+        out = flash_attn_func(
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            softmax_scale=scale,
+            causal=causal,
+            window_size=window_size,
+            deterministic=deterministic,
+            schedule=schedule,
+            softcap=cap,
+        )
+        return out, None
+    # (batch, heads, seqlen, head_dim) -> (batch * seqlen, heads, head_dim): a view of the projection's memory.
+    query_rows, key_rows, value_rows = (
+        t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]) for t in (query, key, value)
+    )
+    out = flash_attn_varlen_func(
+        query_rows,
+        key_rows,
+        value_rows,
+        packing.cu_seqlens_q,
+        packing.cu_seqlens_k,
+        packing.max_seqlen_q,
+        packing.max_seqlen_k,
         softmax_scale=scale,
         causal=causal,
-        deterministic=True if deterministic is None else deterministic,
+        window_size=window_size,
+        deterministic=deterministic,
         schedule=schedule,
-        softcap=cap,
     )
-    return out, None
+    return out.view(batch, seqlen_q, *out.shape[1:]), None
 
 
-def _refuse_packed_positions(position_ids: object) -> None:
-    """Refuses position_ids that restart or jump within a row, the mark of packed sequences (one row holding
-    several, as DataCollatorWithFlattening makes them). transformers' mask creation looks for them only without a
-    cache, and models make a DynamicCache whenever config.use_cache is on, in training too; so the check is here,
-    in every layer, at the price of one device sync per layer (transformers' flash-attention path pays the same).
-    (3, batch, seqlen) multimodal rotary positions are not consecutive by design and are not checked."""
-    if not isinstance(position_ids, Tensor) or position_ids.dim() != 2 or position_ids.shape[-1] < 2:
-        return
-    if (position_ids.diff(dim=-1) != 1).any():
+def _window_size(sliding_window: object, causal: bool) -> tuple[int, int]:
+    """flash_attn_func's window_size for transformers' sliding_window: a query sees the sliding_window keys ending
+    at its own (transformers' sliding_window_overlay: kv_idx > q_idx - sliding_window), so (sliding_window - 1, 0),
+    bottom-right aligned, which matches transformers' mask when the keys are the tokens seen so far, as for the
+    causal mask (a DynamicCache's sliding layers keep the last sliding_window - 1 keys, whose end is still the
+    queries' end). (-1, -1) for none."""
+    if sliding_window is None:
+        return (-1, -1)
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+        raise ValueError(f"sliding_window must be an int >= 1 (the keys a query sees), got {sliding_window!r}")
+    if not causal:
         raise NotImplementedError(
-            "position_ids restart or jump within a row, which marks packed sequences (e.g. from "
-            f"DataCollatorWithFlattening): {_PACKED_REFUSAL}; pass one sequence per "
-            "row, with consecutive position_ids"
+            f"sliding_window={sliding_window} is not supported without causal attention (is_causal=False): "
+            f"transformers' bidirectional window is not DASH's"
+        )
+    return (sliding_window - 1, 0)
+
+
+@dataclass(frozen=True)
+class PackedSequences:
+    """A packed batch as flash_attn_varlen_func takes it: int32 offsets (one tensor for queries and keys when their
+    sequences are the same, which lets the backward use the shift schedules), the longest sequences as host ints,
+    and the argument that marked it, for error messages. dash_attention_mask returns one for transformers'
+    packed-sequence mask, and the attention layers receive it as attention_mask."""
+
+    cu_seqlens_q: Tensor
+    cu_seqlens_k: Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    source: str
+
+    def on(self, device: torch.device) -> PackedSequences:
+        """These offsets on `device` (themselves when they are there: a model split over devices copies them)."""
+        if self.cu_seqlens_q.device == device:
+            return self
+        cu_seqlens_q = self.cu_seqlens_q.to(device)
+        same = self.cu_seqlens_k is self.cu_seqlens_q
+        cu_seqlens_k = cu_seqlens_q if same else self.cu_seqlens_k.to(device)
+        return PackedSequences(cu_seqlens_q, cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k, self.source)
+
+
+# What the first layer of a forward read on the host, for the layers after it: tensor -> (stamp, companions, value),
+# where the stamp holds the tensor's version counter and whatever else the value depends on, and companions weak
+# references to the other tensors it was read with.
+_host_reads: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _read_once(
+    tensor: Tensor, depends_on: tuple, read: Callable[[], object], companion: Tensor | None = None
+) -> object:
+    """read(), or what it returned for this tensor object, unchanged since (its version counter), with the same
+    `depends_on` and the same companion tensor object, unchanged too. Inference-mode tensors have no version
+    counter: they are read every time."""
+    tensors = (tensor,) if companion is None else (tensor, companion)
+    if any(t.is_inference() for t in tensors):
+        return read()
+    stamp = (tuple(t._version for t in tensors), *depends_on)
+    cached = _host_reads.get(tensor)
+    if cached is not None and cached[0] == stamp and (companion is None or cached[1]() is companion):
+        return cached[2]
+    value = read()
+    _host_reads[tensor] = (stamp, None if companion is None else weakref.ref(companion), value)
+    return value
+
+
+def _packing(
+    kwargs: dict, batch: int, seqlen: int, device: torch.device, packed_by_mask: PackedSequences | None
+) -> PackedSequences | None:
+    """The packed sequences the layer's keywords or its mask (`packed_by_mask`) mark, or None for one sequence per
+    row (see the module's invariants for the rules and the cost)."""
+    passed = [name for name in _PACKING_KEYWORDS if kwargs.get(name) is not None]
+    if passed:
+        missing = [name for name in _PACKING_KEYWORDS if name not in passed]
+        if missing:
+            raise ValueError(
+                f"{', '.join(passed)} passed without {', '.join(missing)}: packed sequences need all of "
+                f"{', '.join(_PACKING_KEYWORDS)} (as DataCollatorWithFlattening(return_flash_attn_kwargs=True) "
+                f"makes them), or none and position_ids restarting at each sequence"
+            )
+        return _packing_from_offsets(kwargs, device)
+    if packed_by_mask is not None:
+        return packed_by_mask.on(device)
+    position_ids = kwargs.get("position_ids")
+    packing = None
+    # (3, batch, seqlen) multimodal rotary positions are not consecutive by design and mark no packing.
+    if isinstance(position_ids, Tensor) and position_ids.dim() == 2 and position_ids.shape[-1] > 1:
+        packing = _read_once(
+            position_ids, (batch, seqlen, device), lambda: _packing_from_positions(position_ids, batch, seqlen, device)
+        )
+    seq_idx = kwargs.get("seq_idx")
+    if packing is None and isinstance(seq_idx, Tensor) and seq_idx.numel() > 1:
+        if _read_once(seq_idx, (), lambda: bool((seq_idx.detach().diff(dim=-1) != 0).any())):
+            raise NotImplementedError(
+                "seq_idx marks several sequences in a row, but neither position_ids (restarting at each sequence) "
+                "nor cu_seq_lens_q/k with max_length_q/k do, and DASH reads the packing from those, as transformers' "
+                "attention paths do: pass position_ids (DataCollatorWithFlattening's default) or "
+                "return_flash_attn_kwargs=True"
+            )
+    return packing
+
+
+def _packing_from_positions(
+    position_ids: Tensor, batch: int, seqlen: int, device: torch.device
+) -> PackedSequences | None:
+    """The documents position_ids mark: one starts at each row's first token and wherever a position is not its
+    predecessor's plus one. None when every row holds one. Reads position_ids on the host: the forward's sync."""
+    positions = position_ids.detach().to("cpu")
+    starts = torch.ones(positions.shape, dtype=torch.bool)
+    starts[:, 1:] = positions.diff(dim=-1) != 1
+    if not starts[:, 1:].any():
+        return None
+    if positions.shape[-1] != seqlen or positions.shape[0] not in (1, batch):
+        raise NotImplementedError(
+            f"position_ids of shape {tuple(positions.shape)} restart within a row, which marks packed sequences, "
+            f"but do not give one position per query token (batch {batch}, seqlen {seqlen}), so DASH cannot tell "
+            f"where the sequences lie"
+        )
+    return _packing_from_starts(starts.expand(batch, -1), device)
+
+
+def _packing_from_starts(starts: Tensor, device: torch.device) -> PackedSequences:
+    """The documents whose first tokens `starts` (a host (batch, seqlen) bool tensor) marks, its rows laid end to
+    end: one offsets tensor for queries and keys, on `device`."""
+    first_tokens = starts.reshape(-1).nonzero().reshape(-1)
+    offsets = torch.cat((first_tokens, torch.tensor([starts.numel()]))).to(torch.int32)
+    cu_seqlens = offsets.to(device)
+    longest = int(offsets.diff().max())
+    return PackedSequences(cu_seqlens, cu_seqlens, longest, longest, "position_ids")
+
+
+def _packing_from_offsets(kwargs: dict, device: torch.device) -> PackedSequences:
+    """cu_seq_lens_q/k and max_length_q/k as flash_attn_varlen_func takes them: int32 on the states' device, and
+    host ints (a 0-d tensor is read, a sync). The offsets are compared once per forward, unless one tensor is
+    passed as both (transformers' collator makes two equal ones): equal offsets go in as one tensor."""
+    offsets = {}
+    for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        value = kwargs[name]
+        if not isinstance(value, Tensor) or value.dim() != 1 or value.numel() < 2 or value.is_floating_point():
+            raise ValueError(
+                f"{name} must be a 1-D integer tensor of sequences + 1 offsets (0, then each sequence's end), got "
+                f"{value!r}"
+            )
+        offsets[name] = value
+    cu_q, cu_k = offsets["cu_seq_lens_q"], offsets["cu_seq_lens_k"]
+    if cu_q.numel() != cu_k.numel():
+        raise ValueError(
+            f"cu_seq_lens_k has {cu_k.numel()} offsets but cu_seq_lens_q {cu_q.numel()}: both hold sequences + 1"
+        )
+    lengths = {}
+    for name in ("max_length_q", "max_length_k"):
+        value = kwargs[name]
+        if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an int (the longest sequence), got {value!r}")
+        lengths[name] = value
+    cu_seqlens_q = cu_q.to(device=device, dtype=torch.int32)
+    if cu_k is cu_q:
+        cu_seqlens_k = cu_seqlens_q
+    else:
+        same = _read_once(cu_q, (), lambda: torch.equal(cu_q, cu_k.to(cu_q.device)), companion=cu_k)
+        cu_seqlens_k = cu_seqlens_q if same else cu_k.to(device=device, dtype=torch.int32)
+    max_q, max_k = lengths["max_length_q"], lengths["max_length_k"]
+    return PackedSequences(cu_seqlens_q, cu_seqlens_k, max_q, max_k, "cu_seq_lens_q")
+
+
+def _check_packable(packing: PackedSequences, seqlen_q: int, seqlen_k: int, softcap: float) -> None:
+    """Refuses what flash_attn_varlen_func cannot compute for a packed batch found by transformers' arguments."""
+    if packing.source == "position_ids" and seqlen_k != seqlen_q:
+        raise NotImplementedError(
+            f"position_ids restart within a row (packed sequences), but the layer has {seqlen_k} keys for "
+            f"{seqlen_q} queries: the cache holds earlier tokens, and DASH cannot tell which sequences they belong "
+            f"to. Run packed batches without a cache (use_cache=False) or with an empty one"
+        )
+    if softcap != 0.0:
+        raise NotImplementedError(
+            f"softcap={softcap} is not supported with packed sequences ({packing.source}): DASH's varlen kernels "
+            f"are built without softcap"
         )
 
 
