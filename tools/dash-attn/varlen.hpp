@@ -15,7 +15,8 @@
 // The batch is the number of sequences (--batch is refused). The plan is made from the maxima: the longest
 // sequence's lengths, or --seqlen-q / --seqlen-k (--seqlen for both) where given, which every sequence must then be
 // within, as FlashAttention's max_seqlen_q / max_seqlen_k. --preset sets a dense shape and refuses these flags.
-// Every refusal is a bad command line raised before any device is touched.
+// Every refusal of these flags is a bad command line (exit code 2) raised before any device is touched; check and
+// bench find a build without the varlen kernel a batch needs after their device check (exit code 1).
 #pragma once
 
 #include <cstdint>
@@ -39,7 +40,8 @@ void add_varlen_flags(FlagParser& parser, VarlenFlags* flags);
 
 struct VarlenBatch {
   std::vector<SequenceLengths> lengths;  // one per sequence; empty for a dense batch (no --cu-seqlens)
-  bool keys_within_queries = false;      // the promise the plan is made with (plan_varlen_schedule)
+  bool keys_within_queries = false;      // the promise the plan is made with (plan_varlen_schedule, and
+                                         // plan_varlen_backward and the calls in check and bench)
   bool varlen() const { return !lengths.empty(); }
 };
 
