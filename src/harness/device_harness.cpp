@@ -203,6 +203,10 @@ void use_forward_outputs_for_backward(Problem& p) {
   check_cuda(cudaMemcpy(p.d_ref_lse.get(), p.d_lse.get(), p.d_lse.bytes(), cudaMemcpyDeviceToDevice), "copy LSE");
 }
 
+Status plan_backward_for(const Problem& p, Schedule schedule, int sm_margin, BackwardPlan* plan) {
+  return plan_backward(p.shape, schedule, sm_margin, plan);
+}
+
 std::string ErrorStats::describe() const {
   std::ostringstream out;
   out << "rel_l2 " << relative_l2 << ", max_err " << max_abs_error << " (max |ref| " << max_abs_reference << ")";
@@ -313,8 +317,11 @@ CallTiming time_calls(const std::function<Status()>& launch, int warmup, int ite
 
 double forward_flops(const AttentionShape& s) {
   const double sq = static_cast<double>(s.seqlen_q), sk = static_cast<double>(s.seqlen_k);
-  // Bottom-right causal: row i sees i + 1 + sk - sq keys, clamped to [0, sk].
-  double keys = s.causal ? (std::max(0.0, sk - sq) + sk) / 2.0 : sk;
+  // Bottom-right causal: row i sees i + 1 + sk - sq keys, clamped to [0, sk]. Counted as half a square per
+  // diagonal block: a trapezoid of area sq (sk - sq / 2) when sq <= sk; when sq > sk the first sq - sk rows see no
+  // key and the rest a triangle of area sk^2 / 2.
+  double keys = sk;
+  if (s.causal) keys = sq <= sk ? sk - sq / 2.0 : sk * sk / (2.0 * sq);
   const SlidingWindow window = reference_window(s);
   if (window.left >= 0 || (!s.causal && window.right >= 0)) {
     // Under a sliding window: the keys each row sees, counted (a row sees [first_visible_key, visible_keys)).

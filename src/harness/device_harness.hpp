@@ -73,6 +73,9 @@ ForwardArgs forward_args(Problem& p);
 BackwardArgs backward_args(Problem& p, Schedule schedule);
 // Makes backward_args() read the GPU forward's O and LSE instead (benchmarks, which skip the reference).
 void use_forward_outputs_for_backward(Problem& p);
+// The backward plan of p's shape on the current device (plan_backward), so that code written once for dense and
+// varlen problems (varlen_harness.hpp has the varlen overload) plans either.
+Status plan_backward_for(const Problem& p, Schedule schedule, int sm_margin, BackwardPlan* plan);
 
 struct ErrorStats {
   double relative_l2 = 0;   // ||x - ref|| / ||ref||
@@ -113,7 +116,8 @@ struct CallTiming {
 CallTiming time_calls(const std::function<Status()>& launch, int warmup, int iterations, int repeats);
 
 // FLOPs of the attention forward: 4 B Hq Sq Sk_avg D, where Sk_avg counts the keys each query row
-// sees on average (half of a square causal matrix); the backward does 2.5 times as many.
+// sees on average (half of a square causal matrix: Sq Sk_avg is the area of the bottom-right aligned causal
+// triangle or trapezoid); the backward does 2.5 times as many.
 double forward_flops(const AttentionShape& shape);
 inline constexpr double kBackwardFlopsPerForwardFlop = 2.5;
 

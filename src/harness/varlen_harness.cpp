@@ -1,6 +1,9 @@
-// Packed varlen problems for the GPU tests (varlen_harness.hpp): inputs drawn as make_problem draws them, each
-// sequence's reference computed by the dense reference on its rows, padding rows marked NaN in the references.
+// Packed varlen problems for the GPU tests and dash-attn check / bench (varlen_harness.hpp): inputs drawn as
+// make_problem draws them, each sequence's reference computed by the dense reference on its rows, padding rows
+// marked NaN in the references; the plan and FLOPs of a batch.
 #include "harness/varlen_harness.hpp"
+
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
@@ -180,6 +183,28 @@ BackwardArgs backward_args(VarlenProblem& p, Schedule schedule) {
   a.schedule = schedule;
   a.varlen = varlen_batch(p);
   return a;
+}
+
+void use_forward_outputs_for_backward(VarlenProblem& p) {
+  check_cuda(cudaMemcpy(p.d_ref_out.get(), p.d_out.get(), p.d_out.bytes(), cudaMemcpyDeviceToDevice), "copy O");
+  check_cuda(cudaMemcpy(p.d_ref_lse.get(), p.d_lse.get(), p.d_lse.bytes(), cudaMemcpyDeviceToDevice), "copy LSE");
+}
+
+Status plan_backward_for(const VarlenProblem& p, Schedule schedule, int sm_margin, BackwardPlan* plan) {
+  return plan_varlen_backward(p.shape, p.keys_within_queries, schedule, sm_margin, plan);
+}
+
+double forward_flops(const AttentionShape& shape, const std::vector<SequenceLengths>& lengths) {
+  double flops = 0.0;
+  for (const SequenceLengths& l : lengths) {
+    if (l.seqlen_q == 0 || l.seqlen_k == 0) continue;
+    AttentionShape one = shape;
+    one.batch = 1;
+    one.seqlen_q = l.seqlen_q;
+    one.seqlen_k = l.seqlen_k;
+    flops += forward_flops(one);
+  }
+  return flops;
 }
 
 PackedComparison compare_packed(const DeviceBuffer& device, const std::vector<double>& reference, DType dtype,

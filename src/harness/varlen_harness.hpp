@@ -1,7 +1,8 @@
 // Harness layer for packed varlen batches (FlashAttention's cu_seqlens, dash/types.hpp's VarlenBatch): a batch of
 // sequences of given lengths packed into (total, heads, head_dim) tensors on the device, with padding rows after the
 // last sequence that every call clears, the float64 reference of every sequence on its own (the dense reference on
-// the sequence's rows), and the comparison of a packed output with it that also counts padding elements not cleared.
+// the sequence's rows), the comparison of a packed output with it that also counts padding elements not cleared, and
+// the batch's backward plan and FLOPs (the GPU tests and dash-attn check / bench share them).
 // Invariants: sequence b's rows are [cu_seqlens[b], cu_seqlens[b + 1]) of the packed tensors, the LSE is
 // (heads_q, total_q); reference values of padding rows are NaN, and a device element there must hold 0 (-inf in the
 // LSE) where it held the poison (NaN) that DeviceBuffer::poison() wrote.
@@ -47,6 +48,16 @@ VarlenBatch varlen_batch(const VarlenProblem& p);
 ForwardArgs forward_args(VarlenProblem& p);
 // Reads the reference O and LSE, as backward_args(Problem&) does.
 BackwardArgs backward_args(VarlenProblem& p, Schedule schedule);
+// Makes backward_args() read the GPU forward's O and LSE instead (benchmarks, which skip the reference).
+void use_forward_outputs_for_backward(VarlenProblem& p);
+// The backward plan of p's batch on the current device: plan_varlen_backward for its maxima (p.shape) and its
+// promise (p.keys_within_queries, which the calls carry too).
+Status plan_backward_for(const VarlenProblem& p, Schedule schedule, int sm_margin, BackwardPlan* plan);
+
+// FLOPs of the forward of a batch of `lengths` under `shape`'s heads, head dim, mask and window: the sum of
+// forward_flops of each sequence on its own (its own causal diagonal and window), none for a sequence without
+// queries or keys. The backward does kBackwardFlopsPerForwardFlop times as many.
+double forward_flops(const AttentionShape& shape, const std::vector<SequenceLengths>& lengths);
 
 // A packed output against its reference: the error over the sequences' rows, and how many padding elements (NaN in
 // the reference) the call left other than cleared (0, or -inf in the LSE: `is_float` marks the LSE).

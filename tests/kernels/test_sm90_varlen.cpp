@@ -15,6 +15,7 @@
 // - Sm90VarlenDeterminism: every deterministic schedule's backward 100 times on adversarial lengths, bit for bit,
 //   with a forward competing for the SMs every other run, and the negative control
 //   (Sm90VarlenDeterminismControl: the nondeterministic schedule must differ at least once in the same comparison).
+// - VarlenFlops (host only): harness::forward_flops of a batch, each sequence's own (what dash-attn bench counts).
 // Tolerances: harness::tolerance_for(shape), as in test_sm90.cpp.
 // Without a Hopper GPU (or without compiled varlen kernels) every test skips and says why.
 #include <cuda_runtime_api.h>
@@ -332,6 +333,35 @@ TEST(Sm90VarlenApi, HeadDimsWithoutVarlenKernelsSayNone) {
       EXPECT_FALSE(varlen_kernel_available(head_dim, dtype)) << "hdim " << head_dim << " " << dtype_name(dtype);
     }
   }
+}
+
+// --- FLOPs (host only: what dash-attn bench divides by) --------------------------------------------
+
+// A varlen batch's FLOPs are its sequences' own: the dense count of each (its causal diagonal bottom-right aligned),
+// nothing for an empty sequence, so a batch of equal lengths counts as the dense batch does.
+TEST(VarlenFlops, AreTheSumOfEachSequencesOwn) {
+  const Instance inst{128, DType::kBF16};
+  constexpr int64_t kHeads = 4;
+  constexpr double kFlopsPerScoreAndDim = 4.0;  // Q K^T and P V, 2 FLOPs per multiply-add
+  const double per_score = kFlopsPerScoreAndDim * kHeads * inst.head_dim;
+  const AttentionShape causal = gpu_testing::make_attention_shape(1, 1, 1, kHeads, kHeads, true, inst);
+  // A causal square counts half of it; seqlen_q > seqlen_k: only the last seqlen_k rows see keys, a triangle of half
+  // of seqlen_k^2; seqlen_q < seqlen_k: a trapezoid, seqlen_q (seqlen_k - seqlen_q / 2).
+  EXPECT_DOUBLE_EQ(harness::forward_flops(causal, {{100, 100}}), per_score * 100 * 100 / 2);
+  EXPECT_DOUBLE_EQ(harness::forward_flops(causal, {{300, 100}}), per_score * 100 * 100 / 2);
+  EXPECT_DOUBLE_EQ(harness::forward_flops(causal, {{100, 300}}), per_score * 100 * (300 - 50));
+  EXPECT_DOUBLE_EQ(harness::forward_flops(causal, {{100, 100}, {0, 0}, {0, 50}, {50, 0}, {300, 100}}),
+                   per_score * 100 * 100);
+  AttentionShape dense = gpu_testing::make_attention_shape(3, 512, 512, kHeads, kHeads, true, inst);
+  EXPECT_DOUBLE_EQ(harness::forward_flops(causal, {{512, 512}, {512, 512}, {512, 512}}), harness::forward_flops(dense));
+  // Under a window each sequence's rows are counted under its own bottom-right aligned window.
+  AttentionShape windowed = gpu_testing::make_attention_shape(1, 1, 1, kHeads, kHeads, false, inst);
+  windowed.window_left = 10;
+  windowed.window_right = 0;
+  AttentionShape one = windowed;
+  one.seqlen_q = one.seqlen_k = 200;
+  EXPECT_DOUBLE_EQ(harness::forward_flops(windowed, {{200, 200}, {0, 7}}), harness::forward_flops(one));
+  EXPECT_LT(harness::forward_flops(one), per_score * 200 * 11);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Tests of the dash-attn command line: runs the built binary with popen and checks exit codes, usage
 // messages (including shapes the library refuses and cost models that overflow), the --json output (read
 // back with a minimal JSON parser, as no JSON library is available), the Gantt SVG, and varlen batches
-// (--cu-seqlens) in plan and emulate.
+// (--cu-seqlens) in plan and emulate, and check's and bench's refusals of them before the device check (their GPU
+// runs are the GPU tests' subject: without a GPU they stop at the device check).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -474,10 +475,10 @@ TEST(Cli, EmulateWithASlidingWindow) {
   EXPECT_TRUE(symmetric["within_tolerance"].boolean);
 }
 
-// --- varlen batches (--cu-seqlens): plan and emulate only, the kernels run none yet ------------------------------
+// --- varlen batches (--cu-seqlens): plan and emulate model them, check and bench run the kernels on them ---------
 
-TEST(Cli, VarlenFlagsAreOfferedByPlanAndEmulateOnly) {
-  for (const char* command : {"plan", "emulate"}) {
+TEST(Cli, VarlenFlagsAreOfferedByEveryCommandButProve) {
+  for (const char* command : {"plan", "emulate", "check", "bench"}) {
     SCOPED_TRACE(command);
     const Output help = run(std::string(command) + " --help");
     ASSERT_EQ(help.status, 0);
@@ -485,10 +486,7 @@ TEST(Cli, VarlenFlagsAreOfferedByPlanAndEmulateOnly) {
       EXPECT_NE(help.text.find(flag), std::string::npos) << flag;
     }
   }
-  for (const char* command : {"check", "bench", "prove"}) {
-    SCOPED_TRACE(command);
-    EXPECT_TRUE(refused_with(std::string(command) + " --cu-seqlens 0,100", "unknown flag '--cu-seqlens'"));
-  }
+  EXPECT_TRUE(refused_with("prove --cu-seqlens 0,100", "unknown flag '--cu-seqlens'"));
 }
 
 // Self-attention (no --cu-seqlens-k): the keys are the queries, so the plan promises seqlen_k <= seqlen_q and every
@@ -674,7 +672,8 @@ TEST(Cli, VarlenBadCommandLines) {
       {"--cu-seqlens-k 0,100", "--cu-seqlens-k describes a varlen batch: it needs --cu-seqlens"},
       {"--keys-within-queries", "--keys-within-queries describes a varlen batch: it needs --cu-seqlens"},
   };
-  for (const char* command : {"plan", "emulate"}) {
+  // check and bench refuse them before any device check (without a GPU it would exit 1, "needs a Hopper GPU").
+  for (const char* command : {"plan", "emulate", "check", "bench"}) {
     for (const auto& [args, message] : cases) {
       SCOPED_TRACE(std::string(command) + " " + args);
       EXPECT_TRUE(refused_with(std::string(command) + " " + args, message));
@@ -683,6 +682,49 @@ TEST(Cli, VarlenBadCommandLines) {
   EXPECT_TRUE(
       refused_with("plan --preset paper-example --cu-seqlens 0,100", "--preset sets the shape; drop --cu-seqlens"));
   EXPECT_TRUE(refused_with("plan --cu-seqlens 0,2000000", "the library refuses this shape: shape.seqlen_q must be <="));
+}
+
+// What the GPU commands add to the varlen flags' checks, all before the device check: the library's refusals of the
+// maximum shape, softcap (no varlen kernel has it), and for bench the SDPA anchors (dense) and a batch without rows.
+TEST(Cli, CheckAndBenchRefuseVarlenBatchesTheKernelsCannotRunBeforeTheDeviceCheck) {
+  for (const char* command : {"check", "bench"}) {
+    SCOPED_TRACE(command);
+    const std::string c = command;
+    EXPECT_TRUE(refused_with(c + " --cu-seqlens 0,100 --head-dim 80",
+                             "the library refuses this shape: shape.head_dim must be one of"));
+    EXPECT_TRUE(
+        refused_with(c + " --cu-seqlens 0,2000000", "the library refuses this shape: shape.seqlen_q must be <="));
+    EXPECT_TRUE(
+        refused_with(c + " --cu-seqlens 0,100 --heads 4 --heads-kv 3", "--heads-kv 3 does not divide --heads 4"));
+    EXPECT_TRUE(refused_with(c + " --cu-seqlens 0,100,300 --causal --softcap 30",
+                             "--softcap does not combine with --cu-seqlens: the varlen kernels are built without "
+                             "softcap"));
+  }
+  EXPECT_TRUE(refused_with("bench --cu-seqlens 0,100 --anchors anchors.csv",
+                           "--anchors merges SDPA measurements of dense shapes; it does not combine with "
+                           "--cu-seqlens"));
+  EXPECT_TRUE(refused_with("bench --cu-seqlens 0,0,0 --seqlen 256",
+                           "--cu-seqlens: the batch has no query tokens, so nothing to time"));
+  EXPECT_TRUE(refused_with("bench --fwd --cu-seqlens 0,10,20 --cu-seqlens-k 0,0,0 --seqlen-k 64",
+                           "--cu-seqlens-k: the batch has no key tokens, so nothing to time"));
+  // check packs padding rows after the last sequence, so a batch of empty sequences still has rows to check.
+  const Output empty = run("check --cu-seqlens 0,0,0 --seqlen 256 --heads 1 --runs 1 --schedule ascending",
+                           /*want_stderr=*/true);
+  EXPECT_NE(empty.status, 2) << empty.text;
+}
+
+// A varlen command line the flags accept gets past them: without a GPU to the device check's message (exit 1), on a
+// Hopper GPU it runs (a small batch, one schedule, so that it stays quick there).
+TEST(Cli, CheckAndBenchTakeVarlenBatches) {
+  const std::string batch = "--cu-seqlens 0,0,1,101 --cu-seqlens-k 0,0,1,90 --keys-within-queries --heads 4 "
+                            "--heads-kv 2 --head-dim 64 --causal --schedule ascending ";
+  for (const std::string command : {"check --runs 2 ", "bench --warmup 0 --iters 1 ", "bench --fwd --iters 1 "}) {
+    SCOPED_TRACE(command);
+    const Output err = run(command + batch, /*want_stderr=*/true);
+    const bool cannot_run = err.text.find("needs a Hopper GPU") != std::string::npos ||
+                            err.text.find("this build has no varlen kernel") != std::string::npos;
+    EXPECT_EQ(err.status, cannot_run ? 1 : 0) << err.text;
+  }
 }
 
 TEST(Cli, EmulateVarlen) {

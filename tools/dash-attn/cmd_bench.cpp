@@ -1,12 +1,18 @@
 // dash-attn bench (GPU): backward (or, with --fwd, forward) TFLOPS of every schedule on the paper's grid
-// (16384 tokens, hidden 2048, head dims 64 and 128, seqlen 512..16384, full and causal) or on one
-// shape (with --window L,R and --softcap X where given). Each schedule is planned once per shape (plan_backward, untimed) and launched through the plan, as a
-// training loop does. Times loops of --iters back-to-back calls between CUDA events (median of kRepeats loops,
-// after --warmup), so the host's checks overlap earlier calls' kernels, and reports the host time of one call
-// (validation and launches, no planning) next to it; backward times include the preprocess and postprocess
-// kernels. --sm-margin leaves SMs free as FA3's sm_margin does (both passes run on the SMs left, and the
-// backward is planned for them). --anchors merges PyTorch SDPA numbers measured in the same run
-// (python/benchmarks/sdpa_anchors.py) into the Markdown table. Exit code 1 without a usable GPU.
+// (16384 tokens, hidden 2048, head dims 64 and 128, seqlen 512..16384, full and causal), on one shape (with
+// --window L,R and --softcap X where given), or on one varlen batch (--cu-seqlens, varlen.hpp: packed as FlashAttention
+// packs it, no padding rows, planned from its maxima with plan_varlen_backward). Each schedule is planned once per
+// shape (plan_backward or plan_varlen_backward, untimed) and launched through the plan, as a training loop does.
+// Inputs, the CPU-side planning and the untimed forward that feeds the backward are made before any timing. Times
+// loops of --iters back-to-back calls between CUDA events (median of kRepeats loops, after --warmup), so the host's
+// checks overlap earlier calls' kernels, and reports the host time of one call (validation and launches, no planning)
+// next to it; backward times include the preprocess and postprocess kernels (and a varlen call's padding-row kernel).
+// FLOPs: 4 B Hq Sq Sk_avg D per forward (harness::forward_flops), 2.5 times that per backward; of a varlen batch the
+// sum of each sequence's own under its mask, which the output states. --sm-margin leaves SMs free as FA3's sm_margin
+// does (both passes run on the SMs left, and the backward is planned for them). --anchors merges PyTorch SDPA numbers
+// measured in the same run (python/benchmarks/sdpa_anchors.py) into the Markdown table (dense shapes only). Every bad
+// command line (the varlen flags included) is refused before the device is touched. Exit code 1 without a usable GPU
+// or without the varlen kernel a batch needs.
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -14,10 +20,13 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 #include "commands.hpp"
 #include "harness/device_harness.hpp"
+#include "harness/varlen_harness.hpp"
 #include "options.hpp"
+#include "varlen.hpp"
 
 namespace dash::cli {
 namespace {
@@ -33,6 +42,16 @@ constexpr int64_t kGridHeadDims[] = {64, 128};
 constexpr double kTera = 1e12;
 constexpr double kMillisecondsPerSecond = 1e3;
 constexpr uint64_t kSeed = 7;
+// A varlen batch is timed packed as FlashAttention packs it: its tensors end at the last offset.
+constexpr int64_t kVarlenPaddingRows = 0;
+// A call that has not finished after this long is a hang.
+constexpr double kWatchdogSeconds = 60.0;
+// Significant digits of the TFLOPS and ratios in the Markdown table, and of the FLOP count below it.
+constexpr int kTflopsDigits = 4;
+constexpr int kRatioDigits = 3;
+constexpr int kFlopsDigits = 4;
+// The prefix of this library's implementations in the tables ("dash:<schedule>").
+constexpr std::string_view kDashPrefix = "dash:";
 
 struct Measurement {
   std::string implementation;  // "dash:<schedule>" or "sdpa:<backend>"
@@ -42,7 +61,9 @@ struct Measurement {
 };
 
 struct Point {
-  AttentionShape shape;
+  AttentionShape shape;  // of a varlen batch: the maxima (batch = sequences)
+  VarlenBatch varlen;    // empty for a dense shape
+  double forward_flops = 0;
   std::vector<Measurement> results;
 };
 
@@ -77,45 +98,48 @@ std::vector<AttentionShape> paper_grid(DType dtype) {
   return grid;
 }
 
-double tflops(const AttentionShape& s, bool backward, double ms) {
-  const double flops = harness::forward_flops(s) * (backward ? harness::kBackwardFlopsPerForwardFlop : 1.0);
+double tflops(double forward_flops, bool backward, double ms) {
+  const double flops = forward_flops * (backward ? harness::kBackwardFlopsPerForwardFlop : 1.0);
   return flops / (ms / kMillisecondsPerSecond) / kTera;
 }
 
-ForwardArgs forward_args(harness::Problem& p, int sm_margin) {
+// The forward's arguments (harness::Problem or harness::VarlenProblem) with `sm_margin`.
+template <class DeviceProblem>
+ForwardArgs forward_args(DeviceProblem& p, int sm_margin) {
   ForwardArgs args = harness::forward_args(p);
   args.sm_margin = sm_margin;
   return args;
 }
 
-void run_forward(harness::Problem& p, int sm_margin) {
+template <class DeviceProblem>
+void run_forward(DeviceProblem& p, int sm_margin) {
   size_t bytes = 0;
   if (Status s = forward_workspace_size(p.shape, &bytes); !s.ok()) throw std::runtime_error(s.to_string());
   if (p.workspace.bytes() < bytes) p.workspace = harness::DeviceBuffer(bytes);
   if (Status s = forward(forward_args(p, sm_margin), p.workspace.get(), p.workspace.bytes(), nullptr); !s.ok()) {
     throw std::runtime_error(s.to_string());
   }
-  if (!harness::synchronize_with_watchdog(nullptr, 60.0)) throw std::runtime_error("forward hang");
+  if (!harness::synchronize_with_watchdog(nullptr, kWatchdogSeconds)) throw std::runtime_error("forward hang");
 }
 
-Point measure(const AttentionShape& shape, bool backward, const std::vector<Schedule>& schedules, int warmup,
-              int iters, int sm_margin) {
-  Point point{shape, {}};
-  harness::Problem p = harness::make_problem(shape, kSeed, /*with_reference=*/false);
+// Times the forward, or the backward of each schedule, on `p`, whose forward does `point->forward_flops`.
+template <class DeviceProblem>
+void measure(DeviceProblem& p, bool backward, const std::vector<Schedule>& schedules, int warmup, int iters,
+             int sm_margin, Point* point) {
   run_forward(p, sm_margin);
   if (!backward) {
     const ForwardArgs args = forward_args(p, sm_margin);
     const harness::CallTiming t = harness::time_calls(
         [&] { return forward(args, p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup, iters, kRepeats);
-    point.results.push_back({"dash", t.gpu_ms, tflops(shape, false, t.gpu_ms), t.host_us});
-    return point;
+    point->results.push_back({"dash", t.gpu_ms, tflops(point->forward_flops, false, t.gpu_ms), t.host_us});
+    return;
   }
   harness::use_forward_outputs_for_backward(p);
   for (Schedule schedule : schedules) {
     // Planned and proven once, outside the timing: the timed calls only check the call against the plan.
     BackwardPlan plan;
-    if (Status s = plan_backward(shape, schedule, sm_margin, &plan); !s.ok()) {
-      if (s.code() == StatusCode::kScheduleRejected) continue;  // not applicable to this shape
+    if (Status s = harness::plan_backward_for(p, schedule, sm_margin, &plan); !s.ok()) {
+      if (s.code() == StatusCode::kScheduleRejected) continue;  // not applicable to this shape or batch
       throw std::runtime_error(s.to_string());
     }
     if (p.workspace.bytes() < plan.workspace_bytes()) p.workspace = harness::DeviceBuffer(plan.workspace_bytes());
@@ -124,8 +148,23 @@ Point measure(const AttentionShape& shape, bool backward, const std::vector<Sche
     const harness::CallTiming t = harness::time_calls(
         [&] { return dash::backward(args, plan, p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup, iters,
         kRepeats);
-    point.results.push_back(
-        {"dash:" + std::string(schedule_name(schedule)), t.gpu_ms, tflops(shape, true, t.gpu_ms), t.host_us});
+    point->results.push_back({std::string(kDashPrefix).append(schedule_name(schedule)), t.gpu_ms,
+                              tflops(point->forward_flops, true, t.gpu_ms), t.host_us});
+  }
+}
+
+Point measure_point(const AttentionShape& shape, const VarlenBatch& varlen, bool backward,
+                    const std::vector<Schedule>& schedules, int warmup, int iters, int sm_margin) {
+  Point point{shape, varlen, 0.0, {}};
+  if (varlen.varlen()) {
+    point.forward_flops = harness::forward_flops(shape, varlen.lengths);
+    harness::VarlenProblem p =
+        make_device_problem(shape, varlen, kVarlenPaddingRows, kSeed, /*with_reference=*/false);
+    measure(p, backward, schedules, warmup, iters, sm_margin, &point);
+  } else {
+    point.forward_flops = harness::forward_flops(shape);
+    harness::Problem p = harness::make_problem(shape, kSeed, /*with_reference=*/false);
+    measure(p, backward, schedules, warmup, iters, sm_margin, &point);
   }
   return point;
 }
@@ -149,19 +188,39 @@ std::map<AnchorKey, std::vector<Measurement>> read_anchors(const std::string& pa
   return anchors;
 }
 
+// A varlen batch's CSV gains a last column, seqlens: seqlen_q/seqlen_k of each sequence, space-separated.
 void write_csv(const std::vector<Point>& points, bool backward, std::ostream& out) {
-  out << "direction,hdim,mask,seqlen,batch,heads,dtype,implementation,ms,tflops,host_us\n";
+  const bool varlen = !points.empty() && points.front().varlen.varlen();
+  out << "direction,hdim,mask,seqlen,batch,heads,dtype,implementation,ms,tflops,host_us" << (varlen ? ",seqlens" : "")
+      << "\n";
   for (const Point& p : points) {
     for (const Measurement& m : p.results) {
       out << (backward ? "bwd" : "fwd") << "," << p.shape.head_dim << "," << mask_name(p.shape) << ","
           << p.shape.seqlen_q << "," << p.shape.batch << "," << p.shape.heads_q << "," << dtype_name(p.shape.dtype)
-          << "," << m.implementation << "," << m.ms << "," << m.tflops << "," << m.host_us << "\n";
+          << "," << m.implementation << "," << m.ms << "," << m.tflops << "," << m.host_us;
+      if (varlen) out << "," << describe_lengths(p.varlen, " ");
+      out << "\n";
     }
   }
 }
 
+// The seqlen column: the query length, or of a varlen batch its maximum.
+std::string seqlen_cell(const Point& p) {
+  return p.varlen.varlen() ? "varlen, max " + std::to_string(p.shape.seqlen_q) : std::to_string(p.shape.seqlen_q);
+}
+
+// What the table's varlen row stands for: the batch, its lengths and how its FLOPs were counted.
+void write_varlen_notes(const Point& p, std::ostream& out) {
+  out << "\nvarlen: " << describe_varlen(p.varlen) << "; batch is the sequences, the plan made for the maxima\n\n"
+      << "lengths: " << describe_lengths(p.varlen) << " (seqlen_q/seqlen_k of each sequence)\n\n"
+      << "FLOPs: the sum over the sequences of each one's own, 4 Hq sq sk_avg D under its mask (sk_avg: the keys a\n"
+      << "query row of the sequence sees on average, halved by its causal diagonal, counted under a window), none\n"
+      << "for a sequence without queries or keys: " << format_number(p.forward_flops, kFlopsDigits)
+      << " per forward, x" << format_number(harness::kBackwardFlopsPerForwardFlop) << " per backward\n";
+}
+
 // One row per shape, one column per implementation (TFLOPS); for the backward also the best
-// deterministic schedule and its ratio to the nondeterministic one.
+// deterministic schedule and its ratio to the nondeterministic one. A varlen batch is described below the table.
 void write_markdown(const std::vector<Point>& points, bool backward, std::ostream& out) {
   std::vector<std::string> columns;
   for (const Point& p : points) {
@@ -176,7 +235,7 @@ void write_markdown(const std::vector<Point>& points, bool backward, std::ostrea
   for (size_t i = 0; i < columns.size() + (backward ? 2 : 0); ++i) out << "---|";
   out << "\n";
   for (const Point& p : points) {
-    out << "| " << p.shape.head_dim << " | " << mask_name(p.shape) << " | " << p.shape.seqlen_q << " | " << p.shape.batch
+    out << "| " << p.shape.head_dim << " | " << mask_name(p.shape) << " | " << seqlen_cell(p) << " | " << p.shape.batch
         << " | " << p.shape.heads_q << " |";
     const Measurement* best = nullptr;
     const Measurement* nondet = nullptr;
@@ -186,16 +245,22 @@ void write_markdown(const std::vector<Point>& points, bool backward, std::ostrea
         out << " - |";
         continue;
       }
-      out << " " << format_number(it->tflops, 4) << " |";
-      const bool dash_det = c.rfind("dash:", 0) == 0 && c != "dash:nondeterministic";
+      out << " " << format_number(it->tflops, kTflopsDigits) << " |";
+      const bool dash_det = c.rfind(kDashPrefix, 0) == 0 && c != "dash:nondeterministic";
       if (dash_det && (!best || it->tflops > best->tflops)) best = &*it;
       if (c == "dash:nondeterministic") nondet = &*it;
     }
     if (backward) {
-      out << " " << (best ? best->implementation.substr(5) + " " + format_number(best->tflops, 4) : "-") << " | "
-          << (best && nondet ? format_number(best->tflops / nondet->tflops, 3) : "-") << " |";
+      const std::string best_cell =
+          best ? best->implementation.substr(kDashPrefix.size()) + " " + format_number(best->tflops, kTflopsDigits)
+               : "-";
+      out << " " << best_cell << " | "
+          << (best && nondet ? format_number(best->tflops / nondet->tflops, kRatioDigits) : "-") << " |";
     }
     out << "\n";
+  }
+  for (const Point& p : points) {
+    if (p.varlen.varlen()) write_varlen_notes(p, out);
   }
 }
 
@@ -209,12 +274,15 @@ int cmd_bench(const std::vector<std::string>& args) {
   bool fwd = false;
   FlagParser parser("bench",
                     "Times the backward pass (every schedule) or, with --fwd, the forward pass on this GPU: the paper's\n"
-                    "grid unless shape flags are given. TFLOPS = 4 B H Sq Sk_avg D (x 2.5 for the backward) / time.");
+                    "grid unless shape flags are given. TFLOPS = 4 B H Sq Sk_avg D (x 2.5 for the backward) / time;\n"
+                    "of a varlen batch (--cu-seqlens), the sum of each sequence's own FLOPs under its mask / time.");
   add_shape_flags(parser, &shape_flags, /*with_sms=*/false);
   WindowFlags window;
   add_window_flags(parser, &window);
   double softcap = 0.0;
   add_softcap_flag(parser, &softcap);
+  VarlenFlags varlen_flags;
+  add_varlen_flags(parser, &varlen_flags);
   parser.add_string("dtype", "NAME", "bf16 or fp16", &dtype);
   parser.add_switch("fwd", "benchmark the forward pass instead of the backward pass", &fwd);
   parser.add_string("schedule", "NAME", "time only this backward schedule", &schedule_flag, "every schedule");
@@ -235,9 +303,11 @@ int cmd_bench(const std::vector<std::string>& args) {
     schedules = {s};
   }
   std::vector<AttentionShape> shapes;
+  VarlenBatch varlen;
   if (given_shape_flags(parser).empty()) {
     shapes = paper_grid(element);
   } else {
+    varlen = make_varlen_batch(varlen_flags, &shape_flags, parser);
     AttentionShape s = make_shape(shape_flags, parser);
     s.dtype = element;
     window.apply(&s);
@@ -247,20 +317,37 @@ int cmd_bench(const std::vector<std::string>& args) {
     } else {
       check_library_accepts_backward(s, parser);
     }
+    check_varlen_kernels_take(s, varlen, parser);
     shapes = {s};
+  }
+  if (varlen.varlen()) {
+    if (parser.given("anchors")) {
+      parser.fail("--anchors merges SDPA measurements of dense shapes; it does not combine with --cu-seqlens");
+    }
+    // Without --cu-seqlens-k the keys are the queries, so a batch without keys has no queries either.
+    const bool no_queries = total_query_tokens(varlen) == 0;
+    if (no_queries || total_key_tokens(varlen) == 0) {
+      const std::string which =
+          no_queries ? "--cu-seqlens: the batch has no query" : "--cu-seqlens-k: the batch has no key";
+      parser.fail(which + " tokens, so nothing to time (the library refuses a packed call without rows)");
+    }
   }
   if (Status s = check_current_device(); !s.ok()) {
     std::cerr << "dash-attn bench needs a Hopper GPU: " << s.message() << "\n";
     return kExitFailure;
   }
   check_sm_margin_fits_device(sm_margin, parser);
+  if (const std::string missing = varlen.varlen() ? missing_varlen_kernel(shapes.front()) : ""; !missing.empty()) {
+    std::cerr << "dash-attn bench: " << missing << "\n";
+    return kExitFailure;
+  }
   const bool backward = !fwd;
   std::map<AnchorKey, std::vector<Measurement>> anchors;
   if (!anchors_path.empty()) anchors = read_anchors(anchors_path, backward);
   std::vector<Point> points;
   for (const AttentionShape& shape : shapes) {
-    Point point = measure(shape, backward, schedules, static_cast<int>(warmup), static_cast<int>(iters),
-                          static_cast<int>(sm_margin));
+    Point point = measure_point(shape, varlen, backward, schedules, static_cast<int>(warmup), static_cast<int>(iters),
+                                static_cast<int>(sm_margin));
     const auto it = anchors.find({shape.head_dim, mask_name(shape), shape.seqlen_q});
     if (it != anchors.end()) point.results.insert(point.results.end(), it->second.begin(), it->second.end());
     std::cerr << describe_shape(shape) << ": done\n";

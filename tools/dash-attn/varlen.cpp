@@ -1,6 +1,7 @@
-// The varlen flags of dash-attn plan and emulate (varlen.hpp): parsing and checking the cu_seqlens against each
-// other and against the shape flags, every refusal naming the flag and the rule; the maxima; the plan; the text and
-// JSON that describe the batch.
+// The varlen flags of dash-attn plan, emulate, check and bench (varlen.hpp): parsing and checking the cu_seqlens
+// against each other and against the shape flags, every refusal naming the flag and the rule; the maxima; the plan;
+// what the GPU commands add (the kernels' own refusals, the packed device batch); the text and JSON that describe the
+// batch.
 #include "varlen.hpp"
 
 #include <algorithm>
@@ -68,6 +69,13 @@ int64_t maximum_length(const std::vector<int>& lengths, const std::string& list_
   return *longest;
 }
 
+// The sum of one of the lengths over the sequences.
+int64_t total_tokens(const VarlenBatch& batch, int SequenceLengths::*length) {
+  int64_t sum = 0;
+  for (const SequenceLengths& s : batch.lengths) sum += s.*length;
+  return sum;
+}
+
 }  // namespace
 
 void add_varlen_flags(FlagParser& parser, VarlenFlags* flags) {
@@ -130,24 +138,45 @@ VarlenPlanResult plan_varlen(const TiledProblem& max_problem, const VarlenBatch&
   return result;
 }
 
+void check_varlen_kernels_take(const AttentionShape& max_shape, const VarlenBatch& batch, const FlagParser& parser) {
+  if (batch.varlen() && max_shape.softcap > 0.0f) {
+    parser.fail("--softcap does not combine with --cu-seqlens: the varlen kernels are built without softcap "
+                "(DASH_VARLEN_KERNELS), so the library refuses a varlen call with softcap > 0");
+  }
+}
+
+std::string missing_varlen_kernel(const AttentionShape& max_shape) {
+  if (varlen_kernel_available(max_shape.head_dim, max_shape.dtype)) return {};
+  return "this build has no varlen kernel for head_dim " + std::to_string(max_shape.head_dim) + " and dtype " +
+         dtype_name(max_shape.dtype) + " (varlen_kernel_available; see DASH_VARLEN_KERNELS)";
+}
+
+harness::VarlenProblem make_device_problem(const AttentionShape& max_shape, const VarlenBatch& batch,
+                                           int64_t padding_rows, uint64_t seed, bool with_reference) {
+  const SequenceLengths maxima{static_cast<int>(max_shape.seqlen_q), static_cast<int>(max_shape.seqlen_k)};
+  harness::VarlenProblem problem =
+      harness::make_varlen_problem(max_shape, batch.lengths, padding_rows, seed, maxima, with_reference);
+  // The harness promises what the lengths keep; the plan and the calls carry the command line's promise instead.
+  problem.keys_within_queries = batch.keys_within_queries;
+  return problem;
+}
+
+int64_t total_query_tokens(const VarlenBatch& batch) { return total_tokens(batch, &SequenceLengths::seqlen_q); }
+int64_t total_key_tokens(const VarlenBatch& batch) { return total_tokens(batch, &SequenceLengths::seqlen_k); }
+
 std::string describe_varlen(const VarlenBatch& batch) {
-  const auto tokens = [&](int SequenceLengths::*length) {
-    long long sum = 0;
-    for (const SequenceLengths& s : batch.lengths) sum += s.*length;
-    return sum;
-  };
   std::ostringstream out;
-  out << batch.lengths.size() << " sequences, " << tokens(&SequenceLengths::seqlen_q) << " query and "
-      << tokens(&SequenceLengths::seqlen_k) << " key tokens; ";
+  out << batch.lengths.size() << " sequences, " << total_query_tokens(batch) << " query and "
+      << total_key_tokens(batch) << " key tokens; ";
   out << (batch.keys_within_queries ? "every seqlen_k <= seqlen_q promised"
                                      : "seqlen_k may exceed seqlen_q (no --keys-within-queries)");
   return out.str();
 }
 
-std::string describe_lengths(const VarlenBatch& batch) {
+std::string describe_lengths(const VarlenBatch& batch, const std::string& separator) {
   std::ostringstream out;
   for (size_t i = 0; i < batch.lengths.size(); ++i) {
-    out << (i == 0 ? "" : ", ") << batch.lengths[i].seqlen_q << "/" << batch.lengths[i].seqlen_k;
+    out << (i == 0 ? "" : separator) << batch.lengths[i].seqlen_q << "/" << batch.lengths[i].seqlen_k;
   }
   return out.str();
 }

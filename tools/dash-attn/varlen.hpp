@@ -1,7 +1,8 @@
-// The varlen flags of dash-attn plan and emulate: a batch of sequences of different lengths, given as FlashAttention
-// gives it (cu_seqlens), checked against the shape flags, and planned as planner/varlen_plan.hpp plans it. The
-// kernels run varlen batches (the API's VarlenBatch), but check, bench and prove do not take these flags yet: the GPU
-// tests (tests/kernels/test_sm90_varlen.cpp) and flash_attn_varlen_func run them.
+// The varlen flags of dash-attn plan, emulate, check and bench: a batch of sequences of different lengths, given as
+// FlashAttention gives it (cu_seqlens), checked against the shape flags, and planned as planner/varlen_plan.hpp plans
+// it (plan, emulate) or as the library plans it (plan_varlen_backward: check and bench, which run the library's
+// varlen kernels on a packed batch of these lengths, harness/varlen_harness.hpp). prove does not take them: it proves
+// the library's dense plans, and plan proves varlen plans.
 //
 //   --cu-seqlens 0,100,100,3100   b + 1 query offsets of b sequences (here 100, 0 and 3000 queries): FlashAttention's
 //                                 cu_seqlens_q. Offsets start at 0 and never decrease; sequence i has
@@ -14,6 +15,8 @@
 // The batch is the number of sequences (--batch is refused). The plan is made from the maxima: the longest
 // sequence's lengths, or --seqlen-q / --seqlen-k (--seqlen for both) where given, which every sequence must then be
 // within, as FlashAttention's max_seqlen_q / max_seqlen_k. --preset sets a dense shape and refuses these flags.
+// Every refusal of these flags is a bad command line (exit code 2) raised before any device is touched; check and
+// bench find a build without the varlen kernel a batch needs after their device check (exit code 1).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/varlen_harness.hpp"
 #include "options.hpp"
 #include "planner/varlen_plan.hpp"
 
@@ -36,7 +40,8 @@ void add_varlen_flags(FlagParser& parser, VarlenFlags* flags);
 
 struct VarlenBatch {
   std::vector<SequenceLengths> lengths;  // one per sequence; empty for a dense batch (no --cu-seqlens)
-  bool keys_within_queries = false;      // the promise the plan is made with (plan_varlen_schedule)
+  bool keys_within_queries = false;      // the promise the plan is made with (plan_varlen_schedule, and
+                                         // plan_varlen_backward and the calls in check and bench)
   bool varlen() const { return !lengths.empty(); }
 };
 
@@ -48,10 +53,24 @@ VarlenBatch make_varlen_batch(const VarlenFlags& flags, ShapeFlags* shape, const
 // plan_varlen_schedule for the batch; a refusal that --keys-within-queries would lift says so.
 VarlenPlanResult plan_varlen(const TiledProblem& max_problem, const VarlenBatch& batch, Schedule schedule, int sms);
 
+// The GPU commands (check, bench): refuses, as a bad command line, a varlen batch under a shape no varlen kernel
+// runs in any build (softcap > 0: the varlen kernels are built without softcap). Call it after check_library_accepts.
+void check_varlen_kernels_take(const AttentionShape& max_shape, const VarlenBatch& batch, const FlagParser& parser);
+// Why this build cannot run a varlen batch of `max_shape`'s head dim and dtype (varlen_kernel_available), or empty.
+std::string missing_varlen_kernel(const AttentionShape& max_shape);
+// The batch packed on the device for check and bench (harness::make_varlen_problem): the lengths of `batch`,
+// `padding_rows` rows after the last sequence, the maxima of `max_shape` (make_shape's, which may exceed every
+// length) and the promise the plan is made with (which make_varlen_batch checked the lengths against).
+harness::VarlenProblem make_device_problem(const AttentionShape& max_shape, const VarlenBatch& batch,
+                                           int64_t padding_rows, uint64_t seed, bool with_reference);
+// Query and key tokens of all sequences together (the last offsets).
+int64_t total_query_tokens(const VarlenBatch& batch);
+int64_t total_key_tokens(const VarlenBatch& batch);
+
 // "3 sequences, 3100 query and 2590 key tokens; every seqlen_k <= seqlen_q promised"
 std::string describe_varlen(const VarlenBatch& batch);
-// "100/90, 0/0, 3000/2500": seqlen_q/seqlen_k of each sequence.
-std::string describe_lengths(const VarlenBatch& batch);
+// "100/90, 0/0, 3000/2500": seqlen_q/seqlen_k of each sequence, `separator` between them.
+std::string describe_lengths(const VarlenBatch& batch, const std::string& separator = ", ");
 // {"sequences": b, "keys_within_queries": ..., "seqlen_q": [...], "seqlen_k": [...]}, then the `extra` members
 // (already encoded).
 std::string varlen_json(const VarlenBatch& batch, const std::vector<std::pair<std::string, std::string>>& extra = {});
