@@ -167,7 +167,8 @@ AutoChoice choose_auto(const TiledProblem& problem, int num_sms) {
   if (problem.windowed()) {
     return {Schedule::kShortestFirst,
             "sliding window: shortest-first, which the DAG model finds free of stalls wherever each key/value "
-            "tile's band starts after the previous one's; the kernels do not run windows yet"};
+            "tile's band starts after the previous one's (the kernels build no windowed symmetric shift, and no "
+            "schedule has been measured against it under a window)"};
   }
   if (problem.causal) {
     if (problem.heads_per_job() > 1) {

@@ -545,7 +545,8 @@ TEST(Preconditions, WindowRejectionsSayWhy) {
     EXPECT_EQ(reason(two_sided, s), "") << schedule_name(s);
     EXPECT_EQ(reason(causal_band, s), "") << schedule_name(s);
   }
-  // The kernels do not run windows yet: auto stays with a dynamic schedule, as does the nondeterministic one.
+  // Under a window auto takes a dynamic schedule (the kernels build no windowed symmetric shift), as does the
+  // nondeterministic one.
   const AutoChoice choice = choose_auto(causal_band, 132);
   EXPECT_EQ(choice.schedule, Schedule::kShortestFirst);
   EXPECT_NE(std::string(choice.reason).find("sliding window"), std::string::npos);
