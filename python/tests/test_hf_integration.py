@@ -52,10 +52,11 @@ from transformers.masking_utils import (  # noqa: E402
     chunked_causal_mask_function,
     find_packed_sequence_indices,
     packed_sequence_mask_function,
-    remap_positions_for_packed_sequence,
     sliding_window_bidirectional_mask_function,
     sliding_window_causal_mask_function,
 )
+
+from transformers import masking_utils  # noqa: E402
 
 import dash_attn  # noqa: E402
 from dash_attn.integrations import transformers as integration  # noqa: E402
@@ -543,10 +544,17 @@ def test_keys_that_are_not_the_tokens_seen_are_refused():
         integration.dash_attention_mask(q_length=SEQLEN, kv_length=64, mask_function=causal_mask_function)
 
 
+# Newer transformers (5.25, not 5.17) wrap the base mask of a packed batch in this; older ones compose it bare.
+remap_positions_for_packed_sequence = getattr(masking_utils, "remap_positions_for_packed_sequence", None)
+
+
 def packed_mask_function(base, positions: torch.Tensor):
-    """The mask transformers' mask creation hands the hook for packed `positions` (one row) and no cache."""
+    """The mask transformers' mask creation hands the hook for packed `positions` (one row) and no cache, as the
+    installed version builds it."""
     documents = find_packed_sequence_indices(positions)
-    return and_masks(remap_positions_for_packed_sequence(base, positions), packed_sequence_mask_function(documents))
+    if remap_positions_for_packed_sequence is not None:
+        base = remap_positions_for_packed_sequence(base, positions)
+    return and_masks(base, packed_sequence_mask_function(documents))
 
 
 @pytest.mark.parametrize(
