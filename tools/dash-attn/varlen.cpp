@@ -166,7 +166,8 @@ int64_t total_key_tokens(const VarlenBatch& batch) { return total_tokens(batch, 
 
 std::string describe_varlen(const VarlenBatch& batch) {
   std::ostringstream out;
-  out << batch.lengths.size() << " sequences, " << total_query_tokens(batch) << " query and "
+  out << batch.lengths.size() << (batch.lengths.size() == 1 ? " sequence, " : " sequences, ")
+      << total_query_tokens(batch) << " query and "
       << total_key_tokens(batch) << " key tokens; ";
   out << (batch.keys_within_queries ? "every seqlen_k <= seqlen_q promised"
                                      : "seqlen_k may exceed seqlen_q (no --keys-within-queries)");
