@@ -199,8 +199,13 @@ BackwardArgs backward_args(Problem& p, Schedule schedule) {
 }
 
 void use_forward_outputs_for_backward(Problem& p) {
-  check_cuda(cudaMemcpy(p.d_ref_out.get(), p.d_out.get(), p.d_out.bytes(), cudaMemcpyDeviceToDevice), "copy O");
-  check_cuda(cudaMemcpy(p.d_ref_lse.get(), p.d_lse.get(), p.d_lse.bytes(), cudaMemcpyDeviceToDevice), "copy LSE");
+  copy_forward_outputs_to_reference(p.d_out, p.d_lse, p.d_ref_out, p.d_ref_lse);
+}
+
+void copy_forward_outputs_to_reference(const DeviceBuffer& out, const DeviceBuffer& lse, DeviceBuffer& ref_out,
+                                       DeviceBuffer& ref_lse) {
+  check_cuda(cudaMemcpy(ref_out.get(), out.get(), out.bytes(), cudaMemcpyDeviceToDevice), "copy O");
+  check_cuda(cudaMemcpy(ref_lse.get(), lse.get(), lse.bytes(), cudaMemcpyDeviceToDevice), "copy LSE");
 }
 
 Status plan_backward_for(const Problem& p, Schedule schedule, int sm_margin, BackwardPlan* plan) {

@@ -73,6 +73,9 @@ ForwardArgs forward_args(Problem& p);
 BackwardArgs backward_args(Problem& p, Schedule schedule);
 // Makes backward_args() read the GPU forward's O and LSE instead (benchmarks, which skip the reference).
 void use_forward_outputs_for_backward(Problem& p);
+// The copy both problem kinds' use_forward_outputs_for_backward make: a forward's O and LSE over the reference ones.
+void copy_forward_outputs_to_reference(const DeviceBuffer& out, const DeviceBuffer& lse, DeviceBuffer& ref_out,
+                                       DeviceBuffer& ref_lse);
 // The backward plan of p's shape on the current device (plan_backward), so that code written once for dense and
 // varlen problems (varlen_harness.hpp has the varlen overload) plans either.
 Status plan_backward_for(const Problem& p, Schedule schedule, int sm_margin, BackwardPlan* plan);

@@ -3,8 +3,6 @@
 // marked NaN in the references; the plan and FLOPs of a batch.
 #include "harness/varlen_harness.hpp"
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -186,8 +184,7 @@ BackwardArgs backward_args(VarlenProblem& p, Schedule schedule) {
 }
 
 void use_forward_outputs_for_backward(VarlenProblem& p) {
-  check_cuda(cudaMemcpy(p.d_ref_out.get(), p.d_out.get(), p.d_out.bytes(), cudaMemcpyDeviceToDevice), "copy O");
-  check_cuda(cudaMemcpy(p.d_ref_lse.get(), p.d_lse.get(), p.d_lse.bytes(), cudaMemcpyDeviceToDevice), "copy LSE");
+  copy_forward_outputs_to_reference(p.d_out, p.d_lse, p.d_ref_out, p.d_ref_lse);
 }
 
 Status plan_backward_for(const VarlenProblem& p, Schedule schedule, int sm_margin, BackwardPlan* plan) {

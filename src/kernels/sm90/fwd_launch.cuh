@@ -28,6 +28,9 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
     p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.q.data, packed.total_q, shape.heads_q, a.q.strides), typename Config::SmemLayoutQ{});
     p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.k.data, packed.total_k, shape.heads_kv, a.k.strides), kv_tile_layout);
     p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.v.data, packed.total_k, shape.heads_kv, a.v.strides), kv_tile_layout);
+    if constexpr (Config::kStagedO) {
+      p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_gmem_packed<Element, kHeadDim>(a.out.data, packed.total_q, shape.heads_q, a.out.strides), take<0, 2>(typename Config::SmemLayoutO{}));
+    }
     p.packed = PackedBatch{packed.cu_seqlens_q, packed.cu_seqlens_k, static_cast<int>(packed.total_q),
                            static_cast<int>(packed.total_k), static_cast<int>(shape.seqlen_q),
                            static_cast<int>(shape.seqlen_k), packed.keys_within_queries};
@@ -35,11 +38,9 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
     p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), typename Config::SmemLayoutQ{});
     p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.k.strides), kv_tile_layout);
     p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.v.strides), kv_tile_layout);
-  }
-  if constexpr (Config::kStagedO && kVarlen) {
-    p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_gmem_packed<Element, kHeadDim>(a.out.data, a.varlen.total_q, shape.heads_q, a.out.strides), take<0, 2>(typename Config::SmemLayoutO{}));
-  } else if constexpr (Config::kStagedO) {
-    p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_gmem_bshd<Element, kHeadDim>(a.out.data, shape.seqlen_q, shape.heads_q, shape.batch, a.out.strides), take<0, 2>(typename Config::SmemLayoutO{}));
+    if constexpr (Config::kStagedO) {
+      p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_gmem_bshd<Element, kHeadDim>(a.out.data, shape.seqlen_q, shape.heads_q, shape.batch, a.out.strides), take<0, 2>(typename Config::SmemLayoutO{}));
+    }
   }
   p.out = static_cast<Element*>(a.out.data);
   copy_strides(p.out_strides, a.out.strides);
@@ -124,17 +125,15 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
     return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, true, kVarlen>(params,
                                                                                                          stream);
   }
-  if (mask.window.right >= 0) {
-    return launch_forward_tile_shape<kHeadDim, Element, kSoftcap, kVarlen>(params, kBase, stream);
-  }
   int64_t seqlen_q = shape.seqlen_q;
   int64_t seqlen_k = shape.seqlen_k;
   if constexpr (kVarlen) {  // validate() holds shape.batch, the sequences, at >= 1
     seqlen_q = params.args.varlen.total_q / shape.batch;
     seqlen_k = params.args.varlen.total_k / shape.batch;
   }
-  return launch_forward_tile_shape<kHeadDim, Element, kSoftcap, kVarlen>(
-      params, forward_tile_shape(kHeadDim, mask.causal, seqlen_q, seqlen_k), stream);
+  const bool windowed = mask.window.right >= 0;  // a right bound alone: the left one returned above
+  const TileShape tile = windowed ? kBase : forward_tile_shape(kHeadDim, mask.causal, seqlen_q, seqlen_k);
+  return launch_forward_tile_shape<kHeadDim, Element, kSoftcap, kVarlen>(params, tile, stream);
 }
 
 template <int kHeadDim, class Element, bool kSoftcap>
