@@ -2,42 +2,42 @@
  * package's real Python path (checks, custom ops, autograd, plan cache, ctypes marshalling) runs on a machine
  * without a GPU while every C call returns at once.
  *
- * Invariants: it exports every symbol _library._declare() binds, with the signatures of src/capi/dash_c.h at
- * DASH_C_ABI_VERSION 4, so the package's load() accepts it unchanged; every entry point succeeds without touching
- * its tensors; the workspace sizes are those the real library reports for a tiny shape (the forward's fixed
- * 256 bytes, a backward of the size of a (B, Hq, Sq, D) fp32 dQ accumulator) so the allocations match. It is a
- * benchmark fixture only: it computes nothing and must never be installed. */
+ * Invariants: it defines every function of src/capi/dash_c.h, which it includes, so the compiler checks each
+ * signature against the header and a changed ABI fails its build instead of its measurements; it reports the
+ * header's DASH_C_ABI_VERSION, so the package's load() accepts it unchanged; every entry point succeeds without
+ * touching its tensors; the workspace sizes are those the real library reports for a tiny shape (the forward's
+ * fixed 256 bytes, a backward of the size of a (B, Hq, Sq, D) fp32 dQ accumulator) so the allocations match. It is
+ * a benchmark fixture only: it computes nothing and must never be installed. */
 
-#include <stddef.h>
-#include <stdint.h>
+#define DASH_C_BUILDING
+#include "dash_c.h"
+
 #include <string.h>
-
-typedef struct dash_shape {
-  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
-  int dtype;
-  float softmax_scale;
-  int causal;
-} dash_shape;
-
-typedef struct dash_device {
-  int index, compute_major, compute_minor, multiprocessor_count;
-  char name[256];
-} dash_device;
 
 /* A plan handle needs an address the package can hold and pass back; nothing reads through it. */
 static int stub_plan;
 
+/* The plan keeps the shape's workspace size in a static: the benchmark runs one shape at a time. */
+static size_t stub_plan_bytes;
+static int stub_plan_is_varlen;
+
 static int ok(char* message, size_t message_size) {
   if (message != NULL && message_size > 0) message[0] = '\0';
-  return 0;
+  return DASH_STATUS_OK;
 }
 
-int dash_abi_version(void) { return 4; }
-const char* dash_status_name(int code) { return code == 0 ? "ok" : "stub-error"; }
+static int stub_kernel(int64_t head_dim, int dtype) {
+  return (head_dim == 64 || head_dim == 128) && (dtype == DASH_DTYPE_BF16 || dtype == DASH_DTYPE_FP16);
+}
+
+int dash_abi_version(void) { return DASH_C_ABI_VERSION; }
+const char* dash_status_name(int code) { return code == DASH_STATUS_OK ? "ok" : "stub-error"; }
 const char* dash_schedule_names(void) {
   return "auto,ascending,descending,shortest-first,shift,symmetric-shift,nondeterministic";
 }
-int dash_kernel_available(int64_t head_dim, int dtype) { return (head_dim == 64 || head_dim == 128) && dtype <= 1; }
+int dash_kernel_available(int64_t head_dim, int dtype) { return stub_kernel(head_dim, dtype); }
+int dash_softcap_kernel_available(int64_t head_dim, int dtype) { return stub_kernel(head_dim, dtype); }
+int dash_varlen_kernel_available(int64_t head_dim, int dtype) { return stub_kernel(head_dim, dtype); }
 const char* dash_library_version(void) { return "stub"; }
 int dash_cuda_runtime_version(void) { return 0; }
 int dash_cuda_driver_version(void) { return 0; }
@@ -67,49 +67,88 @@ int dash_backward_workspace_size(const dash_shape* s, const char* schedule, size
   return ok(m, n);
 }
 
-int dash_forward(const void* s, const void* q, const void* k, const void* v, const void* out, float* lse, int margin,
-                 void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
+int dash_forward(const dash_shape* s, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
+                 const dash_tensor* out, float* lse, int margin, void* ws, size_t ws_bytes, void* stream, char* m,
+                 size_t n) {
   (void)s, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)margin, (void)ws, (void)ws_bytes, (void)stream;
   return ok(m, n);
 }
 
-int dash_backward(const void* s, const void* q, const void* k, const void* v, const void* out, const void* dout,
-                  const float* lse, const void* dq, const void* dk, const void* dv, const char* schedule, int margin,
-                  void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
+int dash_backward(const dash_shape* s, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
+                  const dash_tensor* out, const dash_tensor* dout, const float* lse, const dash_tensor* dq,
+                  const dash_tensor* dk, const dash_tensor* dv, const char* schedule, int margin, void* ws,
+                  size_t ws_bytes, void* stream, char* m, size_t n) {
   (void)s, (void)q, (void)k, (void)v, (void)out, (void)dout, (void)lse, (void)dq, (void)dk, (void)dv;
   (void)schedule, (void)margin, (void)ws, (void)ws_bytes, (void)stream;
   return ok(m, n);
 }
 
-/* The plan keeps the shape's workspace size in a static: the benchmark runs one shape. */
-static size_t stub_plan_bytes;
+int dash_forward_varlen(const dash_shape* s, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
+                        const dash_tensor* v, const dash_tensor* out, float* lse, int margin, void* ws,
+                        size_t ws_bytes, void* stream, char* m, size_t n) {
+  (void)varlen;
+  return dash_forward(s, q, k, v, out, lse, margin, ws, ws_bytes, stream, m, n);
+}
+
+int dash_backward_varlen(const dash_shape* s, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
+                         const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout, const float* lse,
+                         const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv, const char* schedule,
+                         int margin, void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
+  (void)varlen;
+  return dash_backward(s, q, k, v, out, dout, lse, dq, dk, dv, schedule, margin, ws, ws_bytes, stream, m, n);
+}
 
 int dash_backward_plan_create(const dash_shape* s, const char* schedule, int margin, const dash_device* device,
-                              void** plan, char* m, size_t n) {
+                              dash_backward_plan** plan, char* m, size_t n) {
   (void)schedule, (void)margin, (void)device;
   stub_plan_bytes = backward_bytes(s);
-  *plan = &stub_plan;
+  stub_plan_is_varlen = 0;
+  *plan = (dash_backward_plan*)&stub_plan;
   return ok(m, n);
 }
 
-void dash_backward_plan_destroy(void* plan) { (void)plan; }
+int dash_backward_plan_create_varlen(const dash_shape* s, int keys_within_queries, const char* schedule, int margin,
+                                     const dash_device* device, dash_backward_plan** plan, char* m, size_t n) {
+  (void)keys_within_queries;
+  const int code = dash_backward_plan_create(s, schedule, margin, device, plan, m, n);
+  stub_plan_is_varlen = 1;
+  return code;
+}
 
-int dash_backward_plan_workspace_size(const void* plan, size_t* bytes, char* m, size_t n) {
+int dash_backward_plan_is_varlen(const dash_backward_plan* plan, int* is_varlen, char* m, size_t n) {
+  (void)plan;
+  *is_varlen = stub_plan_is_varlen;
+  return ok(m, n);
+}
+
+void dash_backward_plan_destroy(dash_backward_plan* plan) { (void)plan; }
+
+int dash_backward_plan_workspace_size(const dash_backward_plan* plan, size_t* bytes, char* m, size_t n) {
   (void)plan;
   *bytes = stub_plan_bytes;
   return ok(m, n);
 }
 
-int dash_backward_plan_sm_count(const void* plan, int* sm_count, char* m, size_t n) {
+int dash_backward_plan_sm_count(const dash_backward_plan* plan, int* sm_count, char* m, size_t n) {
   (void)plan;
   *sm_count = 132;
   return ok(m, n);
 }
 
-int dash_backward_plan_run(const void* plan, const void* s, const void* q, const void* k, const void* v,
-                           const void* out, const void* dout, const float* lse, const void* dq, const void* dk,
-                           const void* dv, void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
+int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* s, const dash_tensor* q,
+                           const dash_tensor* k, const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout,
+                           const float* lse, const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv,
+                           void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
   (void)plan, (void)s, (void)q, (void)k, (void)v, (void)out, (void)dout, (void)lse, (void)dq, (void)dk, (void)dv;
   (void)ws, (void)ws_bytes, (void)stream;
   return ok(m, n);
+}
+
+int dash_backward_plan_run_varlen(const dash_backward_plan* plan, const dash_shape* s, const dash_varlen* varlen,
+                                  const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
+                                  const dash_tensor* out, const dash_tensor* dout, const float* lse,
+                                  const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv, void* ws,
+                                  size_t ws_bytes, void* stream, char* m, size_t n) {
+  (void)varlen;
+  return dash_backward_plan_run(plan, s, q, k, v, out, dout, lse, dq, dk, dv, ws, ws_bytes, stream, m, n);
 }

@@ -21,7 +21,9 @@ microseconds per call of --iters calls after warm-up (time.perf_counter_ns): the
 the machines this runs on share their CPU with compilers, which only ever add time. Rows marked "=" are
 differences of two measured rows. --profile prints a cProfile breakdown of the forward+backward step.
 
-usage: python3 python_overhead.py [--iters N] [--repeats R] [--profile]
+The varlen rows time dash_attn.flash_attn_varlen_func on the same tokens packed as one sequence.
+
+usage: python3 python_overhead.py [--iters N] [--repeats R] [--rows all|fixed|varlen] [--profile]
 """
 
 from __future__ import annotations
@@ -43,18 +45,20 @@ from torch import Tensor
 SHAPE = (1, 128, 1, 64)
 DTYPE = torch.bfloat16
 STUB_SOURCE = Path(__file__).resolve().parent / "_stub_library.c"
+C_ABI_HEADER_DIR = Path(__file__).resolve().parents[2] / "src" / "capi"  # dash_c.h, which the stub implements
 
 
 def build_stub_library(directory: Path) -> Path:
     """Compiles _stub_library.c into `directory` and returns the shared library's path."""
     library = directory / "libdash_attn_c.so"
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(STUB_SOURCE)], check=True)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", f"-I{C_ABI_HEADER_DIR}", "-o", str(library),
+                    str(STUB_SOURCE)], check=True)
     return library
 
 
 def install_cpu_seams() -> None:
     """Makes flash_attn_func runnable on CPU tensors for measurement (see the module docstring)."""
-    from dash_attn import _arguments, _ops
+    from dash_attn import _arguments, _ops, varlen
 
     def check_devices_on_cpu(tensors, layout):
         """_arguments.check_devices, fast path included, with CPU where it demands CUDA."""
@@ -68,8 +72,18 @@ def install_cpu_seams() -> None:
         if q.device.type != "cpu":
             raise ValueError(f"{qn}, {kn} and {vn} must be CPU tensors in this benchmark, got device {q.device}")
 
+    def varlen_check_devices_on_cpu(tensors, names):
+        """varlen._check_devices with CPU where it demands CUDA."""
+        q = tensors[0]
+        for t, name in zip(tensors[1:], names[1:]):
+            if t.device != q.device:
+                raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+        if q.device.type != "cpu":
+            raise ValueError(f"q, k, v and the offsets must be CPU tensors in this benchmark, got device {q.device}")
+
     _arguments.check_devices = check_devices_on_cpu
-    for op in (_ops.forward, _ops.backward):
+    varlen._check_devices = varlen_check_devices_on_cpu
+    for op in (_ops.forward, _ops.backward, varlen.varlen_forward, varlen.varlen_backward):
         op.register_kernel("cpu", op._init_fn)
     # A CPU tensor's device index is -1: the ops find it current and switch nothing; every stream is the null one.
     torch._C._cuda_getDevice = lambda: -1
@@ -289,6 +303,63 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
     return list(rows.items()) + list(derived.items())
 
 
+def varlen_measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
+    """The same rows for dash_attn.flash_attn_varlen_func on the same tokens packed: (128, 1, 64) with one
+    sequence (cu_seqlens 0, 128; self-attention, so one offsets tensor)."""
+    import dash_attn
+    from dash_attn import varlen
+
+    batch, seqlen, heads, head_dim = SHAPE
+    packed = (batch * seqlen, heads, head_dim)
+    q, k, v = (torch.randn(packed, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    dout = torch.randn(packed, dtype=DTYPE)
+    cu_seqlens = torch.arange(0, batch * seqlen + 1, seqlen, dtype=torch.int32)
+    scale = head_dim**-0.5
+    schedule = "auto"
+    arguments = (seqlen, seqlen, scale, True, schedule, 0, -1, -1, 0.0, True)
+
+    def varlen_forward():
+        return dash_attn.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, seqlen, seqlen, causal=True)
+
+    def step():
+        torch.autograd.grad(varlen_forward(), (q, k, v), dout)
+
+    def forward_no_grad():
+        with torch.no_grad():
+            varlen_forward()
+
+    def op_forward_no_grad():
+        with torch.no_grad():
+            torch.ops.dash_attn.varlen_forward(q, k, v, cu_seqlens, cu_seqlens, *arguments)
+
+    with torch.no_grad():
+        out, lse = torch.ops.dash_attn.varlen_forward(q, k, v, cu_seqlens, cu_seqlens, *arguments)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+
+    def op_backward():
+        torch.ops.dash_attn.varlen_backward(dout, qd, kd, vd, out, lse, cu_seqlens, cu_seqlens, *arguments)
+
+    def forward_body():
+        with torch.no_grad():
+            varlen._forward_body(q, k, v, cu_seqlens, cu_seqlens, *arguments)
+
+    def backward_body():
+        varlen._backward_body(dout, qd, kd, vd, out, lse, cu_seqlens, cu_seqlens, *arguments)
+
+    def time_of(call):
+        return microseconds_per_call(call, iters, repeats)
+
+    return [
+        ("varlen forward + backward step (flash_attn_varlen_func, autograd.grad)", time_of(step)),
+        ("varlen forward, grad mode (flash_attn_varlen_func)", time_of(varlen_forward)),
+        ("varlen forward, no grad (flash_attn_varlen_func)", time_of(forward_no_grad)),
+        ("varlen forward op, no grad (torch.ops.dash_attn.varlen_forward)", time_of(op_forward_no_grad)),
+        ("varlen forward body, no grad (varlen._forward_body)", time_of(forward_body)),
+        ("varlen backward op (torch.ops.dash_attn.varlen_backward)", time_of(op_backward)),
+        ("varlen backward body (varlen._backward_body)", time_of(backward_body)),
+    ]
+
+
 def profile_step(iters: int, top: int) -> None:
     import dash_attn
 
@@ -314,6 +385,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--rows", choices=("all", "fixed", "varlen"), default="all",
+                        help="flash_attn_func's rows, flash_attn_varlen_func's, or both")
     parser.add_argument("--profile", action="store_true", help="also print a cProfile breakdown of the step")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
@@ -323,7 +396,10 @@ def main() -> None:
         print(f"torch {torch.__version__}, Python {sys.version.split()[0]}, CPU only, C calls stubbed")
         print("| part of the host path | us per call |")
         print("|---|---|")
-        for label, micros in measurements(args.iters, args.repeats):
+        rows = measurements(args.iters, args.repeats) if args.rows in ("all", "fixed") else []
+        if args.rows in ("all", "varlen"):
+            rows += varlen_measurements(args.iters, args.repeats)
+        for label, micros in rows:
             print(f"| {label} | {micros:.1f} |", flush=True)
         if args.profile:
             profile_step(args.iters, top=30)

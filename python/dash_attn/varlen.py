@@ -1,6 +1,16 @@
 """flash_attn_varlen_func: attention on packed variable-length batches (FlashAttention's varlen), differentiable in
 q, k and v, and its custom ops torch.ops.dash_attn.varlen_forward and varlen_backward.
 
+The two paths of _ops.py, for the same reason: where torch traces (_ops._traced) a call is the custom ops, which
+torch.compile records as one node each; in plain eager mode it runs the ops' bodies directly, under
+_EagerVarlenAttention when autograd records it, since the custom-op dispatch and its generated autograd cost more
+host time than a short batch's kernels. Both run the same bodies (the same kernels, plans and bits) and share the
+autograd context and formula. The bodies work from call descriptors (_VarlenForwardCall, _VarlenBackwardCall), as
+_ops's do: each signature (the tensors' shapes and strides, dtype, scale, mask, sequences, maxima, and for the
+backward the device, schedule, margin and promise) is worked out once into its C shape, workspace size or plan key,
+in-place verdict and C structs, held in bounded LRU caches; a later call writes its data pointers and offsets into
+the structs and launches.
+
 Layout: q is (total_q, heads_q, head_dim), k and v (total_k, heads_kv, head_dim); sequence b's queries are rows
 cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q, its keys rows cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v. Each
 sequence attends only to itself, under its own mask (causal and the window bottom-right aligned per sequence, as
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -54,6 +65,16 @@ _ENTRY = "dash_attn.flash_attn_varlen_func"
 
 def _check_packed(tensors: tuple[object, object, object]) -> None:
     """q, k, v as packed (total, heads, head_dim) tensors: TypeError or ValueError naming the argument."""
+    q, k, v = tensors
+    # The common case in one test (the named checks below cost four times as much): three 3-D tensors of one
+    # supported dtype, k and v of one shape, a built head dim shared by all, whole groups of query heads per
+    # key/value head.
+    if isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor):
+        q_shape, k_shape = q.shape, k.shape
+        if (len(q_shape) == 3 and k_shape == v.shape and len(k_shape) == 3 and q.dtype in SUPPORTED_DTYPES
+                and k.dtype is q.dtype and v.dtype is q.dtype and q_shape[2] == k_shape[2] and q_shape[2] in HEAD_DIMS
+                and q_shape[1] > 0 and k_shape[1] > 0 and q_shape[1] % k_shape[1] == 0):
+            return
     for t, name in zip(tensors, ("q", "k", "v")):
         check_is_tensor(t, name)
         if t.dim() != 3:
@@ -82,6 +103,11 @@ def _check_packed(tensors: tuple[object, object, object]) -> None:
 
 def _check_cu_seqlens(cu_seqlens_q: object, cu_seqlens_k: object) -> int:
     """The number of sequences, after checking both offset tensors: int32, 1-D, the same length of at least 2."""
+    if isinstance(cu_seqlens_q, Tensor) and isinstance(cu_seqlens_k, Tensor):  # the common case in one test
+        offsets = cu_seqlens_q.shape
+        if (cu_seqlens_q.dtype is torch.int32 and cu_seqlens_k.dtype is torch.int32 and len(offsets) == 1
+                and offsets[0] >= 2 and cu_seqlens_k.shape == offsets):
+            return offsets[0] - 1
     for t, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
         check_is_tensor(t, name)
         if t.dtype != torch.int32:
@@ -96,6 +122,8 @@ def _check_cu_seqlens(cu_seqlens_q: object, cu_seqlens_k: object) -> int:
 
 
 def _check_max_seqlen(value: object, name: str) -> int:
+    if type(value) is int and 1 <= value <= MAX_SEQLEN:  # the common case in one test
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if not 1 <= value <= MAX_SEQLEN:
@@ -107,6 +135,14 @@ def _check_max_seqlen(value: object, name: str) -> int:
 def _check_devices(tensors: tuple[Tensor, ...], names: tuple[str, ...]) -> None:
     """All on q's CUDA device; runs after every other check, so those work with CPU tensors without a GPU."""
     q = tensors[0]
+    # CUDA tensors of one device index pass without a torch.device built per tensor.
+    if q.is_cuda:
+        index = q.get_device()
+        for t in tensors:
+            if not t.is_cuda or t.get_device() != index:
+                break
+        else:
+            return
     for t, name in zip(tensors[1:], names[1:]):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all must be on one device")
@@ -125,28 +161,131 @@ def _same_offsets(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor) -> bool:
             and cu_seqlens_q.numel() == cu_seqlens_k.numel())
 
 
-def _c_shape(q: Tensor, k: Tensor, batch: int, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-             causal: bool, window_left: int, window_right: int, softcap: float) -> _library.Shape:
+class _VarlenForwardCall:
+    """What every varlen forward of one signature shares (as _ops._ForwardCall for fixed-length batches): the
+    maximum problem's C shape, the workspace size, whether the kernels read q, k and v in place (their strides;
+    each call checks its pointers), whether q is packed, and the structs of q, k, v and out (no batch dimension)
+    with the dash_varlen struct, which a call takes with them."""
+
+    __slots__ = ("in_place", "q_packed", "shape", "structs", "varlen", "workspace_bytes")
+
+    def __init__(
+        self,
+        library: object,
+        dtype: torch.dtype,
+        softmax_scale: float,
+        causal: bool,
+        window_left: int,
+        window_right: int,
+        softcap: float,
+        batch: int,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        q_shape: torch.Size,
+        q_strides: tuple[int, ...],
+        k_shape: torch.Size,
+        k_strides: tuple[int, ...],
+        v_shape: torch.Size,
+        v_strides: tuple[int, ...],
+    ) -> None:
+        # `library`, the loaded library, is only part of the key: forward_workspace_size asks it.
+        self.shape = _max_problem(dtype, softmax_scale, causal, window_left, window_right, softcap, batch,
+                                  max_seqlen_q, max_seqlen_k, q_shape, k_shape)
+        # The library validates the shape here, so a refused one raises before anything is cached.
+        self.workspace_bytes = _library.forward_workspace_size(self.shape)
+        layouts = ((q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides))
+        self.in_place = all(_ops._strides_ok(shape, strides) for shape, strides in layouts)
+        out_strides = _ops._packed_strides(q_shape)
+        self.q_packed = q_strides == out_strides
+        self.structs = _ops._TensorStructs(tuple((0, *strides) for strides in (q_strides, k_strides, v_strides,
+                                                                                out_strides)))
+        self.varlen = _library.Varlen(0, 0, q_shape[0], k_shape[0], 0)
+
+
+class _VarlenBackwardCall:
+    """What every varlen backward of one signature shares (as _ops._BackwardCall): the maximum problem's C shape,
+    its plan's key in _plans.varlen_backward_plans, whether the kernels read dout, q, k, v and out in place, whether
+    q, k and v are packed, the structs of q, k, v, out, dout, dq, dk and dv in the C call's order, and the
+    dash_varlen struct."""
+
+    __slots__ = ("in_place", "inputs_packed", "plan_key", "shape", "structs", "varlen")
+
+    def __init__(
+        self,
+        device: int,
+        dtype: torch.dtype,
+        softmax_scale: float,
+        causal: bool,
+        schedule: str,
+        sm_margin: int,
+        window_left: int,
+        window_right: int,
+        softcap: float,
+        keys_within_queries: bool,
+        batch: int,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        dout_shape: torch.Size,
+        dout_strides: tuple[int, ...],
+        q_shape: torch.Size,
+        q_strides: tuple[int, ...],
+        k_shape: torch.Size,
+        k_strides: tuple[int, ...],
+        v_shape: torch.Size,
+        v_strides: tuple[int, ...],
+        out_shape: torch.Size,
+        out_strides: tuple[int, ...],
+    ) -> None:
+        self.shape = _max_problem(dtype, softmax_scale, causal, window_left, window_right, softcap, batch,
+                                  max_seqlen_q, max_seqlen_k, q_shape, k_shape)
+        self.plan_key = (device, _plans.shape_fields(self.shape), schedule, sm_margin, keys_within_queries)
+        layouts = ((dout_shape, dout_strides), (q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides),
+                   (out_shape, out_strides))
+        self.in_place = all(_ops._strides_ok(shape, strides) for shape, strides in layouts)
+        gradient_strides = (_ops._packed_strides(q_shape), _ops._packed_strides(k_shape),
+                            _ops._packed_strides(v_shape))
+        self.inputs_packed = (q_strides, k_strides, v_strides) == gradient_strides
+        self.structs = _ops._TensorStructs(tuple(
+            (0, *strides) for strides in (q_strides, k_strides, v_strides, out_strides, dout_strides,
+                                          *gradient_strides)))
+        self.varlen = _library.Varlen(0, 0, q_shape[0], k_shape[0], int(keys_within_queries))
+
+
+def _max_problem(dtype: torch.dtype, softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                 softcap: float, batch: int, max_seqlen_q: int, max_seqlen_k: int, q_shape: torch.Size,
+                 k_shape: torch.Size) -> _library.Shape:
     """The maximum problem's C shape: batch = sequences, seqlen_q and seqlen_k = the maxima."""
-    return _ops._make_c_shape((batch, max_seqlen_q, q.shape[1], q.shape[2]), (batch, max_seqlen_k, k.shape[1],
-                              k.shape[2]), q.dtype, softmax_scale, causal, window_left, window_right, softcap)
+    return _ops._make_c_shape((batch, max_seqlen_q, q_shape[1], q_shape[2]), (batch, max_seqlen_k, k_shape[1],
+                              k_shape[2]), dtype, softmax_scale, causal, window_left, window_right, softcap)
 
 
-def _packed_c_tensor(t: Tensor) -> _library.Tensor:
-    """A packed (total, heads, head_dim) tensor as a dash_tensor: no batch dimension (stride 0)."""
-    return _ops._c_tensor_at(t.data_ptr(), (0, *t.stride()))
+# The loaded library is part of the forward's key (its first argument), so a library loaded anew is asked again.
+_cached_forward_call = functools.lru_cache(maxsize=_ops._CALL_CACHE_CAPACITY)(_VarlenForwardCall)
+_cached_backward_call = functools.lru_cache(maxsize=_ops._CALL_CACHE_CAPACITY)(_VarlenBackwardCall)
 
 
-def _c_varlen(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, total_q: int, total_k: int,
-              keys_within_queries: bool) -> _library.Varlen:
-    return _library.Varlen(cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), total_q, total_k,
-                           int(keys_within_queries))
+def _cacheable(softmax_scale: float, softcap: float) -> bool:
+    """Whether a call's values can be keys: a scale that is not positive or a softcap that is not a finite number
+    >= 0 never is (0.0 == -0.0 and nan != nan; the library must see the value passed and refuses it)."""
+    return softmax_scale > 0 and softcap >= 0 and softcap != float("inf")
 
 
-def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
-    """out (total_q, heads_q, head_dim) and lse (heads_q, total_q) fp32, uncleared: the library writes every row."""
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    return torch.empty_like(q, memory_format=torch.contiguous_format), lse
+def _forward_call(q: Tensor, k: Tensor, v: Tensor, batch: int, max_seqlen_q: int, max_seqlen_k: int,
+                  softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                  softcap: float) -> _VarlenForwardCall:
+    make = _cached_forward_call if _cacheable(softmax_scale, softcap) else _VarlenForwardCall
+    return make(_library.load(), q.dtype, softmax_scale, causal, window_left, window_right, softcap, batch,
+                max_seqlen_q, max_seqlen_k, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride())
+
+
+def _backward_call(device: int, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, batch: int,
+                   max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, schedule: str,
+                   sm_margin: int, window_left: int, window_right: int, softcap: float,
+                   keys_within_queries: bool) -> _VarlenBackwardCall:
+    make = _cached_backward_call if _cacheable(softmax_scale, softcap) else _VarlenBackwardCall
+    return make(device, q.dtype, softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap,
+                keys_within_queries, batch, max_seqlen_q, max_seqlen_k, dout.shape, dout.stride(), q.shape,
+                q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride())
 
 
 def _empty_batch(q: Tensor, k: Tensor) -> bool:
@@ -154,11 +293,109 @@ def _empty_batch(q: Tensor, k: Tensor) -> bool:
     return q.shape[0] == 0 or k.shape[0] == 0
 
 
-@functools.lru_cache(maxsize=_ops._CALL_CACHE_CAPACITY)
-def _forward_workspace_bytes(library: object, shape_fields: tuple) -> int:
-    """The forward's workspace for a shape, asked of the loaded `library` once per shape (part of the key, so a
-    library loaded anew is asked again); a shape the library refuses raises, and nothing is cached."""
-    return _library.forward_workspace_size(_library.Shape(*shape_fields))
+def _launch_forward(index: int, call: _VarlenForwardCall, pointers: tuple[int, int, int], offsets: tuple[int, int],
+                    out: Tensor, lse: Tensor, sm_margin: int, keys_within_queries: bool) -> None:
+    workspace = _ops._workspace(call.workspace_bytes, out.device)
+    structs = call.structs
+    taken = structs.take()  # the varlen struct goes with the tensor structs
+    try:
+        if taken:
+            q_c, k_c, v_c, out_c = structs.shared
+            varlen = call.varlen
+        else:
+            q_c, k_c, v_c, out_c = structs.fresh()
+            varlen = _library.Varlen(0, 0, call.varlen.total_q, call.varlen.total_k, 0)
+        q_c.data, k_c.data, v_c.data = pointers
+        out_c.data = out.data_ptr()
+        varlen.cu_seqlens_q, varlen.cu_seqlens_k = offsets
+        varlen.keys_within_queries = keys_within_queries
+        _library.forward_varlen(call.shape, varlen, q_c, k_c, v_c, out_c, lse.data_ptr(), workspace.data_ptr(),
+                                call.workspace_bytes, torch._C._cuda_getCurrentRawStream(index), sm_margin)
+    finally:
+        if taken:
+            structs.give_back()
+
+
+def _forward_body(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                  max_seqlen_k: int, softmax_scale: float, causal: bool, schedule: str, sm_margin: int,
+                  window_left: int, window_right: int, softcap: float,
+                  keys_within_queries: bool) -> tuple[Tensor, Tensor]:
+    """What the forward op runs, and the eager path too: out (total_q, heads_q, head_dim) and lse (heads_q, total_q)
+    fp32, allocated uncleared (the library writes every row). `schedule` is not used here: autograd hands it to the
+    backward."""
+    if _empty_batch(q, k):  # no kernel runs: rows that see no key
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+        return out.zero_(), lse.fill_(float("-inf"))
+    batch = cu_seqlens_q.shape[0] - 1
+    mask = (causal, window_left, window_right, softcap)
+    call = _forward_call(q, k, v, batch, max_seqlen_q, max_seqlen_k, softmax_scale, *mask)
+    pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    aligned = (pointers[0] | pointers[1] | pointers[2]) % _ops._TMA_ALIGNMENT_BYTES == 0
+    if not (call.in_place and aligned):
+        q, k, v = _ops._kernel_ready(q), _ops._kernel_ready(k), _ops._kernel_ready(v)
+        call = _forward_call(q, k, v, batch, max_seqlen_q, max_seqlen_k, softmax_scale, *mask)
+        pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    out = _ops._packed_like(q, call.q_packed)
+    lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+    index = q.get_device()
+    _ops._on_device(index, _launch_forward, index, call, pointers, (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()),
+                    out, lse, sm_margin, keys_within_queries)
+    return out, lse
+
+
+def _launch_backward(index: int, call: _VarlenBackwardCall, pointers: tuple[int, int, int, int, int],
+                     offsets: tuple[int, int], lse: Tensor, gradients: tuple[Tensor, Tensor, Tensor]) -> None:
+    # Planned and proven once per (device, maximum problem, schedule, margin, promise).
+    plan = _plans.varlen_backward_plans.get(call.plan_key)
+    workspace = _ops._workspace(plan.workspace_bytes, lse.device)
+    dq, dk, dv = gradients
+    structs = call.structs
+    taken = structs.take()  # the varlen struct goes with the tensor structs
+    try:
+        if taken:
+            q_c, k_c, v_c, out_c, dout_c, dq_c, dk_c, dv_c = structs.shared
+            varlen = call.varlen
+        else:
+            q_c, k_c, v_c, out_c, dout_c, dq_c, dk_c, dv_c = structs.fresh()
+            template = call.varlen
+            varlen = _library.Varlen(0, 0, template.total_q, template.total_k, template.keys_within_queries)
+        dout_c.data, q_c.data, k_c.data, v_c.data, out_c.data = pointers
+        dq_c.data, dk_c.data, dv_c.data = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+        varlen.cu_seqlens_q, varlen.cu_seqlens_k = offsets
+        plan.backward_varlen(call.shape, varlen, q_c, k_c, v_c, out_c, dout_c, lse.data_ptr(), dq_c, dk_c, dv_c,
+                             workspace.data_ptr(), plan.workspace_bytes, torch._C._cuda_getCurrentRawStream(index))
+    finally:
+        if taken:
+            structs.give_back()
+
+
+def _backward_body(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+                   cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+                   schedule: str, sm_margin: int, window_left: int, window_right: int, softcap: float,
+                   keys_within_queries: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """What the backward op runs, and the eager path too: dq, dk, dv, zero in rows no sequence holds (the library
+    clears them), dQ summed in the order `schedule` fixes."""
+    if _empty_batch(q, k):  # no kernel runs: no query sees a key
+        return tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    index = q.get_device()
+    batch = cu_seqlens_q.shape[0] - 1
+    signature = (batch, max_seqlen_q, max_seqlen_k, softmax_scale, causal, schedule, sm_margin, window_left,
+                 window_right, softcap, keys_within_queries)
+    call = _backward_call(index, dout, q, k, v, out, *signature)
+    pointers = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    aligned = (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4]) % _ops._TMA_ALIGNMENT_BYTES == 0
+    if not (call.in_place and aligned):
+        dout, q, k, v, out = (_ops._kernel_ready(t) for t in (dout, q, k, v, out))
+        call = _backward_call(index, dout, q, k, v, out, *signature)
+        pointers = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    lse = lse.contiguous()
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    gradients = _ops._backward_outputs(q, k, v, call.inputs_packed)
+    _ops._on_device(index, _launch_backward, index, call, pointers, (cu_seqlens_q.data_ptr(),
+                    cu_seqlens_k.data_ptr()), lse, gradients)
+    return gradients
 
 
 @torch.library.custom_op("dash_attn::varlen_forward", mutates_args=(), device_types="cuda")
@@ -180,26 +417,8 @@ def varlen_forward(
     keys_within_queries: bool,
 ) -> tuple[Tensor, Tensor]:
     """out, lse of a packed varlen batch. `schedule` is not used here: autograd hands it to the backward."""
-    out, lse = _forward_outputs(q)
-    if _empty_batch(q, k):  # no kernel runs: rows that see no key
-        return out.zero_(), lse.fill_(float("-inf"))
-    q, k, v = (_ops._kernel_ready(t) for t in (q, k, v))
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    batch = cu_seqlens_q.numel() - 1
-    shape = _c_shape(q, k, batch, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                     softcap)
-    workspace_bytes = _forward_workspace_bytes(_library.load(), _plans.shape_fields(shape))
-    index = q.get_device()
-    workspace = _ops._workspace(workspace_bytes, q.device)
-    varlen = _c_varlen(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], keys_within_queries)
-
-    def launch() -> None:
-        _library.forward_varlen(shape, varlen, _packed_c_tensor(q), _packed_c_tensor(k), _packed_c_tensor(v),
-                                _packed_c_tensor(out), lse.data_ptr(), workspace.data_ptr(), workspace_bytes,
-                                torch._C._cuda_getCurrentRawStream(index), sm_margin)
-
-    _ops._on_device(index, launch)
-    return out, lse
+    return _forward_body(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                         schedule, sm_margin, window_left, window_right, softcap, keys_within_queries)
 
 
 @varlen_forward.register_fake
@@ -234,29 +453,9 @@ def varlen_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of a packed varlen batch, dQ summed in the order `schedule` fixes (its plan is the maximum
     problem's, made once per shape and promise); zero in rows no sequence holds (the library clears them)."""
-    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-    if _empty_batch(q, k):  # no kernel runs: no query sees a key
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    dout, q, k, v, out = (_ops._kernel_ready(t) for t in (dout, q, k, v, out))
-    lse = lse.contiguous()
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    batch = cu_seqlens_q.numel() - 1
-    shape = _c_shape(q, k, batch, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                     softcap)
-    index = q.get_device()
-    varlen = _c_varlen(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], keys_within_queries)
-
-    def launch() -> None:
-        key = (index, _plans.shape_fields(shape), schedule, sm_margin, keys_within_queries)
-        plan = _plans.varlen_backward_plans.get(key)
-        workspace = _ops._workspace(plan.workspace_bytes, q.device)
-        plan.backward_varlen(shape, varlen, _packed_c_tensor(q), _packed_c_tensor(k), _packed_c_tensor(v),
-                             _packed_c_tensor(out), _packed_c_tensor(dout), lse.data_ptr(), _packed_c_tensor(dq),
-                             _packed_c_tensor(dk), _packed_c_tensor(dv), workspace.data_ptr(), plan.workspace_bytes,
-                             torch._C._cuda_getCurrentRawStream(index))
-
-    _ops._on_device(index, launch)
-    return dq, dk, dv
+    return _backward_body(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap,
+                          keys_within_queries)
 
 
 @varlen_backward.register_fake
@@ -268,28 +467,99 @@ def _varlen_backward_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
+# The non-tensor inputs of the forward op, which the backward repeats: max_seqlen_q, max_seqlen_k, softmax_scale,
+# causal, schedule, sm_margin, window_left, window_right, softcap, keys_within_queries.
+_Arguments = tuple[int, int, float, bool, str, int, int, int, float, bool]
+
+
+def _save_for_backward(ctx: torch.autograd.function.FunctionCtx, tensors: tuple, arguments: _Arguments,
+                       output: tuple) -> None:
+    """The autograd context of both paths, as _ops._save_for_backward's: the inputs, the offsets and the outputs
+    through save_for_backward, the arguments as one tuple, no gradient for the LSE (and none materialized)."""
+    q, k, v, cu_seqlens_q, cu_seqlens_k = tensors
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    ctx.arguments = inputs[5:]
+    ctx.arguments = arguments
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
 
+def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+    _save_for_backward(ctx, inputs[:5], inputs[5:], output)
+
+
 def _gradients(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None,
-               grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
-    """dq, dk, dv; none for the offsets and the other arguments."""
-    none = (None,) * 12
+               run_backward: Callable[..., tuple]) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """dq, dk, dv: the backward formula of both paths around `run_backward`, which has the backward op's
+    signature."""
     if grad_out is None:
-        return (None, None, None, *none)
+        return None, None, None
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = torch.ops.dash_attn.varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                                     *ctx.arguments)
-    return (dq, dk, dv, *none)
+    return run_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.arguments)
 
 
-varlen_forward.register_autograd(_gradients, setup_context=_setup_context)
+def _op_gradients(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None,
+                  grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+    """The forward op's autograd formula: the backward op; none for the offsets and the other arguments."""
+    dq, dk, dv = _gradients(ctx, grad_out, torch.ops.dash_attn.varlen_backward)
+    return (dq, dk, dv, *(None,) * 12)
+
+
+varlen_forward.register_autograd(_op_gradients, setup_context=_setup_context)
+
+
+def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                        cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                        *arguments: object) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of torch.ops.dash_attn.varlen_backward, bitwise the same: that op where torch traces, its body
+    directly otherwise (as _ops.attention_backward)."""
+    tensors = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    if _ops._traced(*tensors):
+        return torch.ops.dash_attn.varlen_backward(*tensors, *arguments)
+    return _backward_body(*tensors, *arguments)
+
+
+def _eager_gradients(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None,
+                     grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+    """_EagerVarlenAttention's gradients: dq, dk, dv, and none for the offsets and the argument tuple."""
+    dq, dk, dv = _gradients(ctx, grad_out, _attention_backward)
+    return dq, dk, dv, None, None, None
+
+
+# As in _ops: a double backward raises when it runs; only a backward with create_graph=True needs the wrapper.
+_eager_gradients_once_differentiable = torch.autograd.function.once_differentiable(_eager_gradients)
+
+
+class _EagerVarlenAttention(torch.autograd.Function):
+    """The varlen ops' autograd formula over their bodies, without the custom-op dispatch (as _ops._EagerAttention:
+    the dispatch costs more host time than a short batch's kernels)."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                cu_seqlens_k: Tensor, arguments: _Arguments) -> tuple[Tensor, Tensor]:
+        tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k)
+        output = _forward_body(*tensors, *arguments)
+        _save_for_backward(ctx, tensors, arguments, output)
+        return output
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None,
+                 grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+        if torch.is_grad_enabled():
+            return _eager_gradients_once_differentiable(ctx, grad_out, grad_lse)
+        return _eager_gradients(ctx, grad_out, grad_lse)
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               arguments: _Arguments) -> tuple[Tensor, Tensor]:
+    """out, lse of torch.ops.dash_attn.varlen_forward, differentiable as it is, bitwise the same: that op where torch
+    traces (_ops._traced), its body in plain eager mode, under _EagerVarlenAttention when autograd records the call."""
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k)
+    if _ops._traced(*tensors):
+        return torch.ops.dash_attn.varlen_forward(*tensors, *arguments)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerVarlenAttention.apply(*tensors, arguments)
+    return _forward_body(*tensors, *arguments)
 
 
 def flash_attn_varlen_func(
@@ -344,8 +614,8 @@ def flash_attn_varlen_func(
     _check_determinism_switch(resolved, (q, k, v), _ENTRY)
     _check_devices((q, k, v, cu_seqlens_q, cu_seqlens_k), ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"))
     promise = _same_offsets(cu_seqlens_q, cu_seqlens_k)
-    out, lse = torch.ops.dash_attn.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal,
-                                                  resolved, margin, left, right, cap, promise)
+    out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                          (max_q, max_k, scale, causal, resolved, margin, left, right, cap, promise))
     return (out, lse) if return_lse else out
 
 

@@ -94,7 +94,9 @@ def test_the_promise_comes_from_one_tensor_passed_twice_never_from_the_values():
     assert not varlen_module._same_offsets(offsets, offsets.clone())  # equal values, but reading them would copy
 
 
-def test_the_forward_asks_the_library_its_workspace_once_per_shape_and_library(monkeypatch):
+def test_a_signature_asks_the_library_its_workspace_once_per_library(monkeypatch):
+    """The forward's call descriptor: the first call of a signature asks the loaded library (which validates the
+    shape), later calls of it reuse the answer; another signature or a library loaded anew asks again."""
     from dash_attn import _library, _plans
 
     asked = []
@@ -104,18 +106,121 @@ def test_the_forward_asks_the_library_its_workspace_once_per_shape_and_library(m
         return 256
 
     monkeypatch.setattr(_library, "forward_workspace_size", forward_workspace_size)
-    varlen_module._forward_workspace_bytes.cache_clear()
-    fields = _plans.shape_fields(_library.Shape(batch=2, seqlen_q=6, seqlen_k=6, heads_q=4, heads_kv=2, head_dim=64))
-    other = _plans.shape_fields(_library.Shape(batch=3, seqlen_q=6, seqlen_k=6, heads_q=4, heads_kv=2, head_dim=64))
-    for library, shape_fields in (("one", fields), ("one", fields), ("one", other), ("loaded anew", fields)):
-        assert varlen_module._forward_workspace_bytes(library, shape_fields) == 256
-    assert asked == [fields, other, fields]
-    varlen_module._forward_workspace_bytes.cache_clear()
+    varlen_module._cached_forward_call.cache_clear()
+    q, k = torch.zeros(10, 4, 64, dtype=torch.bfloat16), torch.zeros(12, 2, 64, dtype=torch.bfloat16)
+
+    def descriptor(library, sequences):
+        monkeypatch.setattr(_library, "load", lambda: library)
+        return varlen_module._forward_call(q, k, k, sequences, 6, 6, 0.125, True, -1, -1, 0.0)
+
+    first = descriptor("one", 2)
+    assert descriptor("one", 2) is first
+    assert first.workspace_bytes == 256 and (first.shape.batch, first.shape.seqlen_q) == (2, 6)
+    descriptor("one", 3)
+    descriptor("loaded anew", 2)
+    assert [fields[0] for fields in asked] == [2, 3, 2]  # batch, the first field
+    varlen_module._cached_forward_call.cache_clear()
 
 
 def test_the_ops_are_registered():
     assert hasattr(torch.ops.dash_attn, "varlen_forward")
     assert hasattr(torch.ops.dash_attn, "varlen_backward")
+
+
+class _Recorder:
+    """The varlen bodies and ops replaced by recorders of their calls (outputs of the real metadata)."""
+
+    def __init__(self, monkeypatch):
+        self.seen = []
+        recorder = self
+
+        def forward_body(q, k, v, cu_seqlens_q, cu_seqlens_k, *arguments):
+            recorder.seen.append(("forward body", (q, k, v, cu_seqlens_q, cu_seqlens_k, *arguments)))
+            lse = torch.zeros(q.shape[1], q.shape[0])
+            return q.detach().clone(), lse
+
+        def backward_body(*args):
+            recorder.seen.append(("backward body", args))
+            return tuple(torch.full_like(t, value) for t, value in zip(args[1:4], (1.0, 2.0, 3.0)))
+
+        def op(name):
+            def call(*args):
+                recorder.seen.append((name, args))
+                raise AssertionError(f"an eager call dispatched {name}")
+            return call
+
+        monkeypatch.setattr(varlen_module, "_check_devices", lambda tensors, names: None)
+        monkeypatch.setattr(varlen_module, "_forward_body", forward_body)
+        monkeypatch.setattr(varlen_module, "_backward_body", backward_body)
+        monkeypatch.setattr(torch.ops.dash_attn, "varlen_forward", op("dash_attn::varlen_forward"))
+        monkeypatch.setattr(torch.ops.dash_attn, "varlen_backward", op("dash_attn::varlen_backward"))
+
+    def paths(self):
+        return [path for path, _ in self.seen]
+
+
+def _leaf_inputs():
+    q = torch.randn(10, 4, 64).to(torch.bfloat16).requires_grad_()
+    k = torch.randn(10, 2, 64).to(torch.bfloat16).requires_grad_()
+    v = torch.randn(10, 2, 64).to(torch.bfloat16).requires_grad_()
+    return q, k, v, torch.tensor([0, 4, 10], dtype=torch.int32)
+
+
+def test_an_eager_call_runs_the_bodies_under_the_autograd_function_without_the_ops(monkeypatch):
+    """The eager path (_ops.py's reason: the custom-op dispatch costs more host time than short kernels): the
+    forward body under _EagerVarlenAttention, the backward body with the saved tensors and the forward's
+    arguments, and the gradients handed back to q, k and v."""
+    calls = _Recorder(monkeypatch)
+    q, k, v, offsets = _leaf_inputs()
+    out, lse = flash_attn_varlen_func(q, k, v, offsets, offsets, 6, 6, softmax_scale=0.3, causal=True,
+                                      schedule="shift", sm_margin=3, return_lse=True)
+    assert calls.paths() == ["forward body"]
+    assert calls.seen[0][1][5:] == (6, 6, 0.3, True, "shift", 3, -1, -1, 0.0, True)
+    assert type(out.grad_fn).__name__ == "_EagerVarlenAttentionBackward"
+    assert not lse.requires_grad
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    assert calls.paths() == ["forward body", "backward body"]
+    args = calls.seen[1][1]
+    assert args[0] is dout
+    for saved, given in zip(args[1:8], (q, k, v, out, lse, offsets, offsets)):
+        assert saved.data_ptr() == given.data_ptr() and saved.shape == given.shape
+    assert args[8:] == (6, 6, 0.3, True, "shift", 3, -1, -1, 0.0, True)
+    for grad, value in zip((q.grad, k.grad, v.grad), (1.0, 2.0, 3.0)):
+        assert torch.all(grad == value)
+
+
+def test_a_call_autograd_does_not_record_runs_the_forward_body_alone(monkeypatch):
+    calls = _Recorder(monkeypatch)
+    q, k, v, offsets = _leaf_inputs()
+    with torch.no_grad():
+        out = flash_attn_varlen_func(q, k, v, offsets, offsets, 6, 6, causal=True)
+    assert calls.paths() == ["forward body"] and out.grad_fn is None
+
+
+def test_a_traced_call_dispatches_the_custom_op(monkeypatch):
+    """Under a dispatch mode (as under FakeTensorMode, make_fx or torch.compile) the call is the op itself."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = _Recorder(monkeypatch)
+    monkeypatch.undo()  # the real ops, the recorder's device check only
+    monkeypatch.setattr(varlen_module, "_check_devices", lambda tensors, names: None)
+    monkeypatch.setattr(varlen_module, "_forward_body", lambda *args: calls.seen.append(("forward body", args)))
+    seen_ops = []
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen_ops.append(str(func))
+            if "varlen_forward" in str(func):
+                q = args[0]
+                return torch.empty_like(q), torch.empty(q.shape[1], q.shape[0])
+            return func(*args, **(kwargs or {}))
+
+    q, k, v, offsets = _leaf_inputs()
+    with Recording():
+        flash_attn_varlen_func(q, k, v, offsets, offsets, 6, 6, causal=True)
+    assert any("dash_attn.varlen_forward" in name for name in seen_ops)
+    assert calls.paths() == []
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------
@@ -255,3 +360,28 @@ def test_a_cuda_graph_replays_the_call_with_new_offsets(device, library, require
     graph.replay()
     expected = per_sequence(q, k, v, torch.zeros_like(q), [0, 200, 256], [0, 200, 256], causal=True)[0]
     assert_close(out.float(), expected.float(), torch.bfloat16, "out after replay with new offsets")
+
+
+def test_the_eager_path_and_the_custom_ops_give_the_same_bits(device, library, require_kernel):
+    """flash_attn_varlen_func in eager mode runs the ops' bodies without their dispatch; the ops themselves (the
+    path torch.compile records) must give out, lse and every gradient bit for bit the same."""
+    require_kernel(128, torch.bfloat16)
+    if not library.varlen_kernel_available(128, 0):
+        pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
+    q, k, v, cu, _, _, _ = packed_batch([(300, 300), (5, 5), (600, 600)], 4, 2, 128, torch.bfloat16, device,
+                                        padding=3, seed=11)
+    dout = torch.randn_like(q)
+    results = {}
+    for path in ("eager", "ops"):
+        q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+        if path == "eager":
+            out, lse = flash_attn_varlen_func(q_, k_, v_, cu, cu, 600, 600, causal=True, return_lse=True)
+            assert type(out.grad_fn).__name__ == "_EagerVarlenAttentionBackward"
+        else:
+            out, lse = torch.ops.dash_attn.varlen_forward(q_, k_, v_, cu, cu, 600, 600, 128**-0.5, True, "auto", 0,
+                                                          -1, -1, 0.0, True)
+        out.backward(dout)
+        results[path] = (out, lse, q_.grad, k_.grad, v_.grad)
+    for name, eager, op in zip(("out", "lse", "dq", "dk", "dv"), results["eager"], results["ops"]):
+        assert torch.equal(eager.view(torch.int16) if eager.dtype == torch.bfloat16 else eager.view(torch.int32),
+                           op.view(torch.int16) if op.dtype == torch.bfloat16 else op.view(torch.int32)), name
