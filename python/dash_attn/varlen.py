@@ -247,7 +247,7 @@ def varlen_backward(
     varlen = _c_varlen(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], keys_within_queries)
 
     def launch() -> None:
-        key = (index, _plans.shape_fields(shape), schedule, sm_margin, keys_within_queries)
+        key = _plans.varlen_plan_key(index, shape, schedule, sm_margin, keys_within_queries, q.shape[0], k.shape[0])
         plan = _plans.varlen_backward_plans.get(key)
         workspace = _ops._workspace(plan.workspace_bytes, q.device)
         plan.backward_varlen(shape, varlen, _packed_c_tensor(q), _packed_c_tensor(k), _packed_c_tensor(v),
