@@ -141,11 +141,19 @@ Status plan_backward(const AttentionShape& shape, Schedule schedule, BackwardPla
 // VarlenBatch's promise; the calls it launches must carry the same. Schedules: ascending, descending,
 // shortest-first and nondeterministic for every batch; shift (full mask) and symmetric shift (causal, no window)
 // only with the promise; kAuto picks the best of those the batch admits (planner/varlen_plan.hpp says why).
-// kScheduleRejected, naming the rule, for the others.
-Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, Schedule schedule, int sm_margin,
-                            const DeviceInfo& device, BackwardPlan* plan);
-Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, Schedule schedule, int sm_margin,
-                            BackwardPlan* plan);
+// kScheduleRejected, naming the rule, for the others. `lengths_fill_maxima` is a hint for kAuto alone
+// (varlen_lengths_fill_maxima of the batches' packed rows): false, under the full mask, picks shortest-first, which
+// runs mixed lengths faster than shift. It never changes which batches the plan runs: any call of the plan's shape
+// and promise is accepted whatever its packed rows.
+Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, bool lengths_fill_maxima,
+                            Schedule schedule, int sm_margin, const DeviceInfo& device, BackwardPlan* plan);
+Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, bool lengths_fill_maxima,
+                            Schedule schedule, int sm_margin, BackwardPlan* plan);
+// plan_varlen_backward's hint for batches of maximum problem `shape` packed into total_q query and total_k key rows:
+// whether every sequence can be as long as the maxima, that is total_q >= shape.batch * shape.seqlen_q and
+// total_k >= shape.batch * shape.seqlen_k (rows past the last sequence are padding). False proves some sequence
+// shorter without reading cu_seqlens.
+bool varlen_lengths_fill_maxima(const AttentionShape& shape, int64_t total_q, int64_t total_k);
 
 // dQ, dK, dV = d attention / d(Q, K, V) for upstream gradient dO, summed in the order the plan's schedule
 // fixes, without planning again. args.shape must equal plan.shape() in every field, args.schedule must be
@@ -158,7 +166,8 @@ Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* worksp
 
 // The same, planning args.schedule for args.shape with args.sm_margin on the current device at every call (the
 // proof is cached per plan, the planning is not); a caller that repeats shapes keeps a BackwardPlan instead. A
-// varlen call (args.varlen) is planned with plan_varlen_backward() and its promise.
+// varlen call (args.varlen) is planned with plan_varlen_backward(), its promise and the hint of its packed rows
+// (varlen_lengths_fill_maxima).
 Status backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace dash

@@ -107,9 +107,10 @@ int dash_backward_plan_create(const dash_shape* s, const char* schedule, int mar
   return ok(m, n);
 }
 
-int dash_backward_plan_create_varlen(const dash_shape* s, int keys_within_queries, const char* schedule, int margin,
-                                     const dash_device* device, dash_backward_plan** plan, char* m, size_t n) {
-  (void)keys_within_queries;
+int dash_backward_plan_create_varlen(const dash_shape* s, int keys_within_queries, int lengths_fill_maxima,
+                                     const char* schedule, int margin, const dash_device* device,
+                                     dash_backward_plan** plan, char* m, size_t n) {
+  (void)keys_within_queries, (void)lengths_fill_maxima;
   const int code = dash_backward_plan_create(s, schedule, margin, device, plan, m, n);
   stub_plan_is_varlen = 1;
   return code;
@@ -118,6 +119,12 @@ int dash_backward_plan_create_varlen(const dash_shape* s, int keys_within_querie
 int dash_backward_plan_is_varlen(const dash_backward_plan* plan, int* is_varlen, char* m, size_t n) {
   (void)plan;
   *is_varlen = stub_plan_is_varlen;
+  return ok(m, n);
+}
+
+int dash_backward_plan_schedule(const dash_backward_plan* plan, const char** schedule, char* m, size_t n) {
+  (void)plan;
+  *schedule = "ascending";
   return ok(m, n);
 }
 

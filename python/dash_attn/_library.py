@@ -34,7 +34,7 @@ LIBRARY_FILE = "libdash_attn_c.so"
 LIBRARY_ENV = "DASH_ATTN_LIBRARY"
 
 # DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 # The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
 # library is loaded; load() verifies that the library agrees.
@@ -202,7 +202,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         ),
         "dash_backward_plan_create_varlen": (
             c_int,
-            [shape_p, c_int, c_char_p, c_int, ctypes.POINTER(Device), ctypes.POINTER(c_void_p), *message],
+            [shape_p, c_int, c_int, c_char_p, c_int, ctypes.POINTER(Device), ctypes.POINTER(c_void_p), *message],
         ),
         "dash_backward_plan_run_varlen": (
             c_int,
@@ -212,6 +212,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dash_backward_plan_destroy": (None, [c_void_p]),
         "dash_backward_plan_workspace_size": (c_int, [c_void_p, size_p, *message]),
         "dash_backward_plan_sm_count": (c_int, [c_void_p, ctypes.POINTER(c_int), *message]),
+        "dash_backward_plan_schedule": (c_int, [c_void_p, ctypes.POINTER(c_char_p), *message]),
         "dash_backward_plan_run": (
             c_int,
             [c_void_p, shape_p, *[tensor_p] * 5, c_void_p, *[tensor_p] * 3, c_void_p, c_size_t, c_void_p, *message],
@@ -425,8 +426,9 @@ def backward(
 class BackwardPlan:
     """A dash_backward_plan: the backward planned once for one shape and schedule on one device (the current
     one, or `device` as described by hand, which needs no GPU) leaving `sm_margin` of its SMs to other work,
-    proven, with its workspace size and the SM count it was planned for (`sm_count`: the device's less the
-    margin). Running it plans nothing; the library refuses a call whose shape is not the plan's, naming the field."""
+    proven, with its workspace size, the schedule it runs (`schedule`: auto resolved) and the SM count it was planned
+    for (`sm_count`: the device's less the margin). Running it plans nothing; the library refuses a call whose shape
+    is not the plan's, naming the field."""
 
     def __init__(
         self,
@@ -436,10 +438,12 @@ class BackwardPlan:
         sm_margin: int = 0,
         varlen: bool = False,
         keys_within_queries: bool = False,
+        lengths_fill_maxima: bool = True,
     ) -> None:
         """varlen=True plans packed varlen batches whose maximum problem is `shape` (dash_backward_plan_create_varlen),
-        with the promise `keys_within_queries` (every sequence has seqlen_k <= seqlen_q); run it with
-        backward_varlen."""
+        with the promise `keys_within_queries` (every sequence has seqlen_k <= seqlen_q) and auto's hint
+        `lengths_fill_maxima` (_plans.lengths_fill_maxima of the batches' packed rows; False picks shortest-first under
+        the full mask, and restricts no batch the plan runs); run it with backward_varlen."""
         lib = load()
         handle = ctypes.c_void_p()
         device_p = None if device is None else ctypes.byref(device)
@@ -449,6 +453,7 @@ class BackwardPlan:
                 "dash_backward_plan_create_varlen",
                 ctypes.byref(shape),
                 int(keys_within_queries),
+                int(lengths_fill_maxima),
                 schedule.encode(),
                 sm_margin,
                 device_p,
@@ -475,6 +480,9 @@ class BackwardPlan:
         _call("backward plan query", "dash_backward_plan_sm_count", self._handle, ctypes.byref(sm_count))
         self.sm_margin = sm_margin
         self.sm_count = sm_count.value
+        name = ctypes.c_char_p()
+        _call("backward plan query", "dash_backward_plan_schedule", self._handle, ctypes.byref(name))
+        self.schedule = name.value.decode()
 
     @property
     def closed(self) -> bool:

@@ -75,15 +75,31 @@ backward_plans: PlanCache[_library.BackwardPlan] = PlanCache(PLAN_CACHE_CAPACITY
 
 
 def _make_varlen_backward_plan(key: tuple) -> _library.BackwardPlan:
-    _device, shape_fields, schedule, sm_margin, keys_within_queries = key
+    _device, shape_fields, schedule, sm_margin, keys_within_queries, lengths_fill_maxima = key
     return _library.BackwardPlan(
         _library.Shape(*shape_fields), schedule, sm_margin=sm_margin, varlen=True,
-        keys_within_queries=keys_within_queries,
+        keys_within_queries=keys_within_queries, lengths_fill_maxima=lengths_fill_maxima,
     )
 
 
-# Plans of packed varlen batches, keyed as backward_plans with the promise keys_within_queries appended: the maximum
-# problem's shape, not the lengths (which stay on the device), decides them.
+def lengths_fill_maxima(shape: _library.Shape, total_q: int, total_k: int) -> bool:
+    """auto's hint for a varlen plan (dash_backward_plan_create_varlen) of maximum problem `shape` (batch =
+    sequences, seqlen_q and seqlen_k = the maxima) from the packed rows alone: whether every sequence can be as long
+    as the maxima. Fewer rows than batch * maximum prove some sequence shorter; more are padding and prove nothing."""
+    return total_q >= shape.batch * shape.seqlen_q and total_k >= shape.batch * shape.seqlen_k
+
+
+def varlen_plan_key(device: int, shape: _library.Shape, schedule: str, sm_margin: int, keys_within_queries: bool,
+                    total_q: int, total_k: int) -> tuple:
+    """The key of varlen_backward_plans for batches of maximum problem `shape` packed into total_q query and total_k
+    key rows: plan_key's with the promise and the hint lengths_fill_maxima appended."""
+    fill = lengths_fill_maxima(shape, total_q, total_k)
+    return (*plan_key(device, shape_fields(shape), schedule, sm_margin), keys_within_queries, fill)
+
+
+# Plans of packed varlen batches, keyed as backward_plans with the promise keys_within_queries and auto's hint
+# lengths_fill_maxima appended: the maximum problem's shape and the packed rows, not the lengths (which stay on the
+# device), decide them.
 varlen_backward_plans: PlanCache[_library.BackwardPlan] = PlanCache(PLAN_CACHE_CAPACITY, _make_varlen_backward_plan)
 
 

@@ -238,7 +238,9 @@ class _VarlenBackwardCall:
     ) -> None:
         self.shape = _max_problem(dtype, softmax_scale, causal, window_left, window_right, softcap, batch,
                                   max_seqlen_q, max_seqlen_k, q_shape, k_shape)
-        self.plan_key = (device, _plans.shape_fields(self.shape), schedule, sm_margin, keys_within_queries)
+        # auto's hint (lengths_fill_maxima) comes from the packed row counts, which the signature holds.
+        self.plan_key = _plans.varlen_plan_key(device, self.shape, schedule, sm_margin, keys_within_queries,
+                                               q_shape[0], k_shape[0])
         layouts = ((dout_shape, dout_strides), (q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides),
                    (out_shape, out_strides))
         self.in_place = all(_ops._strides_ok(shape, strides) for shape, strides in layouts)
@@ -452,7 +454,8 @@ def varlen_backward(
     keys_within_queries: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of a packed varlen batch, dQ summed in the order `schedule` fixes (its plan is the maximum
-    problem's, made once per shape and promise); zero in rows no sequence holds (the library clears them)."""
+    problem's, made once per shape, promise and auto's hint from the packed rows); zero in rows no sequence holds
+    (the library clears them)."""
     return _backward_body(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap,
                           keys_within_queries)

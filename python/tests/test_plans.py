@@ -1,9 +1,9 @@
 """Tests of the backward plans: the plan cache of dash_attn._plans (hits, least-recently-used eviction, a
 failed planning caching nothing, threads, the key holding every field that decides a plan, the SM margin
-included) with a fake maker (the ops' call descriptors in front of it are test_call_descriptors.py's);
-BackwardPlan handles of the real library made for a device described by hand, which
-needs no GPU (workspace size, the SM count planned for with a margin, refusals, a call whose shape is not the
-plan's, freeing on close, on eviction and at exit); and on a Hopper GPU, the backward op running one cached plan
+included; a varlen key's promise and hint lengths_fill_maxima) with a fake maker (the ops' call descriptors in front
+of it are test_call_descriptors.py's); BackwardPlan handles of the real library made for a device described by hand,
+which needs no GPU (workspace size, the SM count planned for with a margin, the schedule varlen auto picks under
+the hint, refusals, a call whose shape is not the plan's, freeing on close, on eviction and at exit); and on a Hopper GPU, the backward op running one cached plan
 with the bits of the entry point that plans every call.
 Without the library or a GPU, the tests that need them skip and say why.
 """
@@ -173,6 +173,31 @@ def test_the_key_holds_the_device_every_shape_field_the_schedule_and_the_sm_marg
     assert _plans.backward_plan(0, nearby, "auto") is plan
 
 
+def test_the_varlen_key_appends_the_promise_and_whether_the_rows_fill_the_maxima() -> None:
+    from dash_attn import _library
+
+    shape = _library.Shape(*SHAPE_FIELDS)  # 2 sequences of at most 256 queries and 384 keys
+    full_rows = (2 * 256, 2 * 384)
+    key = _plans.varlen_plan_key(0, shape, "auto", 8, True, *full_rows)
+    assert key == (*_plans.plan_key(0, _plans.shape_fields(shape), "auto", 8), True, True)
+    assert _plans.varlen_plan_key(0, shape, "auto", 8, True, 2 * 256 + 37, 2 * 384 + 37) == key  # padding rows
+    for rows in ((2 * 256 - 1, 2 * 384), (2 * 256, 2 * 384 - 1), (300, 500)):
+        assert _plans.varlen_plan_key(0, shape, "auto", 8, True, *rows) == key[:-1] + (False,)
+    assert _plans.varlen_plan_key(0, shape, "auto", 8, False, *full_rows) == key[:-2] + (False, True)
+
+
+def test_a_varlen_key_makes_the_plan_with_its_promise_and_hint(monkeypatch) -> None:
+    from dash_attn import _library
+
+    made = []
+    monkeypatch.setattr(_library, "BackwardPlan", lambda *args, **kwargs: made.append((args, kwargs)))
+    key = _plans.varlen_plan_key(0, _library.Shape(*SHAPE_FIELDS), "auto", 8, True, 300, 500)
+    _plans._make_varlen_backward_plan(key)
+    (_shape, schedule), options = made[0]
+    assert schedule == "auto"
+    assert options == {"sm_margin": 8, "varlen": True, "keys_within_queries": True, "lengths_fill_maxima": False}
+
+
 # --- handles of the real library, for a device described by hand (no GPU needed) ---------------------------
 
 
@@ -233,6 +258,26 @@ def test_a_margin_outside_zero_to_the_sm_count_is_refused_naming_the_rule(librar
     for device in (h200, None):
         with pytest.raises(library.LibraryError, match="sm_margin must satisfy 0 <= sm_margin .* got -1$"):
             library.BackwardPlan(shape, "auto", device, sm_margin=-1)
+
+
+def test_a_varlen_plans_auto_reads_the_hint_under_the_full_mask(library, h200) -> None:
+    full = library.Shape(*SHAPE_FIELDS)
+    full.causal = 0
+    full.seqlen_k = full.seqlen_q
+
+    def schedule(shape, name, fill):
+        return library.BackwardPlan(
+            shape, name, h200, varlen=True, keys_within_queries=True, lengths_fill_maxima=fill
+        ).schedule
+
+    assert library.BackwardPlan(full, "auto", h200, varlen=True, keys_within_queries=True).schedule == "shift"
+    assert schedule(full, "auto", True) == "shift"
+    assert schedule(full, "auto", False) == "shortest-first"
+    assert schedule(full, "shift", False) == "shift"
+    causal = library.Shape(*SHAPE_FIELDS)
+    causal.seqlen_k = causal.seqlen_q
+    assert schedule(causal, "auto", False) == schedule(causal, "auto", True)
+    assert library.BackwardPlan(full, "ascending", h200).schedule == "ascending"
 
 
 def test_planning_refusals_carry_the_librarys_message(library, h200) -> None:

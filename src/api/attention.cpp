@@ -203,7 +203,9 @@ Status backward(const BackwardArgs& args, void* workspace, size_t workspace_byte
   BackwardPlan plan;
   const Status planned =
       args.varlen.packed()
-          ? plan_varlen_backward(args.shape, args.varlen.keys_within_queries, args.schedule, args.sm_margin, &plan)
+          ? plan_varlen_backward(args.shape, args.varlen.keys_within_queries,
+                                 varlen_lengths_fill_maxima(args.shape, args.varlen.total_q, args.varlen.total_k),
+                                 args.schedule, args.sm_margin, &plan)
           : plan_backward(args.shape, args.schedule, args.sm_margin, &plan);
   if (!planned.ok()) return planned;
   return launch_backward(args, *BackwardPlanAccess::data(plan), *instance, workspace, workspace_bytes, stream);

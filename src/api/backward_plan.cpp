@@ -64,17 +64,19 @@ Status check_plan_request(const AttentionShape& shape, Schedule schedule, int sm
 }
 
 // What a plan is for beyond its shape: a dense batch, or a packed varlen batch with or without the promise that
-// every sequence has seqlen_k <= seqlen_q.
+// every sequence has seqlen_k <= seqlen_q, and the hint for auto whether every sequence can be as long as the maxima.
 struct BatchKind {
   bool varlen = false;
   bool keys_within_queries = false;
+  bool lengths_fill_maxima = true;
 };
 
 // The varlen plan of `schedule` for the maximum problem `problem`, proven for every admitted vector of lengths
 // (planner/varlen_plan.hpp); kScheduleRejected saying why where it is not.
-Status plan_varlen(const TiledProblem& problem, bool keys_within_queries, Schedule schedule, int planned_sm_count,
+Status plan_varlen(const TiledProblem& problem, BatchKind batch, Schedule schedule, int planned_sm_count,
                    SchedulePlan* plan) {
-  const VarlenPlanResult planned = plan_varlen_schedule(problem, keys_within_queries, schedule, planned_sm_count);
+  const VarlenPlanResult planned = plan_varlen_schedule(problem, batch.keys_within_queries, batch.lengths_fill_maxima,
+                                                        schedule, planned_sm_count);
   if (!planned.ok()) {
     return {StatusCode::kScheduleRejected,
             "schedule '" + std::string(schedule_name(schedule)) + "' cannot run this varlen batch: " + planned.rejected};
@@ -96,7 +98,7 @@ Status make_plan(const AttentionShape& shape, BatchKind batch, Schedule schedule
   const TiledProblem problem = make_tiled_problem(shape);
   if (batch.varlen) {
     SchedulePlan varlen_plan{};
-    if (Status s = plan_varlen(problem, batch.keys_within_queries, schedule, planned_sm_count, &varlen_plan); !s.ok()) {
+    if (Status s = plan_varlen(problem, batch, schedule, planned_sm_count, &varlen_plan); !s.ok()) {
       return s;
     }
     *plan = BackwardPlanAccess::make(BackwardPlanData{
@@ -169,19 +171,24 @@ Status plan_backward(const AttentionShape& shape, Schedule schedule, int sm_marg
   return make_plan(shape, BatchKind{}, schedule, sm_margin, *device, plan);
 }
 
-Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, Schedule schedule, int sm_margin,
-                            const DeviceInfo& device, BackwardPlan* plan) {
+Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, bool lengths_fill_maxima,
+                            Schedule schedule, int sm_margin, const DeviceInfo& device, BackwardPlan* plan) {
   if (Status s = check_plan_request(shape, schedule, sm_margin, plan); !s.ok()) return s;
   if (Status s = check_device_info(device); !s.ok()) return s;
-  return make_plan(shape, BatchKind{true, keys_within_queries}, schedule, sm_margin, device, plan);
+  return make_plan(shape, BatchKind{true, keys_within_queries, lengths_fill_maxima}, schedule, sm_margin, device, plan);
 }
 
-Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, Schedule schedule, int sm_margin,
-                            BackwardPlan* plan) {
+Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, bool lengths_fill_maxima,
+                            Schedule schedule, int sm_margin, BackwardPlan* plan) {
   if (Status s = check_plan_request(shape, schedule, sm_margin, plan); !s.ok()) return s;
   const DeviceInfo* device = nullptr;
   if (Status s = usable_current_device(&device); !s.ok()) return s;
-  return make_plan(shape, BatchKind{true, keys_within_queries}, schedule, sm_margin, *device, plan);
+  return make_plan(shape, BatchKind{true, keys_within_queries, lengths_fill_maxima}, schedule, sm_margin, *device,
+                   plan);
+}
+
+bool varlen_lengths_fill_maxima(const AttentionShape& shape, int64_t total_q, int64_t total_k) {
+  return total_q >= shape.batch * shape.seqlen_q && total_k >= shape.batch * shape.seqlen_k;
 }
 
 Status plan_backward(const AttentionShape& shape, Schedule schedule, const DeviceInfo& device, BackwardPlan* plan) {
@@ -237,6 +244,9 @@ Status check_args_match_plan(const BackwardArgs& args, const BackwardPlanData& p
   if (plan.varlen && args.varlen.keys_within_queries != plan.keys_within_queries) {
     return mismatch("varlen.keys_within_queries", args.varlen.keys_within_queries, plan.keys_within_queries);
   }
+  // Not compared, nor kept: the hint lengths_fill_maxima the plan was made with. It only chose among schedules
+  // proven for every vector of lengths within the maxima (with the promise), so it restricts no batch the plan runs;
+  // a call whose packed rows would have given the other hint runs correctly, at worst on the slower schedule.
   return Status::success();
 }
 

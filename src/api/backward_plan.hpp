@@ -39,8 +39,9 @@ struct BackwardPlanAccess {
 
 // kOk if `args` is a call of `plan`: args.shape equal to plan.shape in every field, args.schedule the
 // requested schedule, args.sm_margin the plan's, and a varlen call for a varlen plan with its promise
-// (keys_within_queries). Otherwise kInvalidArgument naming the first field that differs ("shape.seqlen_q", as
-// validate() names it, "schedule", "sm_margin", "varlen" or "varlen.keys_within_queries"), with both values.
+// (keys_within_queries; not the hint lengths_fill_maxima auto was resolved with, which restricts no call).
+// Otherwise kInvalidArgument naming the first field that differs ("shape.seqlen_q", as validate() names it,
+// "schedule", "sm_margin", "varlen" or "varlen.keys_within_queries"), with both values.
 Status check_args_match_plan(const BackwardArgs& args, const BackwardPlanData& plan);
 
 }  // namespace dash

@@ -351,19 +351,21 @@ int dash_backward_plan_create(const dash_shape* shape, const char* schedule, int
   });
 }
 
-int dash_backward_plan_create_varlen(const dash_shape* shape, int keys_within_queries, const char* schedule,
-                                     int sm_margin, const dash_device* device, dash_backward_plan** plan,
-                                     char* message, size_t message_size) {
+int dash_backward_plan_create_varlen(const dash_shape* shape, int keys_within_queries, int lengths_fill_maxima,
+                                     const char* schedule, int sm_margin, const dash_device* device,
+                                     dash_backward_plan** plan, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
     if (dash::Status s = check_present({{shape, "shape"}, {plan, "plan"}}); !s.ok()) return s;
     dash::Schedule parsed = dash::Schedule::kAuto;
     if (dash::Status s = parse(schedule, &parsed); !s.ok()) return s;
     dash::BackwardPlan made;
     const bool promise = keys_within_queries != 0;
+    const bool fill = lengths_fill_maxima != 0;
     const dash::Status planned =
         device == nullptr
-            ? dash::plan_varlen_backward(to_shape(*shape), promise, parsed, sm_margin, &made)
-            : dash::plan_varlen_backward(to_shape(*shape), promise, parsed, sm_margin, to_device_info(*device), &made);
+            ? dash::plan_varlen_backward(to_shape(*shape), promise, fill, parsed, sm_margin, &made)
+            : dash::plan_varlen_backward(to_shape(*shape), promise, fill, parsed, sm_margin, to_device_info(*device),
+                                         &made);
     if (!planned.ok()) return planned;
     *plan = new dash_backward_plan{std::move(made)};
     return dash::Status::success();
@@ -379,6 +381,16 @@ int dash_backward_plan_is_varlen(const dash_backward_plan* plan, int* is_varlen,
 }
 
 void dash_backward_plan_destroy(dash_backward_plan* plan) { delete plan; }
+
+int dash_backward_plan_schedule(const dash_backward_plan* plan, const char** schedule, char* message,
+                                size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (dash::Status s = check_present({{plan, "plan"}, {schedule, "schedule"}}); !s.ok()) return s;
+    // schedule_name's names are string literals: NUL-terminated and static.
+    *schedule = dash::schedule_name(plan->plan.schedule()).data();
+    return dash::Status::success();
+  });
+}
 
 int dash_backward_plan_workspace_size(const dash_backward_plan* plan, size_t* bytes, char* message,
                                       size_t message_size) {

@@ -31,8 +31,11 @@ extern "C" {
  *   5: sliding window and softcap: dash_shape gains windowed, window_left, window_right and softcap after causal, and
  *      dash_softcap_kernel_available says whether the softcap kernels were built.
  *   6: packed varlen batches: dash_varlen, dash_varlen_kernel_available, dash_forward_varlen, dash_backward_varlen,
- *      dash_backward_plan_create_varlen, dash_backward_plan_is_varlen and dash_backward_plan_run_varlen. */
-#define DASH_C_ABI_VERSION 6
+ *      dash_backward_plan_create_varlen, dash_backward_plan_is_varlen and dash_backward_plan_run_varlen.
+ *   7: dash_backward_plan_create_varlen takes int lengths_fill_maxima after keys_within_queries (auto's hint of the
+ *      packed rows), and dash_backward_plan_schedule names the schedule a plan runs. No struct changed; the signature
+ *      did, so a binding of version 6 would pass its arguments in the wrong places. */
+#define DASH_C_ABI_VERSION 7
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -202,15 +205,25 @@ DASH_C_API int dash_backward_plan_create(const dash_shape* shape, const char* sc
 /* dash::plan_varlen_backward: dash_backward_plan_create for packed varlen batches whose maximum problem is *shape
  * (batch = sequences, seqlen_q and seqlen_k = the maximum lengths), with the promise keys_within_queries (nonzero:
  * every sequence has seqlen_k <= seqlen_q). The plan holds for every vector of lengths within the maxima; shift and
- * symmetric shift only with the promise (DASH_STATUS_SCHEDULE_REJECTED, naming the rule, otherwise). Freed by
+ * symmetric shift only with the promise (DASH_STATUS_SCHEDULE_REJECTED, naming the rule, otherwise).
+ * lengths_fill_maxima is a hint for "auto" alone: nonzero when the batches' packed rows let every sequence be as long
+ * as the maxima (total_q >= batch * seqlen_q and total_k >= batch * seqlen_k, as dash_backward_varlen computes it
+ * from its dash_varlen), 0 when they show some sequence shorter, which under the full mask picks shortest-first
+ * (shift runs mixed lengths slower). It restricts no batch the plan runs: a call is not checked against it. Freed by
  * dash_backward_plan_destroy, run by dash_backward_plan_run_varlen. */
-DASH_C_API int dash_backward_plan_create_varlen(const dash_shape* shape, int keys_within_queries, const char* schedule,
-                                                int sm_margin, const dash_device* device, dash_backward_plan** plan,
-                                                char* message, size_t message_size);
+DASH_C_API int dash_backward_plan_create_varlen(const dash_shape* shape, int keys_within_queries,
+                                                int lengths_fill_maxima, const char* schedule, int sm_margin,
+                                                const dash_device* device, dash_backward_plan** plan, char* message,
+                                                size_t message_size);
 
 /* *is_varlen = 1 for a plan of dash_backward_plan_create_varlen, 0 otherwise; written only on success. */
 DASH_C_API int dash_backward_plan_is_varlen(const dash_backward_plan* plan, int* is_varlen, char* message,
                                             size_t message_size);
+
+/* *schedule = the canonical name of the schedule the plan runs ("auto" resolved, e.g. "shift"), a static string;
+ * written only on success. */
+DASH_C_API int dash_backward_plan_schedule(const dash_backward_plan* plan, const char** schedule, char* message,
+                                           size_t message_size);
 
 /* Frees a handle of dash_backward_plan_create; NULL is allowed and does nothing. */
 DASH_C_API void dash_backward_plan_destroy(dash_backward_plan* plan);

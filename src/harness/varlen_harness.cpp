@@ -188,7 +188,8 @@ void use_forward_outputs_for_backward(VarlenProblem& p) {
 }
 
 Status plan_backward_for(const VarlenProblem& p, Schedule schedule, int sm_margin, BackwardPlan* plan) {
-  return plan_varlen_backward(p.shape, p.keys_within_queries, schedule, sm_margin, plan);
+  const bool fill = varlen_lengths_fill_maxima(p.shape, p.cu_seqlens_q.back(), p.cu_seqlens_k.back());
+  return plan_varlen_backward(p.shape, p.keys_within_queries, fill, schedule, sm_margin, plan);
 }
 
 double forward_flops(const AttentionShape& shape, const std::vector<SequenceLengths>& lengths) {

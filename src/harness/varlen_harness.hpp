@@ -50,8 +50,9 @@ ForwardArgs forward_args(VarlenProblem& p);
 BackwardArgs backward_args(VarlenProblem& p, Schedule schedule);
 // Makes backward_args() read the GPU forward's O and LSE instead (benchmarks, which skip the reference).
 void use_forward_outputs_for_backward(VarlenProblem& p);
-// The backward plan of p's batch on the current device: plan_varlen_backward for its maxima (p.shape) and its
-// promise (p.keys_within_queries, which the calls carry too).
+// The backward plan of p's batch on the current device: plan_varlen_backward for its maxima (p.shape), its
+// promise (p.keys_within_queries, which the calls carry too) and auto's hint from the lengths' sums (the rows before
+// the padding; varlen_lengths_fill_maxima), as dash-attn plan computes it.
 Status plan_backward_for(const VarlenProblem& p, Schedule schedule, int sm_margin, BackwardPlan* plan);
 
 // FLOPs of the forward of a batch of `lengths` under `shape`'s heads, head dim, mask and window: the sum of

@@ -1,7 +1,8 @@
 // Planner layer for variable-length batches (FlashAttention's cu_seqlens): a plan made from the maximum lengths,
 // the number of sequences and the heads alone, proven for EVERY vector of sequence lengths it admits, so that a
-// launch needs no lengths on the host (no copy of cu_seqlens per call; CUDA-graph capturable). How a plan's jobs
-// fit each sequence is schedule/varlen.hpp; for concrete lengths expand_varlen_schedule and
+// launch needs no lengths on the host (no copy of cu_seqlens per call; CUDA-graph capturable). auto also reads a
+// hint of the packed rows (choose_varlen_auto), which picks among proven schedules and admits no other lengths. How
+// a plan's jobs fit each sequence is schedule/varlen.hpp; for concrete lengths expand_varlen_schedule and
 // validate_varlen_schedule enumerate and check it as validate_schedule does a dense plan (tests, the emulator).
 //
 // Admitted lengths: b sequences with 0 <= seqlen_q[b] <= max_seqlen_q and 0 <= seqlen_k[b] <= max_seqlen_k, and,
@@ -50,6 +51,7 @@
 
 #include "dash/types.hpp"
 #include "planner/plan_proof.hpp"
+#include "planner/schedule_plan.hpp"
 #include "planner/validator.hpp"
 #include "schedule/varlen.hpp"
 
@@ -66,13 +68,21 @@ struct VarlenPlanResult {
   bool ok() const { return rejected.empty(); }
 };
 
+// What Schedule::kAuto runs on a varlen batch, and why: choose_auto's choice for the maximum problem, except under
+// the full mask (no causal mask, no window) when `lengths_fill_maxima` is false, that is when the batch's packed
+// rows show that not every sequence can be as long as the maxima (fewer than batch * max_seqlen rows of queries or
+// of keys): shortest-first, which measured faster than shift on mixed lengths (varlen_plan.cpp). The hint only
+// chooses among schedules proven for every admitted vector of lengths; it admits no vector and refuses none, so a
+// plan is as valid for batches whose totals say otherwise (they merely may not run the fastest schedule).
+AutoChoice choose_varlen_auto(const TiledProblem& max_problem, bool lengths_fill_maxima, int num_sms);
+
 // The plan of `schedule` (kAuto resolved) for a varlen batch whose maximum problem is `max_problem`
 // (make_tiled_problem of the shape with batch = sequences, seqlen_q and seqlen_k = the maximum lengths). Refuses,
 // saying why, a schedule not proven for every admitted vector (file comment), and whatever make_schedule_plan
-// refuses for the maximum problem. kAuto: choose_auto's schedule, or ascending where that is refused (shift
-// without keys_within_queries).
-VarlenPlanResult plan_varlen_schedule(const TiledProblem& max_problem, bool keys_within_queries, Schedule schedule,
-                                      int num_sms);
+// refuses for the maximum problem. kAuto: choose_varlen_auto's schedule, or ascending where that is refused (shift
+// without keys_within_queries). `lengths_fill_maxima` is read for kAuto alone (choose_varlen_auto).
+VarlenPlanResult plan_varlen_schedule(const TiledProblem& max_problem, bool keys_within_queries,
+                                      bool lengths_fill_maxima, Schedule schedule, int num_sms);
 
 // "valid" when the plan is proven for every admitted vector of lengths (file comment); otherwise why not.
 PlanProof prove_varlen_plan(const VarlenPlan& plan);

@@ -1,8 +1,10 @@
 // Tests of the public API's host-side rules for packed varlen batches (VarlenBatch, dash/types.hpp): validate() of
 // varlen forward and backward arguments (one test per rule, each breaking that rule alone on valid arguments, each
 // message naming the argument and the rule), plan_varlen_backward() on a device described by hand (which schedules
-// a batch admits with and without the promise keys_within_queries, and why the others are refused), and a plan's
-// refusal of calls that do not fit it. No GPU: pointers are fake (validate() never dereferences them) and aligned.
+// a batch admits with and without the promise keys_within_queries, and why the others are refused; what auto picks
+// under the hint lengths_fill_maxima), and a plan's refusal of calls that do not fit it (and acceptance of calls
+// whose packed rows would give the other hint). No GPU: pointers are fake (validate() never dereferences them) and
+// aligned.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -213,8 +215,17 @@ DeviceInfo hand_device() {
   return device;
 }
 
+// With the hint that every sequence may be as long as the maxima (auto as for the maximum problem).
 Status plan(const AttentionShape& shape, bool promise, Schedule schedule, BackwardPlan* made) {
-  return plan_varlen_backward(shape, promise, schedule, /*sm_margin=*/0, hand_device(), made);
+  return plan_varlen_backward(shape, promise, /*lengths_fill_maxima=*/true, schedule, /*sm_margin=*/0, hand_device(),
+                              made);
+}
+
+// The schedule plan_varlen_backward runs for `schedule` under the hint `fill`, or kAuto where it refused.
+Schedule planned_schedule(const AttentionShape& shape, bool promise, bool fill, Schedule schedule) {
+  BackwardPlan made;
+  const Status s = plan_varlen_backward(shape, promise, fill, schedule, /*sm_margin=*/0, hand_device(), &made);
+  return s.ok() ? made.schedule() : Schedule::kAuto;
 }
 
 TEST(PlanVarlenBackward, PlansTheKvOrderSchedulesForEveryBatch) {
@@ -261,6 +272,40 @@ TEST(PlanVarlenBackward, AutoPicksShiftForFullSelfAttentionOnlyWithThePromise) {
   EXPECT_EQ(made.schedule(), Schedule::kAscending);
 }
 
+TEST(PlanVarlenBackward, AutoPicksShortestFirstUnderTheFullMaskWhenTheRowsProveSomeSequenceShorter) {
+  AttentionShape full = max_shape();
+  full.causal = false;
+  full.seqlen_k = full.seqlen_q;
+  EXPECT_EQ(planned_schedule(full, /*promise=*/true, /*fill=*/true, Schedule::kAuto), Schedule::kShift);
+  EXPECT_EQ(planned_schedule(full, /*promise=*/true, /*fill=*/false, Schedule::kAuto), Schedule::kShortestFirst);
+  EXPECT_EQ(planned_schedule(full, /*promise=*/false, /*fill=*/false, Schedule::kAuto), Schedule::kShortestFirst);
+  // Under the causal mask or a window auto's choice does not depend on the hint.
+  AttentionShape causal = full;
+  causal.causal = true;
+  AttentionShape windowed = full;
+  windowed.window_left = 64;
+  for (const AttentionShape& shape : {causal, windowed}) {
+    const Schedule chosen = planned_schedule(shape, true, /*fill=*/true, Schedule::kAuto);
+    EXPECT_NE(chosen, Schedule::kAuto);
+    EXPECT_EQ(planned_schedule(shape, true, /*fill=*/false, Schedule::kAuto), chosen);
+  }
+  // An explicit schedule is planned as requested under either hint.
+  for (const bool fill : {false, true}) {
+    EXPECT_EQ(planned_schedule(full, true, fill, Schedule::kShift), Schedule::kShift);
+    EXPECT_EQ(planned_schedule(full, true, fill, Schedule::kAscending), Schedule::kAscending);
+    EXPECT_EQ(planned_schedule(causal, true, fill, Schedule::kSymmetricShift), Schedule::kSymmetricShift);
+  }
+}
+
+TEST(PlanVarlenBackward, TheHintIsWhetherThePackedRowsHoldEverySequenceAtTheMaxima) {
+  const AttentionShape shape = max_shape();  // 3 sequences of at most 256 queries and 384 keys
+  EXPECT_TRUE(varlen_lengths_fill_maxima(shape, 3 * 256, 3 * 384));
+  EXPECT_TRUE(varlen_lengths_fill_maxima(shape, 3 * 256 + 37, 3 * 384 + 37)) << "padding rows after the last";
+  EXPECT_FALSE(varlen_lengths_fill_maxima(shape, 3 * 256 - 1, 3 * 384));
+  EXPECT_FALSE(varlen_lengths_fill_maxima(shape, 3 * 256, 3 * 384 - 1));
+  EXPECT_FALSE(varlen_lengths_fill_maxima(shape, kTotalQ, kTotalK));
+}
+
 TEST(PlanVarlenBackward, RefusesSymmetricShiftUnderAWindow) {
   AttentionShape shape = max_shape();
   shape.seqlen_k = shape.seqlen_q;
@@ -300,6 +345,23 @@ TEST(VarlenPlanCall, RefusesAnotherPromise) {
                          {"varlen.keys_within_queries is true", "made for false"}));
   a.varlen.keys_within_queries = false;
   EXPECT_TRUE(is_ok(check_args_match_plan(a, *BackwardPlanAccess::data(made))));
+}
+
+TEST(VarlenPlanCall, AcceptsACallWhoseRowsWouldGiveTheOtherHint) {
+  // The hint only chose among schedules proven for every length vector: a plan runs batches of any packed rows.
+  AttentionShape full = max_shape();
+  full.causal = false;
+  for (const bool fill : {false, true}) {
+    BackwardPlan made;
+    ASSERT_TRUE(is_ok(plan_varlen_backward(full, false, fill, Schedule::kAuto, 0, hand_device(), &made)));
+    BackwardArgs a = valid_args<BackwardArgs>();
+    a.shape = full;
+    a.schedule = Schedule::kAuto;
+    for (const int64_t rows : {int64_t{1}, full.batch * full.seqlen_k}) {
+      a.varlen.total_q = a.varlen.total_k = rows;
+      EXPECT_TRUE(is_ok(check_args_match_plan(a, *BackwardPlanAccess::data(made)))) << fill << " " << rows;
+    }
+  }
 }
 
 }  // namespace

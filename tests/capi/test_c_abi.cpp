@@ -5,7 +5,8 @@
 // The backward plan handle: made for a device described by hand (no GPU needed), sized, destroyed (NULL
 // included); each refused creation with its own message and the handle untouched; a run whose shape is not
 // the plan's is refused naming the field, before anything else. The SM margin: a plan records the SM count it
-// was planned for, and a margin outside [0, SM count) is refused naming the rule. Runs without a GPU; the test
+// was planned for, and a margin outside [0, SM count) is refused naming the rule. A plan names the schedule it runs,
+// and a varlen plan's hint lengths_fill_maxima reaches auto alone. Runs without a GPU; the test
 // links the shared library exactly as a C caller would.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -585,7 +586,7 @@ TEST(CBackwardPlanRun, AMatchingCallGetsPastThePlanChecks) {
 
 // --- packed varlen batches (dash_varlen, ABI 6) ------------------------------------------------------------
 
-TEST(CVarlen, TheAbiVersionIsSix) { EXPECT_EQ(dash_abi_version(), 6); }
+TEST(CVarlen, TheAbiVersionIsSeven) { EXPECT_EQ(dash_abi_version(), 7); }
 
 TEST(CVarlen, VarlenKernelsComeWithThePlainOnesAndWithoutSoftcap) {
   for (const int64_t head_dim : {64, 128}) {
@@ -604,7 +605,8 @@ TEST(CVarlenPlan, IsMadeForADeviceDescribedByHandAndSaysSo) {
   const dash_device device = h200();
   dash_backward_plan* plan = nullptr;
   Result r = call([&](char* m, size_t n) {
-    return dash_backward_plan_create_varlen(&c_shape, /*keys_within_queries=*/0, "auto", 0, &device, &plan, m, n);
+    return dash_backward_plan_create_varlen(&c_shape, /*keys_within_queries=*/0, /*lengths_fill_maxima=*/1, "auto", 0,
+                                            &device, &plan, m, n);
   });
   ASSERT_EQ(r.code, DASH_STATUS_OK) << r.message;
   int is_varlen = -1;
@@ -626,11 +628,52 @@ TEST(CVarlenPlan, RefusesTheShiftSchedulesWithoutThePromiseLeavingTheHandle) {
   const dash_device device = h200();
   dash_backward_plan* plan = kUntouchedVarlenPlan;
   const Result r = call([&](char* m, size_t n) {
-    return dash_backward_plan_create_varlen(&c_shape, 0, "symmetric-shift", 0, &device, &plan, m, n);
+    return dash_backward_plan_create_varlen(&c_shape, 0, 1, "symmetric-shift", 0, &device, &plan, m, n);
   });
   EXPECT_EQ(r.code, DASH_STATUS_SCHEDULE_REJECTED);
   EXPECT_NE(r.message.find("keys_within_queries"), std::string::npos) << r.message;
   EXPECT_EQ(plan, kUntouchedVarlenPlan);
+}
+
+// The schedule a varlen plan of `schedule` runs under the promise and the hint, or the failing status's name.
+std::string varlen_plan_schedule(const AttentionShape& shape, int promise, int fill, const char* schedule) {
+  const dash_shape c_shape = to_c(shape);
+  const dash_device device = h200();
+  dash_backward_plan* plan = nullptr;
+  Result r = call([&](char* m, size_t n) {
+    return dash_backward_plan_create_varlen(&c_shape, promise, fill, schedule, 0, &device, &plan, m, n);
+  });
+  if (r.code != DASH_STATUS_OK) return dash_status_name(r.code);
+  const char* name = nullptr;
+  r = call([&](char* m, size_t n) { return dash_backward_plan_schedule(plan, &name, m, n); });
+  dash_backward_plan_destroy(plan);
+  return r.code == DASH_STATUS_OK ? std::string(name) : dash_status_name(r.code);
+}
+
+TEST(CVarlenPlan, TheHintReachesAutoAndLeavesExplicitSchedules) {
+  AttentionShape full = testing::valid_workspace_shape();
+  full.seqlen_k = full.seqlen_q;
+  full.causal = false;
+  EXPECT_EQ(varlen_plan_schedule(full, 1, /*fill=*/1, "auto"), "shift");
+  EXPECT_EQ(varlen_plan_schedule(full, 1, /*fill=*/0, "auto"), "shortest-first");
+  EXPECT_EQ(varlen_plan_schedule(full, 1, /*fill=*/0, "shift"), "shift");
+  AttentionShape causal = full;
+  causal.causal = true;
+  EXPECT_EQ(varlen_plan_schedule(causal, 1, 0, "auto"), varlen_plan_schedule(causal, 1, 1, "auto"));
+}
+
+TEST(CVarlenPlan, TheScheduleQueryNamesAMissingArgument) {
+  const char* name = nullptr;
+  Result r = call([&](char* m, size_t n) { return dash_backward_plan_schedule(nullptr, &name, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "plan must not be null");
+  dash_backward_plan* plan = create_plan(testing::valid_workspace_shape(), "ascending");
+  r = call([&](char* m, size_t n) { return dash_backward_plan_schedule(plan, nullptr, m, n); });
+  EXPECT_EQ(r.message, "schedule must not be null");
+  r = call([&](char* m, size_t n) { return dash_backward_plan_schedule(plan, &name, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_OK) << r.message;
+  EXPECT_STREQ(name, "ascending");
+  dash_backward_plan_destroy(plan);
 }
 
 TEST(CVarlenCall, NamesAMissingOrEmptyVarlen) {
@@ -656,7 +699,7 @@ TEST(CVarlenCall, ADenseRunOfAVarlenPlanIsRefusedNamingVarlen) {
   const dash_device device = h200();
   dash_backward_plan* plan = nullptr;
   ASSERT_EQ(call([&](char* m, size_t n) {
-              return dash_backward_plan_create_varlen(&c_shape, 0, "auto", 0, &device, &plan, m, n);
+              return dash_backward_plan_create_varlen(&c_shape, 0, 1, "auto", 0, &device, &plan, m, n);
             }).code,
             DASH_STATUS_OK);
   const Result r = FakeBackwardCall(shape).run(plan);

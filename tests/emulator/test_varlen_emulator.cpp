@@ -75,7 +75,8 @@ TEST_P(VarlenSchedules, AdversarialLengthsAreBitwiseIdenticalAndMatchTheReferenc
     const EmulatorInputs inputs = make_varlen_emulator_inputs(shape, lengths.lengths, /*seed=*/5);
     for (const Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
                                     Schedule::kShift, Schedule::kSymmetricShift}) {
-      const VarlenPlanResult planned = plan_varlen_schedule(problem, /*keys_within_queries=*/true, schedule, 5);
+      const VarlenPlanResult planned =
+          plan_varlen_schedule(problem, /*keys_within_queries=*/true, /*lengths_fill_maxima=*/true, schedule, 5);
       if (!planned.ok()) continue;  // shift under the causal mask, symmetric shift under the full one
       ASSERT_TRUE(prove_varlen_plan(planned.plan).ok());
       SCOPED_TRACE(std::string(lengths.name) + " " + std::string(schedule_name(schedule)));
@@ -101,7 +102,7 @@ TEST(VarlenEmulator, DynamicSchedulesTakeKeysLongerThanQueries) {
   const EmulatorInputs inputs = make_varlen_emulator_inputs(shape, lengths, 3, window);
   const TiledProblem problem = make_emulator_problem(shape, kSmallTiles, 1, window);
   for (const Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst}) {
-    const VarlenPlanResult planned = plan_varlen_schedule(problem, false, schedule, 4);
+    const VarlenPlanResult planned = plan_varlen_schedule(problem, false, true, schedule, 4);
     ASSERT_TRUE(planned.ok()) << planned.rejected;
     const EmulationResult r = emulate_varlen(inputs, planned.plan, options(20));
     ASSERT_TRUE(r.completed) << r.error;
@@ -120,7 +121,7 @@ TEST(VarlenEmulator, FullLengthSequencesGiveTheDenseBits) {
     const TiledProblem problem = make_emulator_problem(shape, kSmallTiles, 1);
     for (const Schedule schedule : {Schedule::kAscending, Schedule::kShortestFirst, Schedule::kShift,
                                     Schedule::kSymmetricShift}) {
-      const VarlenPlanResult planned = plan_varlen_schedule(problem, true, schedule, 3);
+      const VarlenPlanResult planned = plan_varlen_schedule(problem, true, true, schedule, 3);
       if (!planned.ok()) continue;
       const EmulationResult a = emulate(dense, planned.plan.plan, options(0));
       const EmulationResult b = emulate_varlen(varlen, planned.plan, options(0));
@@ -137,7 +138,7 @@ TEST(VarlenEmulator, NondeterministicScheduleIsCaught) {
   const std::vector<SequenceLengths> lengths{{256, 256}, {3, 250}};
   const EmulatorInputs inputs = make_varlen_emulator_inputs(shape, lengths, 1);
   const VarlenPlanResult planned =
-      plan_varlen_schedule(make_emulator_problem(shape, kSmallTiles), false, Schedule::kNondeterministic, 8);
+      plan_varlen_schedule(make_emulator_problem(shape, kSmallTiles), false, true, Schedule::kNondeterministic, 8);
   ASSERT_TRUE(planned.ok());
   const EmulationResult r = emulate_varlen(inputs, planned.plan, options(200));
   ASSERT_TRUE(r.completed) << r.error;
@@ -150,7 +151,8 @@ TEST(VarlenEmulator, BrokenPlanIsReported) {
   const AttentionShape shape = max_shape(2, false);
   const std::vector<SequenceLengths> lengths{{70, 70}, {kMaxLen, kMaxLen}};
   const EmulatorInputs inputs = make_varlen_emulator_inputs(shape, lengths, 2);
-  VarlenPlanResult planned = plan_varlen_schedule(make_emulator_problem(shape, kSmallTiles), true, Schedule::kShift, 4);
+  VarlenPlanResult planned =
+      plan_varlen_schedule(make_emulator_problem(shape, kSmallTiles), true, true, Schedule::kShift, 4);
   ASSERT_TRUE(planned.ok()) << planned.rejected;
   planned.plan.plan.num_units -= 1;
   EmulatorOptions o = options(0);
@@ -163,7 +165,7 @@ TEST(VarlenEmulator, BrokenPlanIsReported) {
 TEST(VarlenEmulator, RefusesInputsOutsideThePlan) {
   const AttentionShape shape = max_shape(2, true);
   const TiledProblem problem = make_emulator_problem(shape, kSmallTiles);
-  const VarlenPlanResult planned = plan_varlen_schedule(problem, true, Schedule::kSymmetricShift, 4);
+  const VarlenPlanResult planned = plan_varlen_schedule(problem, true, true, Schedule::kSymmetricShift, 4);
   ASSERT_TRUE(planned.ok()) << planned.rejected;
   const EmulatorInputs keys_past_queries = make_varlen_emulator_inputs(shape, {{10, 20}, {5, 5}}, 1);
   EXPECT_THROW(emulate_varlen(keys_past_queries, planned.plan, options(0)), std::invalid_argument);

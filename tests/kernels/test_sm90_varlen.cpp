@@ -143,7 +143,7 @@ TEST_P(Sm90Varlen, ForwardMatchesEverySequencesReferenceClearsPaddingAndRepeatsI
 // the planner refuses the schedule for the batch.
 bool run_varlen_backward(VarlenProblem& p, Schedule schedule, cudaStream_t stream = nullptr) {
   BackwardPlan plan;
-  const Status planned = plan_varlen_backward(p.shape, p.keys_within_queries, schedule, /*sm_margin=*/0, &plan);
+  const Status planned = harness::plan_backward_for(p, schedule, /*sm_margin=*/0, &plan);
   if (planned.code() == StatusCode::kScheduleRejected && schedule != Schedule::kAuto) return false;
   EXPECT_TRUE(planned.ok()) << schedule_name(schedule) << ": " << planned.to_string();
   if (!planned.ok()) return false;
@@ -214,7 +214,7 @@ constexpr int kDeterminismRuns = 100;
 // for the SMs. How many runs differed from the first, bit for bit (-1 when the planner refuses the schedule).
 int differing_runs(VarlenProblem& p, harness::Problem& load, Schedule schedule) {
   BackwardPlan plan;
-  const Status planned = plan_varlen_backward(p.shape, p.keys_within_queries, schedule, /*sm_margin=*/0, &plan);
+  const Status planned = harness::plan_backward_for(p, schedule, /*sm_margin=*/0, &plan);
   if (planned.code() == StatusCode::kScheduleRejected) return -1;
   EXPECT_TRUE(planned.ok()) << planned.to_string();
   if (!planned.ok()) return -1;

@@ -1,7 +1,7 @@
 // Varlen plans (planner/varlen_plan.hpp, schedule/varlen.hpp): a sequence at the maximum lengths runs exactly the
 // plan's jobs; every admitted schedule's plan, fitted to every pair of small lengths (0 included) and to adversarial
-// length vectors at the kernels' tile shapes, passes the validator; the refusals say why; and the same checks
-// catch a corrupted order and a dropped job.
+// length vectors at the kernels' tile shapes, passes the validator; the refusals say why; what auto runs under
+// the hint lengths_fill_maxima; and the same checks catch a corrupted order and a dropped job.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -46,7 +46,8 @@ std::string verdict(const VarlenPlan& plan, const std::vector<SequenceLengths>& 
 }
 
 VarlenPlan planned(const TiledProblem& p, Schedule schedule, int sms) {
-  const VarlenPlanResult result = plan_varlen_schedule(p, /*keys_within_queries=*/true, schedule, sms);
+  const VarlenPlanResult result =
+      plan_varlen_schedule(p, /*keys_within_queries=*/true, /*lengths_fill_maxima=*/true, schedule, sms);
   EXPECT_TRUE(result.ok()) << schedule_name(schedule) << ": " << result.rejected;
   return result.plan;
 }
@@ -134,7 +135,7 @@ TEST(Varlen, DynamicSchedulesAreValidForEveryPairWithoutPromise) {
       p.window = window;
       for (const Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
                                       Schedule::kNondeterministic}) {
-        const VarlenPlanResult result = plan_varlen_schedule(p, false, schedule, 5);
+        const VarlenPlanResult result = plan_varlen_schedule(p, false, true, schedule, 5);
         ASSERT_TRUE(result.ok()) << result.rejected;
         ASSERT_TRUE(prove_varlen_plan(result.plan).ok());
         for (const int q : lengths) {
@@ -201,23 +202,58 @@ TEST(Varlen, RefusesWhatIsNotProvenForEveryLength) {
   const TileShape tiles{16, 32};
   const TiledProblem full = problem(2, 1, 1, 1, 128, 128, false, tiles);
   const TiledProblem causal = problem(2, 1, 1, 1, 128, 128, true, tiles);
-  EXPECT_NE(plan_varlen_schedule(full, false, Schedule::kShift, 4).rejected.find("seqlen_k <= seqlen_q"),
+  EXPECT_NE(plan_varlen_schedule(full, false, true, Schedule::kShift, 4).rejected.find("seqlen_k <= seqlen_q"),
             std::string::npos);
-  EXPECT_NE(plan_varlen_schedule(causal, false, Schedule::kSymmetricShift, 4).rejected.find("seqlen_k <= seqlen_q"),
-            std::string::npos);
+  EXPECT_NE(
+      plan_varlen_schedule(causal, false, true, Schedule::kSymmetricShift, 4).rejected.find("seqlen_k <= seqlen_q"),
+      std::string::npos);
   TiledProblem windowed = causal;
   windowed.window = {40, -1};
-  EXPECT_NE(plan_varlen_schedule(windowed, true, Schedule::kSymmetricShift, 4).rejected.find("sliding window"),
+  EXPECT_NE(plan_varlen_schedule(windowed, true, true, Schedule::kSymmetricShift, 4).rejected.find("sliding window"),
             std::string::npos);
   const TiledProblem tall_q = problem(2, 1, 1, 1, 512, 512, false, TileShape{64, 32});
-  EXPECT_NE(plan_varlen_schedule(tall_q, true, Schedule::kShift, 4).rejected.find("block_q <= block_kv"),
+  EXPECT_NE(plan_varlen_schedule(tall_q, true, true, Schedule::kShift, 4).rejected.find("block_q <= block_kv"),
             std::string::npos);
   // auto falls back to ascending where its choice (shift, full mask) is refused without the promise.
-  EXPECT_EQ(plan_varlen_schedule(full, false, Schedule::kAuto, 4).plan.plan.kind, Schedule::kAscending);
-  EXPECT_EQ(plan_varlen_schedule(full, true, Schedule::kAuto, 4).plan.plan.kind, Schedule::kShift);
+  EXPECT_EQ(plan_varlen_schedule(full, false, true, Schedule::kAuto, 4).plan.plan.kind, Schedule::kAscending);
+  EXPECT_EQ(plan_varlen_schedule(full, true, true, Schedule::kAuto, 4).plan.plan.kind, Schedule::kShift);
   // A plan built by hand around the refusal is not proven either.
   const VarlenPlan unpromised{make_schedule_plan(full, Schedule::kShift, 4).plan, false};
   EXPECT_EQ(prove_varlen_plan(unpromised).summary.rfind("varlen: shift", 0), 0U);
+}
+
+TEST(Varlen, AutoRunsShortestFirstUnderTheFullMaskWhenSomeSequenceMustBeShorter) {
+  const TileShape tiles{16, 32};
+  const TiledProblem full = problem(2, 1, 1, 1, 128, 128, false, tiles);
+  const auto auto_schedule = [](const TiledProblem& p, bool promise, bool fill) {
+    const VarlenPlanResult result = plan_varlen_schedule(p, promise, fill, Schedule::kAuto, 4);
+    EXPECT_TRUE(result.ok()) << result.rejected;
+    return result.plan.plan.kind;
+  };
+  EXPECT_EQ(auto_schedule(full, true, /*fill=*/true), Schedule::kShift);
+  EXPECT_EQ(auto_schedule(full, true, /*fill=*/false), Schedule::kShortestFirst);
+  EXPECT_EQ(auto_schedule(full, false, /*fill=*/false), Schedule::kShortestFirst);
+  EXPECT_NE(std::string(choose_varlen_auto(full, false, 4).reason).find("shortest-first"), std::string::npos);
+  EXPECT_NE(std::string(choose_varlen_auto(full, false, 4).reason).find("shorter than the maxima"), std::string::npos);
+  // Under the causal mask or a window auto's choice is the dense one whatever the hint.
+  const TiledProblem causal = problem(2, 1, 1, 1, 128, 128, true, tiles);
+  TiledProblem windowed = full;
+  windowed.window = {40, 8};
+  for (const TiledProblem& p : {causal, windowed}) {
+    for (const bool fill : {false, true}) {
+      EXPECT_EQ(choose_varlen_auto(p, fill, 4).schedule, choose_schedule(p, 4));
+      EXPECT_EQ(auto_schedule(p, true, fill), choose_schedule(p, 4));
+    }
+  }
+  // Explicit schedules are planned as requested under either hint.
+  for (const bool fill : {false, true}) {
+    for (Schedule schedule : kEverySchedule) {
+      const TiledProblem& p = fits_mask(schedule, false) ? full : causal;
+      const VarlenPlanResult result = plan_varlen_schedule(p, true, fill, schedule, 4);
+      EXPECT_TRUE(result.ok()) << schedule_name(schedule) << ": " << result.rejected;
+      EXPECT_EQ(result.plan.plan.kind, schedule);
+    }
+  }
 }
 
 TEST(Varlen, LengthsFromCuSeqlensAndTheirAdmission) {

@@ -538,7 +538,8 @@ TEST(Cli, PlanVarlenSelfAttention) {
 }
 
 // Keys of their own (--cu-seqlens-k) make no promise: the dynamic schedules take keys longer than queries, shift
-// is refused with the planner's reason and a hint, and auto falls back from shift to ascending.
+// is refused with the planner's reason and a hint; auto, under the full mask on lengths short of the maxima, runs
+// shortest-first.
 TEST(Cli, PlanVarlenWithKeysOfTheirOwn) {
   const Output out = run("plan --cu-seqlens 0,100,100,3100 --cu-seqlens-k 0,300,310,2810 --json");
   ASSERT_EQ(out.status, 0) << out.text;
@@ -552,15 +553,35 @@ TEST(Cli, PlanVarlenWithKeysOfTheirOwn) {
   EXPECT_FALSE(shift["proven_for_every_length"].boolean);
   EXPECT_NE(shift["reason"].string.find("keys_within_queries"), std::string::npos) << shift["reason"].string;
   EXPECT_NE(shift["reason"].string.find("(--keys-within-queries makes the promise)"), std::string::npos);
-  EXPECT_EQ(report["auto"].string, "ascending");
-  EXPECT_NE(report["auto_reason"].string.find("but this varlen batch refuses shift, so ascending"),
-            std::string::npos)
+  EXPECT_EQ(report["auto"].string, "shortest-first");
+  EXPECT_NE(report["auto_reason"].string.find("shorter than the maxima: shortest-first"), std::string::npos)
       << report["auto_reason"].string;
   // 128-row key/value tiles (head dim 128): 3, 1 and 20 per head of 16 heads.
   const Json& jobs = find_schedule(report, "ascending")["jobs_per_sequence"];
   EXPECT_EQ(jobs.array.at(0).number, 16 * 3);
   EXPECT_EQ(jobs.array.at(1).number, 16 * 1);
   EXPECT_EQ(jobs.array.at(2).number, 16 * 20);
+}
+
+// auto under the full mask: shift where every sequence is at the maxima (with the promise; ascending without it), as
+// for the dense maximum problem, and shortest-first where the lengths' sums show some sequence shorter.
+TEST(Cli, PlanVarlenAutoUnderTheFullMaskReadsWhetherTheLengthsFillTheMaxima) {
+  const auto auto_of = [](const std::string& flags) {
+    const Output out = run("plan " + flags + " --json");
+    EXPECT_EQ(out.status, 0) << out.text;
+    const Json report = parse_json(out.text);
+    return report["auto"].string + ": " + report["auto_reason"].string;
+  };
+  const std::string equal = auto_of("--cu-seqlens 0,1000,2000");
+  EXPECT_EQ(equal.rfind("shift: full mask", 0), 0U) << equal;
+  const std::string ragged = auto_of("--cu-seqlens 0,1000,2500");
+  EXPECT_EQ(ragged.rfind("shortest-first: full mask on a varlen batch", 0), 0U) << ragged;
+  const std::string unpromised = auto_of("--cu-seqlens 0,1000,2000 --cu-seqlens-k 0,1000,2000");
+  EXPECT_EQ(unpromised.rfind("ascending: ", 0), 0U) << unpromised;
+  EXPECT_NE(unpromised.find("but this varlen batch refuses shift, so ascending"), std::string::npos) << unpromised;
+  // --seqlen above the longest sequence: the maxima are not filled.
+  const std::string raised = auto_of("--cu-seqlens 0,1000,2000 --seqlen 1024");
+  EXPECT_EQ(raised.rfind("shortest-first: ", 0), 0U) << raised;
 }
 
 // A schedule asked for by name that a dense shape refuses: the report, the reason on stderr, exit code 1, as for

@@ -148,7 +148,7 @@ std::pair<ScheduleReport, VarlenSchedule> evaluate_varlen_schedule(const TiledPr
 }
 
 // compare_schedules for a varlen batch: every schedule fitted to the lengths, the recommendation by the same rule,
-// and what auto runs on the batch (auto's choice for the maximum problem, or ascending where that is refused).
+// and what auto runs on the batch (choose_varlen_auto's choice, or ascending where that is refused).
 Point evaluate_varlen(const AttentionShape& max_shape, const VarlenBatch& batch, SlidingWindow window, int sms,
                       const CostModel& costs, const FlagParser& parser) {
   check_library_accepts_backward(max_shape, parser);
@@ -158,7 +158,7 @@ Point evaluate_varlen(const AttentionShape& max_shape, const VarlenBatch& batch,
   c.problem = point.problem;
   c.num_sms = sms;
   c.costs = costs;
-  const AutoChoice choice = choose_auto(point.problem, sms);
+  const AutoChoice choice = choose_varlen_auto(point.problem, batch.lengths_fill_maxima, sms);
   c.auto_choice = plan_varlen(point.problem, batch, Schedule::kAuto, sms).plan.plan.kind;
   c.auto_reason = choice.reason;
   if (c.auto_choice != choice.schedule) {

@@ -126,13 +126,19 @@ VarlenBatch make_varlen_batch(const VarlenFlags& flags, ShapeFlags* shape, const
                                    {{"seqlen-q", shape->seqlen_q}, {"seqlen", shape->seqlen}}, parser);
   shape->seqlen_k = maximum_length(keys, own_keys ? "cu-seqlens-k" : "cu-seqlens", "keys",
                                    {{"seqlen-k", shape->seqlen_k}, {"seqlen", shape->seqlen}}, parser);
+  AttentionShape maxima;
+  maxima.batch = shape->batch;
+  maxima.seqlen_q = shape->seqlen_q;
+  maxima.seqlen_k = shape->seqlen_k;
+  batch.lengths_fill_maxima = varlen_lengths_fill_maxima(maxima, total_query_tokens(batch), total_key_tokens(batch));
   return batch;
 }
 
 VarlenPlanResult plan_varlen(const TiledProblem& max_problem, const VarlenBatch& batch, Schedule schedule, int sms) {
-  VarlenPlanResult result = plan_varlen_schedule(max_problem, batch.keys_within_queries, schedule, sms);
+  VarlenPlanResult result =
+      plan_varlen_schedule(max_problem, batch.keys_within_queries, batch.lengths_fill_maxima, schedule, sms);
   if (!result.ok() && !batch.keys_within_queries &&
-      plan_varlen_schedule(max_problem, /*keys_within_queries=*/true, schedule, sms).ok()) {
+      plan_varlen_schedule(max_problem, /*keys_within_queries=*/true, batch.lengths_fill_maxima, schedule, sms).ok()) {
     result.rejected += " (--keys-within-queries makes the promise)";
   }
   return result;

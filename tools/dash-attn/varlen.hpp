@@ -42,6 +42,8 @@ struct VarlenBatch {
   std::vector<SequenceLengths> lengths;  // one per sequence; empty for a dense batch (no --cu-seqlens)
   bool keys_within_queries = false;      // the promise the plan is made with (plan_varlen_schedule, and
                                          // plan_varlen_backward and the calls in check and bench)
+  bool lengths_fill_maxima = true;       // auto's hint (choose_varlen_auto): every sequence at the maxima, as
+                                         // varlen_lengths_fill_maxima finds it from the lengths' sums
   bool varlen() const { return !lengths.empty(); }
 };
 
@@ -50,7 +52,7 @@ struct VarlenBatch {
 // so that make_shape then builds the maximum shape.
 VarlenBatch make_varlen_batch(const VarlenFlags& flags, ShapeFlags* shape, const FlagParser& parser);
 
-// plan_varlen_schedule for the batch; a refusal that --keys-within-queries would lift says so.
+// plan_varlen_schedule for the batch (its promise and hint); a refusal that --keys-within-queries would lift says so.
 VarlenPlanResult plan_varlen(const TiledProblem& max_problem, const VarlenBatch& batch, Schedule schedule, int sms);
 
 // The GPU commands (check, bench): refuses, as a bad command line, a varlen batch under a shape no varlen kernel
