@@ -16,14 +16,19 @@ at head dim 128) and `wide` (head dims 96, 192 and 256 at hidden 2048 rounded do
 1024..16384, full and causal). FA3 refuses a deterministic backward at head dim 256, so the tables also give DASH's
 best deterministic backward against FA3's non-deterministic one.
 
-usage: python3 compare.py [--grid paper,gqa,wide] [--head-dims 256] [--impls dash,fa3,cudnn,flash] [--schedules ...]
-                          [--csv OUT.csv] [--markdown OUT.md]
+Variants: `--window LEFT,RIGHT` (FlashAttention's window_size; the causal rows keep only LEFT, as both libraries
+do) and `--softcap CAP` run DASH and FA3 with that mask or cap; SDPA has neither and is left out. A window's FLOPs
+count the (query, key) pairs it lets through, so TFLOPS stay comparable across masks.
+
+usage: python3 compare.py [--grid paper,gqa,wide] [--head-dims 256] [--seqlens 1024,4096] [--impls dash,fa3,cudnn,flash]
+                          [--schedules ...] [--window LEFT,RIGHT] [--softcap CAP] [--csv OUT.csv] [--markdown OUT.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass
@@ -48,14 +53,33 @@ class Shape:
     heads_kv: int
     head_dim: int
     causal: bool
+    window: tuple[int, int] = (-1, -1)  # FlashAttention's window_size; -1 leaves a side open
+    softcap: float = 0.0
 
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
         heads = f" ({self.heads_q}/{self.heads_kv} heads)" if self.heads_q != self.heads_kv else ""
-        return f"hd{self.head_dim} {mask} {self.seqlen}{heads}"
+        variant = f" window{self.window}" if self.window != (-1, -1) else ""
+        variant += f" softcap {self.softcap:g}" if self.softcap else ""
+        return f"hd{self.head_dim} {mask} {self.seqlen}{heads}{variant}"
+
+    def visible_pairs(self) -> int:
+        """(query, key) pairs of one sequence the mask lets through: the causal triangle with its diagonal counted
+        as half (the convention of the FLOP counts above, S^2 / 2), otherwise each row's keys in its window."""
+        s = self.seqlen
+        left, right = self.window
+        if left < 0 and (self.causal or right < 0):
+            return s * s // 2 if self.causal else s * s
+        right = 0 if self.causal else right
+        pairs = 0
+        for i in range(s):
+            low = max(0, i - left) if left >= 0 else 0
+            high = min(s - 1, i + right) if right >= 0 else s - 1
+            pairs += high - low + 1
+        return pairs
 
     def forward_flops(self) -> float:
-        return 4.0 * self.batch * self.heads_q * self.seqlen**2 * self.head_dim * (0.5 if self.causal else 1.0)
+        return 4.0 * self.batch * self.heads_q * self.visible_pairs() * self.head_dim
 
 
 def grid(which: list[str]) -> list[Shape]:
@@ -79,15 +103,19 @@ def grid(which: list[str]) -> list[Shape]:
     return shapes
 
 
-def implementations(impls: list[str], schedules: list[str]) -> dict:
-    """name -> call(q, k, v, causal) for every implementation that imports here; says which are missing."""
+def implementations(impls: list[str], schedules: list[str], window: tuple[int, int] = (-1, -1),
+                    softcap: float = 0.0) -> dict:
+    """name -> call(q, k, v, causal) for every implementation that imports here, with the window and softcap;
+    says which are missing."""
     calls = {}
+    variant = window != (-1, -1) or softcap != 0.0
     if "dash" in impls:
         import dash_attn
 
         def dash(schedule: str, deterministic: bool):
             return lambda q, k, v, causal: dash_attn.flash_attn_func(
-                q, k, v, causal=causal, deterministic=deterministic, schedule=schedule)
+                q, k, v, causal=causal, deterministic=deterministic, schedule=schedule, window_size=window,
+                softcap=softcap)
 
         for s in schedules:
             calls[f"dash:{s}"] = dash(s, True)
@@ -104,7 +132,8 @@ def implementations(impls: list[str], schedules: list[str]) -> dict:
                         raise NotImplementedError(
                             f"FA3's deterministic backward stops at head dim {FA3_DETERMINISTIC_MAX_HEAD_DIM} "
                             "(at 256 it killed the process, 2026-12-02)")
-                    out = fa3(q, k, v, causal=causal, deterministic=deterministic)
+                    out = fa3(q, k, v, causal=causal, deterministic=deterministic, window_size=window,
+                              softcap=softcap)
                     return out[0] if isinstance(out, tuple) else out
                 return call
             calls["fa3:det"] = fa3_call(True)
@@ -119,6 +148,9 @@ def implementations(impls: list[str], schedules: list[str]) -> dict:
                 out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=qt.shape[1] != kt.shape[1])
             return out.transpose(1, 2)
         return call
+    if variant and ("cudnn" in impls or "flash" in impls):
+        print("sdpa not measured: it has no sliding window or softcap", file=sys.stderr)
+        return calls
     if "cudnn" in impls:
         calls["sdpa:cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
     if "flash" in impls:
@@ -205,6 +237,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", default="paper,gqa", help="comma-separated: paper, gqa, wide")
     parser.add_argument("--head-dims", help="comma-separated: keep only the grid's shapes of these head dims")
+    parser.add_argument("--seqlens", help="comma-separated: keep only the grid's shapes of these sequence lengths")
+    parser.add_argument("--window", default="-1,-1", help="LEFT,RIGHT: FlashAttention's window_size for every shape")
+    parser.add_argument("--softcap", type=float, default=0.0, help="softcap for every shape (0: none)")
     parser.add_argument("--impls", default="dash,fa3,cudnn,flash", help="comma-separated: dash, fa3, cudnn, flash")
     parser.add_argument("--schedules", default=",".join(DASH_SCHEDULES), help="dash_attn schedules to time")
     parser.add_argument("--repeats", type=int, default=7)
@@ -219,7 +254,12 @@ def main() -> None:
     if args.head_dims:
         kept = {int(d) for d in args.head_dims.split(",")}
         shapes = [sh for sh in shapes if sh.head_dim in kept]
-    calls = implementations(args.impls.split(","), schedules)
+    if args.seqlens:
+        kept = {int(s) for s in args.seqlens.split(",")}
+        shapes = [sh for sh in shapes if sh.seqlen in kept]
+    left, right = (int(x) for x in args.window.split(","))
+    shapes = [dataclasses.replace(sh, window=(left, right), softcap=args.softcap) for sh in shapes]
+    calls = implementations(args.impls.split(","), schedules, (left, right), args.softcap)
     torch.manual_seed(0)
     rows = []
     for shape in shapes:
