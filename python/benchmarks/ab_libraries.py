@@ -8,6 +8,7 @@ the rounds, their geometric means over the shapes, and A's round-to-round ratio 
 comparison). Several changes share one call this way, each judged against the same baseline. Needs a Hopper GPU.
 
 usage: python3 ab_libraries.py A.so B.so [C.so ...] [--rounds 2] [--schedules auto] [--forward-only] [--out DIR]
+                               [--compare-args "--grid paper --head-dims 128 --softcap 50"]
        e.g. A = the commit before the change, B = after; all built on the CPU machine and carried.
        LIB.so@DIR runs that library's interpreter with DIR first on PYTHONPATH: the dash_attn package of the
        library's own commit, where a change moved the C ABI version and the checkout's package refuses it.
@@ -19,6 +20,7 @@ import argparse
 import csv
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -32,13 +34,14 @@ def split_library(argument: str) -> tuple[Path, str | None]:
     return Path(library), package or None
 
 
-def run_compare(argument: str, schedules: str, out_csv: Path, forward_only: bool) -> None:
+def run_compare(argument: str, schedules: str, out_csv: Path, forward_only: bool, extra: list[str]) -> None:
     library, package = split_library(argument)
     env = {**os.environ, "DASH_ATTN_LIBRARY": str(library.resolve())}
     if package:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(package).resolve()), env.get("PYTHONPATH")]))
     command = [sys.executable, str(COMPARE), "--impls", "dash", "--schedules", schedules, "--csv", str(out_csv)]
     command += ["--forward-only"] if forward_only else []
+    command += extra
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -64,6 +67,8 @@ def main() -> None:
     parser.add_argument("--schedules", default="auto", help="dash_attn schedules, as compare.py takes them")
     parser.add_argument("--forward-only", action="store_true", help="time the forward alone (compare.py's flag)")
     parser.add_argument("--out", type=Path, default=Path("ab_out"), help="where the per-run CSVs go")
+    parser.add_argument("--compare-args", default="",
+                        help="more compare.py arguments, one string, e.g. \"--head-dims 128 --softcap 50\"")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     libraries = {"a": args.a} | {chr(ord("b") + i): library for i, library in enumerate(args.changes)}
@@ -71,7 +76,7 @@ def main() -> None:
     for round_index in range(1, args.rounds + 1):
         for name, library in libraries.items():
             out_csv = args.out / f"{name}_{round_index}.csv"
-            run_compare(library, args.schedules, out_csv, args.forward_only)
+            run_compare(library, args.schedules, out_csv, args.forward_only, shlex.split(args.compare_args))
             runs[name].append(load(out_csv))
     for name in list(libraries)[1:]:
         print(f"\n{name.upper()} = {libraries[name]} against A = {args.a}\n")
