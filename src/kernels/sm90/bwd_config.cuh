@@ -199,7 +199,8 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     float softmax_scale;
     float scale_log2;  // softmax_scale * log2(e); softcap * log2(e) in the softcap kernels
     float softcap_in;        // softcap kernels: softmax_scale / softcap, what S^T is multiplied by before the tanh
-    float softcap_rcp_log2;  // softcap kernels: 1 / (softcap * log2(e)), from P's exponent back to the tanh
+    float softcap_rcp_log2;  // softcap kernels: 1 / (softcap * log2(e)), from P's exponent back to the tanh where
+                             // the MMA warpgroups keep no slope (bwd_mma.cuh, kKeepsSlope)
     // Varlen kernels: cu_seqlens and the bounds each sequence is clamped to; plan, seqlen_q, seqlen_k and batch are
     // then the maximum problem's, and the descriptors span the packed rows.
     std::conditional_t<kVarlen, PackedBatch, NoPackedBatch> packed;

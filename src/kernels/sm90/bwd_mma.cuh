@@ -4,7 +4,8 @@
 //   P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), masked
 //   dS^T = P^T o (dP^T - rowsum(dO o O))
 // (softcap kernels: S^T <- tanh(S^T * scale / softcap) with softcap * log2(e) in place of scale * log2(e), and
-// dS^T multiplied by 1 - tanh^2; see compute_probabilities and compute_ds)
+// dS^T multiplied by 1 - tanh^2, kept from P's computation to dS's in fp16 where registers allow; see
+// compute_probabilities and compute_ds)
 //   dV += P^T dO, dK += dS^T Q                       (wgmma, P^T and dS^T from registers)
 //   dQ_partial = dS K                                (wgmma, dS through shared memory)
 // and hand dQ_partial to the dQ writer. At the end of the job write dK * scale and dV.
@@ -35,10 +36,18 @@ namespace dash::sm90 {
 template <class Config>
 struct BackwardMma {
   using Element = typename Config::Element;
+  // tanh's derivative, which softcap kernels keep from P's computation to dS's where it fits (compute_probabilities).
+  using SlopeElement = cutlass::half_t;
   using Params = typename Config::Params;
   using SharedStorage = typename Config::SharedStorage;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
+  // The S^T values each MMA thread holds per step, and how many of their slopes fit beside S^T, dP^T, dK and dV: 32
+  // (16 registers) at d = 96 to 256 spill nothing, while at d = 64 the 128x128 tile's 64 (32 registers) spilled 92
+  // loads and 88 stores per step (SASS, 2026-12-02), so there compute_ds takes tanh back from P instead.
+  static constexpr int kScoresPerThread = kBlockN * kBlockM / Config::kMmaThreads;
+  static constexpr int kMaxKeptSlopes = 32;
+  static constexpr bool kKeepsSlope = Config::kSoftcap && kScoresPerThread <= kMaxKeptSlopes;
 
   __device__ static void run(const Params& p, SharedStorage& smem, int thread) {
     if constexpr (Config::kSplitsHeadDim) {
@@ -124,14 +133,15 @@ struct BackwardMma {
         // have P = 0 anyway). The branch is uniform over the CTA, so each loop stays branch-free.
         // The left ends are tested only under a left window bound, in a path of its own, so that the full and
         // causal masks' masked steps run what they did before windows.
-        step_probabilities(left_bounded(), tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
+        Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
+        step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
         // dS^T = P^T o (dP^T - dpsum). P^T and dS^T go straight to the MMA element type, so their fp32
         // copies die element by element and the register peak stays low.
         warpgroup_wait<0>();
         Tensor tdVrP = make_operand_a_for<Element>(tSrS);
         Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
-        compute_ds(tSrS, tdPrdP, operand_in_accumulator_layout(tdVrP, tSrS), operand_in_accumulator_layout(tdKrdS, tdPrdP),
-                   tScS, smem.dpsum[stage], smem.lse_log2[stage], p);
+        compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tdVrP, tSrS),
+                   operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, smem.dpsum[stage], smem.lse_log2[stage], p);
         // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows. Stored
         // before the dV GEMM is issued, so the stores drain under its issue instead of stalling the fence.
         copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
@@ -236,13 +246,14 @@ struct BackwardMma {
 
         warpgroup_wait<1>();
         // P^T in place of S^T, masked only where the tile crosses a mask's ends (run_rows says why this way).
-        step_probabilities(left_bounded(), tSrS, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
+        Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
+        step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
         warpgroup_wait<0>();
         // P^T and dS^T in the MMA element type, in the accumulator's layout, which is stmatrix's source layout.
         Tensor tPrP = make_tensor<Element>(tSrS.layout());
         Tensor tdSrdS = make_tensor<Element>(tdPrdP.layout());
-        compute_ds(tSrS, tdPrdP, operand_in_accumulator_layout(tPrP, tSrS), operand_in_accumulator_layout(tdSrdS, tdPrdP),
-                   tScS, smem.dpsum[stage], smem.lse_log2[stage], p);
+        compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
+                   operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[stage], smem.lse_log2[stage], p);
         copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdSt(_, _, _, p_buffer));
         copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdSt(_, _, _, ds_buffer));
         // The generic-proxy stores before wgmma's async-proxy reads, then both warpgroups' halves complete.
@@ -271,17 +282,17 @@ struct BackwardMma {
   // P^T in place of one step's S^T, on the path its tile needs: masked where it crosses the right ends (the causal
   // diagonal, a window's right bound, the key tail) or, under a left window bound, the left ends; unmasked
   // otherwise. The branch is uniform over the CTA.
-  template <class Fragment, class Coords>
-  __device__ static void step_probabilities(bool left_bounded, Fragment& s_frag, const Coords& coords_frag,
-                                            const float* lse_log2, const MaskShape& mask, int q_row0, int kv_row0,
-                                            const Params& p) {
+  template <class Fragment, class SlopeFragment, class Coords>
+  __device__ static void step_probabilities(bool left_bounded, Fragment& s_frag, SlopeFragment& slope_frag,
+                                            const Coords& coords_frag, const float* lse_log2, const MaskShape& mask,
+                                            int q_row0, int kv_row0, const Params& p) {
     const bool crosses_right_ends = kv_row0 + kBlockN > mask.visible_keys(q_row0);
     if (left_bounded && (crosses_right_ends || kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
-      compute_probabilities<MaskedEnds::kBoth>(s_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
+      compute_probabilities<MaskedEnds::kBoth>(s_frag, slope_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
     } else if (crosses_right_ends) {
-      compute_probabilities<MaskedEnds::kRight>(s_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
+      compute_probabilities<MaskedEnds::kRight>(s_frag, slope_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
     } else {
-      compute_probabilities<MaskedEnds::kNone>(s_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
+      compute_probabilities<MaskedEnds::kNone>(s_frag, slope_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
     }
   }
 
@@ -303,11 +314,16 @@ struct BackwardMma {
 
   // P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), 0 where the key is hidden from the query row. Softcap
   // kernels recompute the forward's capped score first: S^T <- tanh(S^T * scale / softcap), and p.scale_log2 is
-  // softcap * log2(e).
-  template <MaskedEnds kMasked, class Fragment, class Coords>
-  __device__ static void compute_probabilities(Fragment& s_frag, const Coords& coords_frag, const float* lse_log2,
-                                               const MaskShape& mask, int q_row0, int kv_row0, const Params& p) {
+  // softcap * log2(e); where kKeepsSlope they keep tanh's derivative 1 - tanh^2 in `slope_frag` for compute_ds. It
+  // lies in [0, 1], so fp16 holds it to 2^-11 (below dS^T's own rounding to the MMA element type) in half the
+  // registers of fp32, and keeping it spares compute_ds the MUFU.LG2 that takes tanh back from P (the softcap step's
+  // third MUFU per score).
+  template <MaskedEnds kMasked, class Fragment, class SlopeFragment, class Coords>
+  __device__ static void compute_probabilities(Fragment& s_frag, SlopeFragment& slope_frag, const Coords& coords_frag,
+                                               const float* lse_log2, const MaskShape& mask, int q_row0,
+                                               int kv_row0, const Params& p) {
     Tensor s = by_rows_and_columns(s_frag);
+    Tensor slope = make_tensor(slope_frag.data(), accumulator_rows_by_columns(slope_frag.layout()));
     Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
     const float scale_log2 = p.scale_log2;
     CUTE_UNROLL
@@ -326,6 +342,7 @@ struct BackwardMma {
         for (int h = 0; h < 2; ++h) {
           float score = s(r, c + h);
           if constexpr (Config::kSoftcap) score = fast_tanh(score * p.softcap_in);
+          if constexpr (kKeepsSlope) slope(r, c + h) = static_cast<SlopeElement>(fmaf(-score, score, 1.0f));
           float x = score * scale_log2 - (h == 0 ? lse.x : lse.y);
           if constexpr (kRight) {
             const int key = kv_row0 + get<0>(coords(r, c + h));
@@ -337,16 +354,17 @@ struct BackwardMma {
     }
   }
 
-  // dS^T = P^T o (dP^T - dpsum), stored with P^T in the MMA element type. Softcap kernels multiply by the
-  // tanh's derivative 1 - t^2 as well (the scale is applied to dQ and dK later, as without softcap), where t,
-  // the capped score over softcap, comes back from P's exponent: t = (log2 P + LSE * log2(e)) / (softcap *
-  // log2(e)), rather than being kept in a second fragment of fp32 registers next to S^T and dP^T. Where P = 0
-  // (masked, underflowed, or a row without keys) t is -inf or NaN and is clamped to -1, so dS = 0 stays 0.
-  template <class Fragment, class Slots, class Coords>
-  __device__ static void compute_ds(const Fragment& p_frag, const Fragment& dp_frag, Slots p_slots, Slots ds_slots,
-                                    const Coords& coords_frag, const float* dpsum, const float* lse_log2,
-                                    const Params& params) {
+  // dS^T = P^T o (dP^T - dpsum), stored with P^T in the MMA element type. Softcap kernels multiply by tanh's
+  // derivative 1 - t^2 as well (the scale is applied to dQ and dK later, as without softcap): `slope_frag` of
+  // compute_probabilities where kKeepsSlope, which is finite, so dS = 0 stays 0 where P = 0 (masked, underflowed, a
+  // row without keys). Otherwise t, the capped score over softcap, comes back from P's exponent: t = (log2 P + LSE *
+  // log2(e)) / (softcap * log2(e)); where P = 0 that is -inf or NaN, clamped to -1, so dS = 0 stays 0 too.
+  template <class Fragment, class SlopeFragment, class Slots, class Coords>
+  __device__ static void compute_ds(const Fragment& p_frag, const Fragment& dp_frag, const SlopeFragment& slope_frag,
+                                    Slots p_slots, Slots ds_slots, const Coords& coords_frag, const float* dpsum,
+                                    const float* lse_log2, const Params& params) {
     Tensor p = make_tensor(p_frag.data(), accumulator_rows_by_columns(p_frag.layout()));
+    Tensor slope = make_tensor(slope_frag.data(), accumulator_rows_by_columns(slope_frag.layout()));
     Tensor dp = make_tensor(dp_frag.data(), accumulator_rows_by_columns(dp_frag.layout()));
     Tensor p_out = make_tensor(p_slots.data(), accumulator_rows_by_columns(p_slots.layout()));
     Tensor ds_out = make_tensor(ds_slots.data(), accumulator_rows_by_columns(ds_slots.layout()));
@@ -354,8 +372,8 @@ struct BackwardMma {
     CUTE_UNROLL
     for (int c = 0; c < size<1>(dp); c += 2) {
       const float2 sum = *reinterpret_cast<const float2*>(dpsum + get<1>(coords(0, c)));
-      float2 lse_t{};  // softcap: LSE * log2(e) / (softcap * log2(e)) of the column pair
-      if constexpr (Config::kSoftcap) {
+      float2 lse_t{};  // softcap without a kept slope: LSE * log2(e) / (softcap * log2(e)) of the column pair
+      if constexpr (Config::kSoftcap && !kKeepsSlope) {
         const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + get<1>(coords(0, c)));
         lse_t = make_float2(lse.x * params.softcap_rcp_log2, lse.y * params.softcap_rcp_log2);
       }
@@ -364,7 +382,9 @@ struct BackwardMma {
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
           float ds = p(r, c + h) * (dp(r, c + h) - (h == 0 ? sum.x : sum.y));
-          if constexpr (Config::kSoftcap) {
+          if constexpr (kKeepsSlope) {
+            ds *= static_cast<float>(slope(r, c + h));
+          } else if constexpr (Config::kSoftcap) {
             const float t = fmaxf(fmaf(fast_log2(p(r, c + h)), params.softcap_rcp_log2, h == 0 ? lse_t.x : lse_t.y), -1.0f);
             ds *= fmaf(-t, t, 1.0f);
           }
