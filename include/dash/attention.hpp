@@ -40,8 +40,9 @@ namespace dash {
 // kernels are instances of their own, DASH_SOFTCAP_KERNELS).
 bool kernels_available();
 bool kernel_available(int64_t head_dim, DType dtype, bool softcap = false);
-// Whether this build has the varlen kernels (VarlenBatch calls) of (head dim, dtype); they are built without softcap.
-bool varlen_kernel_available(int64_t head_dim, DType dtype);
+// Whether this build has the varlen kernels (VarlenBatch calls) of (head dim, dtype), without or with softcap: each
+// instance's varlen kernels, DASH_VARLEN_KERNELS.
+bool varlen_kernel_available(int64_t head_dim, DType dtype, bool softcap = false);
 
 // Checks the shape alone without touching the GPU: sizes, dtype, head dim, GQA divisibility, softmax scale,
 // sliding window (each bound >= -1), softcap (finite, >= 0, softmax_scale / softcap finite), and the limits of the kernels' indices and launch grids. Every entry point runs it first; a tool that

@@ -38,6 +38,7 @@ const char* dash_schedule_names(void) {
 int dash_kernel_available(int64_t head_dim, int dtype) { return stub_kernel(head_dim, dtype); }
 int dash_softcap_kernel_available(int64_t head_dim, int dtype) { return stub_kernel(head_dim, dtype); }
 int dash_varlen_kernel_available(int64_t head_dim, int dtype) { return stub_kernel(head_dim, dtype); }
+int dash_varlen_softcap_kernel_available(int64_t head_dim, int dtype) { return stub_kernel(head_dim, dtype); }
 const char* dash_library_version(void) { return "stub"; }
 int dash_cuda_runtime_version(void) { return 0; }
 int dash_cuda_driver_version(void) { return 0; }

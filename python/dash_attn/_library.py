@@ -34,7 +34,7 @@ LIBRARY_FILE = "libdash_attn_c.so"
 LIBRARY_ENV = "DASH_ATTN_LIBRARY"
 
 # DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 # The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
 # library is loaded; load() verifies that the library agrees.
@@ -166,6 +166,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dash_kernel_available": (c_int, [c_int64, c_int]),
         "dash_softcap_kernel_available": (c_int, [c_int64, c_int]),
         "dash_varlen_kernel_available": (c_int, [c_int64, c_int]),
+        "dash_varlen_softcap_kernel_available": (c_int, [c_int64, c_int]),
         "dash_library_version": (c_char_p, []),
         "dash_cuda_runtime_version": (c_int, []),
         "dash_cuda_driver_version": (c_int, []),
@@ -285,9 +286,11 @@ def kernel_available(head_dim: int, dtype: int, softcap: bool = False) -> bool:
     return bool(load().dash_kernel_available(head_dim, dtype))
 
 
-def varlen_kernel_available(head_dim: int, dtype: int) -> bool:
-    """Whether the library has the varlen kernels (packed batches with cu_seqlens) for (head_dim, dtype); they are
-    built without softcap."""
+def varlen_kernel_available(head_dim: int, dtype: int, softcap: bool = False) -> bool:
+    """Whether the library has the varlen kernels (packed batches with cu_seqlens) for (head_dim, dtype); with
+    softcap=True, those of its softcap kernels."""
+    if softcap:
+        return bool(load().dash_varlen_softcap_kernel_available(head_dim, dtype))
     return bool(load().dash_varlen_kernel_available(head_dim, dtype))
 
 

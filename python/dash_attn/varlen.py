@@ -28,9 +28,8 @@ Invariants:
 - Rows after the last sequence (cu_seqlens_q[-1] <= row < total_q) come out as out = 0, lse = -inf and zero
   gradients: the library clears them after its kernels (only those rows, on the device), so the outputs are
   allocated uncleared; a batch without query or key rows needs no kernel, and its outputs are cleared here.
-- Every check runs before any CUDA call and names the argument; the C library repeats the ones it needs. softcap
-  with varlen is refused by the library build (its varlen kernels are built without softcap) with a message
-  naming softcap.
+- Every check runs before any CUDA call and names the argument; the C library repeats the ones it needs. A build
+  without the varlen kernels of the call's head dim, dtype and softcap variant refuses it by name.
 """
 
 from __future__ import annotations
@@ -593,7 +592,8 @@ def flash_attn_varlen_func(
 
     causal, window_size and softcap mean what they mean in flash_attn_func, per sequence: with causal=True query row
     i of a sequence sees its key j iff j <= i + seqlen_k - seqlen_q (bottom-right aligned). A query row that sees no
-    key gets out = 0 and lse = -inf. softcap > 0 is refused by the library (no varlen softcap kernels are built).
+    key gets out = 0 and lse = -inf. softcap > 0 caps each score as in flash_attn_func (the softcap instances' varlen
+    kernels).
 
     Passing one tensor as both cu_seqlens_q and cu_seqlens_k (self-attention) promises seqlen_k <= seqlen_q per
     sequence, which lets schedule="auto" pick the shift schedules; schedule="shift" or "symmetric-shift" without it

@@ -289,6 +289,14 @@ def test_softcap_reaches_the_kernel(kernel):
     assert [call.arguments["softcap"] for call in kernel] == [50.0, 0.0]
 
 
+def test_softcap_reaches_the_varlen_kernel_with_packed_sequences(kernel):
+    """Packed sequences found either way (cu_seq_lens_*, position_ids) take softcap as dense calls do."""
+    packed_by = [packing_keywords(), {"position_ids": packed_positions(8, 8).expand(BATCH, -1)}]
+    for keywords in packed_by:
+        integration.dash_attention_forward(**call_arguments(softcap=30.0, **keywords))
+    assert [(call.function, call.arguments["softcap"]) for call in kernel] == [("flash_attn_varlen_func", 30.0)] * 2
+
+
 def test_a_module_without_is_causal_is_causal(kernel):
     query, key, value = states()
     integration.dash_attention_forward(torch.nn.Module(), query, key, value, None)
@@ -416,16 +424,6 @@ REFUSALS = [
         r"cu_seq_lens_k has 2 offsets but cu_seq_lens_q 3",
     ),
     (packing_keywords(max_length_q=8.0), ValueError, r"max_length_q must be an int \(the longest sequence\), got 8\.0"),
-    (
-        packing_keywords(softcap=30.0),
-        NotImplementedError,
-        r"softcap=30\.0 is not supported with packed sequences \(cu_seq_lens_q\)",
-    ),
-    (
-        {"position_ids": packed_positions(8, 8).expand(BATCH, -1), "softcap": 30.0},
-        NotImplementedError,
-        r"softcap=30\.0 is not supported with packed sequences \(position_ids\)",
-    ),
     (
         {"position_ids": torch.tensor([[0, 1, 2, 0, 1, 2]])},
         NotImplementedError,

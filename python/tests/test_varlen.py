@@ -4,10 +4,12 @@ CPU (no GPU, no library needed): every argument check names the argument and the
 head dims, cu_seqlens dtype, rank, length and agreement, max_seqlen bounds, window, softcap, flags, the schedule
 against deterministic), and the promise seqlen_k <= seqlen_q is taken from one tensor passed twice, never from a
 copy of the offsets.
-GPU (skip without a Hopper GPU): the forward, LSE and gradients against a per-sequence loop of flash_attn_func on
-adversarial lengths (0, 1, 127, 129, one long and the rest empty, seqlen_q != seqlen_k), causal and a window, GQA;
-every deterministic schedule the plan admits repeats its bits; rows after the last sequence come out 0 with zero
-gradients; a CUDA graph of the call replays it without reading the offsets on the host; softcap is refused by name.
+GPU (skip without a Hopper GPU, or, naming the build option, without the varlen kernels of a head dim, dtype and
+softcap variant): the forward, LSE and gradients against a per-sequence loop of flash_attn_func on adversarial
+lengths (0, 1, 127, 129, one long and the rest empty, seqlen_q != seqlen_k), causal and a window, GQA, at every head
+dim, and with softcap (the loop's flash_attn_func with the same softcap); every deterministic schedule the plan
+admits repeats its bits; rows after the last sequence come out 0 with zero gradients; a CUDA graph of the call
+replays it without reading the offsets on the host.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ torch = pytest.importorskip("torch", reason="dash_attn needs PyTorch")
 
 import dash_attn
 from dash_attn import flash_attn_func, flash_attn_varlen_func
+from dash_attn import _library
 from dash_attn import varlen as varlen_module
 
 TOLERANCES = {torch.bfloat16: (1.5e-2, 5e-2), torch.float16: (4e-3, 1.5e-2)}  # as test_attention.py
@@ -97,7 +100,7 @@ def test_the_promise_comes_from_one_tensor_passed_twice_never_from_the_values():
 def test_a_signature_asks_the_library_its_workspace_once_per_library(monkeypatch):
     """The forward's call descriptor: the first call of a signature asks the loaded library (which validates the
     shape), later calls of it reuse the answer; another signature or a library loaded anew asks again."""
-    from dash_attn import _library, _plans
+    from dash_attn import _plans
 
     asked = []
 
@@ -233,6 +236,12 @@ CASES = [
     ("one-long-rest-empty", [(1000, 1000), (0, 0), (0, 0)], 2, 2, True, (-1, -1)),
     ("window", [(300, 300), (5, 5), (600, 600)], 4, 2, False, (64, 16)),
 ]
+# Every head dim the package takes: the varlen kernels are each instance's (src/kernels/CMakeLists.txt).
+HEAD_DIMS = sorted(_library.HEAD_DIMS)
+# The mixed lengths under the causal mask (GQA) and the window, with softcap.
+SOFTCAP_CASES = [case for case in CASES if case[0] in ("mixed-self-causal-gqa", "window")]
+SOFTCAP = 5.0
+SOFTCAP_SCALE_FACTOR = 4.0  # softmax_scale = SOFTCAP_SCALE_FACTOR / sqrt(head_dim)
 
 
 def packed_batch(lengths, heads_q, heads_kv, head_dim, dtype, device, padding=0, seed=0):
@@ -271,6 +280,16 @@ def per_sequence(q, k, v, dout, cu_q, cu_k, **options):
     return out, lse, dq, dk, dv
 
 
+def skip_without_varlen_kernels(library, require_kernel, head_dim, dtype, softcap=False):
+    """Skips, naming the build options, unless this build has the varlen kernels of (head_dim, dtype, softcap)."""
+    require_kernel(head_dim, dtype)
+    code = {torch.bfloat16: library.DTYPE_BF16, torch.float16: library.DTYPE_FP16}[dtype]
+    if not library.varlen_kernel_available(head_dim, code, softcap):
+        options = "DASH_VARLEN_KERNELS, DASH_SOFTCAP_KERNELS" if softcap else "DASH_VARLEN_KERNELS"
+        pytest.skip(f"this build has no varlen kernels for head_dim {head_dim} / {dtype}"
+                    f"{' with softcap' if softcap else ''} ({options})")
+
+
 def assert_close(actual, expected, dtype, what):
     rel, frac = TOLERANCES[dtype]
     finite = torch.isfinite(expected)
@@ -281,18 +300,14 @@ def assert_close(actual, expected, dtype, what):
     assert (a - e).abs().max() <= frac * max(e.abs().max().item(), MAGNITUDE_FLOOR), f"{what}: max error"
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_matches_a_per_sequence_loop_of_flash_attn_func(device, library, require_kernel, case, head_dim, dtype):
-    require_kernel(head_dim, dtype)
-    if not library.varlen_kernel_available(head_dim, {torch.bfloat16: 0, torch.float16: 1}[dtype]):
-        pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
+def check_against_the_loop(case, head_dim, dtype, device, **options):
+    """flash_attn_varlen_func on `case` with `options` (and the case's mask) against per_sequence's loop of
+    flash_attn_func with the same options: out, lse, gradients, and the padding rows cleared."""
     _name, lengths, heads_q, heads_kv, causal, window = case
     q, k, v, cu_q_t, cu_k_t, cu_q, cu_k = packed_batch(lengths, heads_q, heads_kv, head_dim, dtype, device,
                                                        padding=7)
     dout = torch.randn_like(q)
-    options = {"causal": causal, "window_size": window}
+    options = {"causal": causal, "window_size": window, **options}
     expected = per_sequence(q, k, v, dout, cu_q, cu_k, **options)
     q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
     max_q = max(max(s for s, _ in lengths), 1)
@@ -306,6 +321,25 @@ def test_matches_a_per_sequence_loop_of_flash_attn_func(device, library, require
     # The padding rows after the last sequence: out 0, lse -inf, zero gradients.
     assert torch.all(out[cu_q[-1]:] == 0) and torch.all(lse[:, cu_q[-1]:] == float("-inf"))
     assert torch.all(q_.grad[cu_q[-1]:] == 0) and torch.all(k_.grad[cu_k[-1]:] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_a_per_sequence_loop_of_flash_attn_func(device, library, require_kernel, case, head_dim, dtype):
+    skip_without_varlen_kernels(library, require_kernel, head_dim, dtype)
+    check_against_the_loop(case, head_dim, dtype, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=[c[0] for c in SOFTCAP_CASES])
+def test_softcap_matches_a_per_sequence_loop_of_flash_attn_func_with_softcap(device, library, require_kernel, case,
+                                                                             head_dim, dtype):
+    skip_without_varlen_kernels(library, require_kernel, head_dim, dtype, softcap=True)
+    # Scores scaled up so that the cap bites (|s| past softcap), as the kernel tests do.
+    check_against_the_loop(case, head_dim, dtype, device, softcap=SOFTCAP,
+                           softmax_scale=SOFTCAP_SCALE_FACTOR / head_dim ** 0.5)
 
 
 @pytest.mark.parametrize("schedule", ["ascending", "descending", "shortest-first", "shift", "symmetric-shift"])
@@ -337,13 +371,6 @@ def test_the_shift_schedules_need_one_offsets_tensor(device, library, require_ke
     out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 300, causal=True, schedule="symmetric-shift")
     with pytest.raises(dash_attn.LibraryError, match="keys_within_queries"):
         out.sum().backward()
-
-
-def test_softcap_is_refused_by_name(device, library, require_kernel):
-    require_kernel(128, torch.bfloat16)
-    q, k, v, cu_q, cu_k, _, _ = packed_batch([(20, 20)], 2, 2, 128, torch.bfloat16, device)
-    with pytest.raises(dash_attn.LibraryError, match="softcap"):
-        flash_attn_varlen_func(q, k, v, cu_q, cu_k, 20, 20, softcap=5.0)
 
 
 def test_a_cuda_graph_replays_the_call_with_new_offsets(device, library, require_kernel):

@@ -50,11 +50,8 @@ Status find_call_instance(const AttentionShape& shape, const VarlenBatch& varlen
   if (varlen.packed() && !has_varlen) {
     return {StatusCode::kNotAvailable,
             "this build has no varlen kernel for head_dim " + std::to_string(shape.head_dim) + " and dtype " +
-                dtype_name(shape.dtype) +
-                (shape.softcap > 0.0f ? " with softcap (varlen kernels are built without softcap: a varlen call "
-                                        "needs softcap == 0)"
-                                      : " (varlen kernels are built at head dims 64 and 128, with "
-                                        "DASH_VARLEN_KERNELS)")};
+                dtype_name(shape.dtype) + (shape.softcap > 0.0f ? " with softcap" : "") +
+                " (built without DASH_VARLEN_KERNELS)"};
   }
   return Status::success();
 }
@@ -135,10 +132,10 @@ bool kernel_available(int64_t head_dim, DType dtype, bool softcap) {
   });
 }
 
-bool varlen_kernel_available(int64_t head_dim, DType dtype) {
+bool varlen_kernel_available(int64_t head_dim, DType dtype, bool softcap) {
   const auto instances = kernels::kernel_instances();
   return std::any_of(instances.begin(), instances.end(), [&](const kernels::KernelInstance& k) {
-    return k.head_dim == head_dim && k.dtype == dtype && !k.softcap && k.forward_varlen != nullptr &&
+    return k.head_dim == head_dim && k.dtype == dtype && k.softcap == softcap && k.forward_varlen != nullptr &&
            k.backward_varlen != nullptr;
   });
 }

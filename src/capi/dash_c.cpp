@@ -238,6 +238,10 @@ int dash_varlen_kernel_available(int64_t head_dim, int dtype) {
   return dash::varlen_kernel_available(head_dim, static_cast<dash::DType>(dtype)) ? 1 : 0;
 }
 
+int dash_varlen_softcap_kernel_available(int64_t head_dim, int dtype) {
+  return dash::varlen_kernel_available(head_dim, static_cast<dash::DType>(dtype), /*softcap=*/true) ? 1 : 0;
+}
+
 const char* dash_library_version(void) { return DASH_C_LIBRARY_VERSION; }
 
 // Both only read a version: they cannot fail in a way that matters (the driver's is 0 when there is none).

@@ -34,8 +34,10 @@ extern "C" {
  *      dash_backward_plan_create_varlen, dash_backward_plan_is_varlen and dash_backward_plan_run_varlen.
  *   7: dash_backward_plan_create_varlen takes int lengths_fill_maxima after keys_within_queries (auto's hint of the
  *      packed rows), and dash_backward_plan_schedule names the schedule a plan runs. No struct changed; the signature
- *      did, so a binding of version 6 would pass its arguments in the wrong places. */
-#define DASH_C_ABI_VERSION 7
+ *      did, so a binding of version 6 would pass its arguments in the wrong places.
+ *   8: dash_varlen_softcap_kernel_available says whether the softcap instances' varlen kernels were built (varlen
+ *      batches with softcap > 0); dash_varlen_kernel_available keeps its meaning, the instances without softcap. */
+#define DASH_C_ABI_VERSION 8
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -111,8 +113,9 @@ DASH_C_API const char* dash_schedule_names(void);
 /* Nonzero if this build has kernels for (head_dim, dtype); the second: its softcap kernels (softcap > 0). */
 DASH_C_API int dash_kernel_available(int64_t head_dim, int dtype);
 DASH_C_API int dash_softcap_kernel_available(int64_t head_dim, int dtype);
-/* Nonzero if this build has the varlen kernels of (head_dim, dtype) (built without softcap). */
+/* Nonzero if this build has the varlen kernels of (head_dim, dtype); the second: those of its softcap instance. */
 DASH_C_API int dash_varlen_kernel_available(int64_t head_dim, int dtype);
+DASH_C_API int dash_varlen_softcap_kernel_available(int64_t head_dim, int dtype);
 
 /* The version of the DASH sources this library was built from (the CMake project version, e.g. "0.1.0"); a
  * static string. */

@@ -66,8 +66,7 @@ struct KernelInstance {
   ForwardLauncher forward;
   BackwardLauncher backward;
   // Packed varlen batches (args.varlen): kernels of their own, compiled in a translation unit of their own, so the
-  // dense kernels above stay as they are; null where this build has none (the softcap instances: varlen kernels
-  // are built without softcap to bound the build time).
+  // dense kernels above stay as they are; null where this build has none (built without DASH_VARLEN_KERNELS).
   ForwardLauncher forward_varlen;
   BackwardLauncher backward_varlen;
 };

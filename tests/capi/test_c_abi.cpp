@@ -586,13 +586,17 @@ TEST(CBackwardPlanRun, AMatchingCallGetsPastThePlanChecks) {
 
 // --- packed varlen batches (dash_varlen, ABI 6) ------------------------------------------------------------
 
-TEST(CVarlen, TheAbiVersionIsSeven) { EXPECT_EQ(dash_abi_version(), 7); }
+TEST(CVarlen, TheAbiVersionIsEight) { EXPECT_EQ(dash_abi_version(), 8); }
 
-TEST(CVarlen, VarlenKernelsComeWithThePlainOnesAndWithoutSoftcap) {
-  for (const int64_t head_dim : {64, 128}) {
+// Varlen kernels are an instance's (DASH_VARLEN_KERNELS): none without the instance, plain or softcap.
+TEST(CVarlen, VarlenKernelsComeWithTheirInstances) {
+  for (const int64_t head_dim : {64, 80, 96, 128, 192, 256}) {
     for (const int dtype : {DASH_DTYPE_BF16, DASH_DTYPE_FP16}) {
       if (dash_kernel_available(head_dim, dtype) == 0) {
-        EXPECT_EQ(dash_varlen_kernel_available(head_dim, dtype), 0);
+        EXPECT_EQ(dash_varlen_kernel_available(head_dim, dtype), 0) << head_dim << " " << dtype;
+      }
+      if (dash_softcap_kernel_available(head_dim, dtype) == 0) {
+        EXPECT_EQ(dash_varlen_softcap_kernel_available(head_dim, dtype), 0) << head_dim << " " << dtype;
       }
     }
   }

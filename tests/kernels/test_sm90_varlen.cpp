@@ -3,9 +3,12 @@
 // - Sm90Varlen: the forward against the float64 CPU reference of every sequence on its own, on adversarial length
 //   distributions (lengths 0 and 1, just under and over a tile, the maximum, all equal, one long and the rest empty,
 //   seqlen_q != seqlen_k both ways per sequence, a maximum above every length, a batch long enough for the tall or
-//   wide tiles), full, causal (bottom-right aligned per sequence) and sliding windows, GQA and MQA. Outputs start
-//   poisoned (NaN): every element of every sequence must be written, the padding rows after the last sequence must
-//   come out cleared (0, LSE -inf), and a second run repeats the bits.
+//   wide tiles), full, causal (bottom-right aligned per sequence) and sliding windows, GQA and MQA, and softcap alone,
+//   with causal, with a window and on the long batch (the softcap instances' varlen kernels), at every head dim:
+//   64 and 128 on the row-split backward, 96 on its 64 x 48 dQ partials, 192 and 256 on the narrower forward key
+//   tiles (128x112, 128x80) and the head_dim-split backward. Outputs start poisoned (NaN): every element of every
+//   sequence must be written, the padding rows after the last sequence must come out cleared (0, LSE -inf), and a
+//   second run repeats the bits.
 // - Sm90Varlen, backward: every schedule the varlen planner admits for the batch (ascending, descending,
 //   shortest-first and nondeterministic always; shift and symmetric shift where the batch keeps the promise
 //   seqlen_k <= seqlen_q), each on poisoned gradients: every element of every sequence written and matching the
@@ -13,11 +16,13 @@
 // - Sm90VarlenContract: offsets that break cu_seqlens' contract neither hang a kernel nor take it outside the
 //   tensors (the kernels clamp each sequence; memcheck runs it in scripts/gpu_run.sh).
 // - Sm90VarlenDeterminism: every deterministic schedule's backward 100 times on adversarial lengths, bit for bit,
-//   with a forward competing for the SMs every other run, and the negative control
+//   with a forward competing for the SMs every other run (one case with softcap), and the negative control
 //   (Sm90VarlenDeterminismControl: the nondeterministic schedule must differ at least once in the same comparison).
 // - VarlenFlops (host only): harness::forward_flops of a batch, each sequence's own (what dash-attn bench counts).
-// Tolerances: harness::tolerance_for(shape), as in test_sm90.cpp.
-// Without a Hopper GPU (or without compiled varlen kernels) every test skips and says why.
+// - Sm90VarlenApi: every compiled instance, plain or softcap, has its varlen kernels.
+// Tolerances: harness::tolerance_for(shape), as in test_sm90.cpp (widened with softcap for the kernels' tanh, as in
+// test_sm90_variants.cpp).
+// Without a Hopper GPU (or without compiled varlen kernels of a case's instance) every test skips and says why.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -51,33 +56,51 @@ struct VarlenCase {
   bool causal;
   int64_t window_left, window_right;
   SequenceLengths max_lengths;  // raised to the longest sequence; larger: a plan for longer sequences than any here
+  float softcap;                // > 0: the softcap instance's varlen kernels
+  float scale_factor;           // softmax_scale = scale_factor / sqrt(head_dim): > 1 makes the softcap bite
 };
 
 // Each distribution breaks the packing in another place; see the file comment.
 const std::vector<VarlenCase> kCases = {
     {"mixed_self_full", {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}}, 4, 4, false, -1, -1,
-     {1, 1}},
+     {1, 1}, 0.0f, 1.0f},
     {"mixed_self_causal", {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}}, 4, 2, true, -1, -1,
-     {1, 1}},
-    {"q_ne_k_full", {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}}, 4, 2, false, -1, -1, {1, 1}},
-    {"q_ne_k_causal", {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}}, 4, 1, true, -1, -1, {1, 1}},
-    {"all_equal_causal", {{256, 256}, {256, 256}, {256, 256}, {256, 256}}, 2, 2, true, -1, -1, {1, 1}},
-    {"one_long_rest_empty", {{1000, 1000}, {0, 0}, {0, 0}, {0, 0}}, 2, 1, true, -1, -1, {1, 1}},
-    {"max_above_every_length", {{200, 200}, {77, 77}, {129, 129}}, 6, 3, false, -1, -1, {700, 700}},
-    {"window", {{300, 300}, {5, 5}, {129, 129}, {0, 0}, {600, 600}}, 4, 2, false, 64, 16, {1, 1}},
-    {"window_causal_q_ne_k", {{300, 200}, {200, 300}, {1, 1}, {400, 400}}, 4, 4, true, 100, -1, {1, 1}},
+     {1, 1}, 0.0f, 1.0f},
+    {"q_ne_k_full", {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}}, 4, 2, false, -1, -1, {1, 1}, 0.0f,
+     1.0f},
+    {"q_ne_k_causal", {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}}, 4, 1, true, -1, -1, {1, 1}, 0.0f,
+     1.0f},
+    {"all_equal_causal", {{256, 256}, {256, 256}, {256, 256}, {256, 256}}, 2, 2, true, -1, -1, {1, 1}, 0.0f, 1.0f},
+    {"one_long_rest_empty", {{1000, 1000}, {0, 0}, {0, 0}, {0, 0}}, 2, 1, true, -1, -1, {1, 1}, 0.0f, 1.0f},
+    {"max_above_every_length", {{200, 200}, {77, 77}, {129, 129}}, 6, 3, false, -1, -1, {700, 700}, 0.0f, 1.0f},
+    {"window", {{300, 300}, {5, 5}, {129, 129}, {0, 0}, {600, 600}}, 4, 2, false, 64, 16, {1, 1}, 0.0f, 1.0f},
+    {"window_causal_q_ne_k", {{300, 200}, {200, 300}, {1, 1}, {400, 400}}, 4, 4, true, 100, -1, {1, 1}, 0.0f, 1.0f},
     // Mean length past 2048 (the packed rows over the sequences): the tall 192-row tiles at d = 64 and the wide
     // 176-key tiles at d = 128 (fwd_launch.cuh chooses a varlen batch's tiles by its mean), each length ending
-    // inside a tile.
-    {"long_full_tall_or_wide_tiles", {{2049, 2049}, {2100, 2100}}, 1, 1, false, -1, -1, {1, 1}},
+    // inside a tile; the other head dims' base tiles.
+    {"long_full_tall_or_wide_tiles", {{2049, 2049}, {2100, 2100}}, 1, 1, false, -1, -1, {1, 1}, 0.0f, 1.0f},
+    // softcap (the scores scaled up so that the cap bites): alone on the mixed lengths, with causal and seqlen_q !=
+    // seqlen_k, with a window, and on the long batch's tall (d = 64) tiles, where at d = 128 the softcap kernels keep
+    // 128x128 (fwd_launch.cuh)
+    {"softcap_mixed_self_full", {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}}, 4, 2, false,
+     -1, -1, {1, 1}, 5.0f, 4.0f},
+    {"softcap_q_ne_k_causal", {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}}, 4, 4, true, -1, -1,
+     {1, 1}, 10.0f, 3.0f},
+    {"softcap_window", {{300, 300}, {5, 5}, {129, 129}, {0, 0}, {600, 450}}, 4, 2, false, 150, 40, {1, 1}, 3.0f, 4.0f},
+    {"softcap_long_full", {{2049, 2049}, {2100, 2100}}, 1, 1, false, -1, -1, {1, 1}, 8.0f, 3.0f},
 };
 
-const Instance kInstances[] = {{64, DType::kBF16}, {64, DType::kFP16}, {128, DType::kBF16}, {128, DType::kFP16}};
+// Every head dim and dtype (the varlen kernels are each instance's, src/kernels/CMakeLists.txt).
+const Instance kInstances[] = {{64, DType::kBF16},  {64, DType::kFP16},  {96, DType::kBF16},  {96, DType::kFP16},
+                               {128, DType::kBF16}, {128, DType::kFP16}, {192, DType::kBF16}, {192, DType::kFP16},
+                               {256, DType::kBF16}, {256, DType::kFP16}};
 
 AttentionShape make_base_shape(const VarlenCase& c, const Instance& inst) {
   AttentionShape s = gpu_testing::make_attention_shape(1, 1, 1, c.heads_q, c.heads_kv, c.causal, inst);
+  s.softmax_scale *= c.scale_factor;
   s.window_left = c.window_left;
   s.window_right = c.window_right;
+  s.softcap = c.softcap;
   return s;
 }
 
@@ -86,11 +109,15 @@ VarlenProblem make_problem(const VarlenCase& c, const Instance& inst, uint64_t s
                                       with_reference);
 }
 
-// Empty when this build has the instance's varlen kernels and a Hopper GPU runs them.
-std::string varlen_skip_reason(const Instance& inst) {
+// Empty when this build has the varlen kernels of the instance (its softcap one for a softcap case) and a Hopper GPU
+// runs them.
+std::string varlen_skip_reason(const Instance& inst, const VarlenCase& c) {
   if (std::string why = skip_reason(inst); !why.empty()) return why;
-  if (!varlen_kernel_available(inst.head_dim, inst.dtype)) {
-    return "the varlen kernels are not compiled in this build (DASH_VARLEN_KERNELS)";
+  const bool softcap = c.softcap > 0.0f;
+  if (!varlen_kernel_available(inst.head_dim, inst.dtype, softcap)) {
+    return softcap ? "the softcap varlen kernels are not compiled in this build (DASH_VARLEN_KERNELS, "
+                     "DASH_SOFTCAP_KERNELS)"
+                   : "the varlen kernels are not compiled in this build (DASH_VARLEN_KERNELS)";
   }
   return {};
 }
@@ -126,7 +153,7 @@ class Sm90Varlen : public ::testing::TestWithParam<std::tuple<Instance, VarlenCa
 
 TEST_P(Sm90Varlen, ForwardMatchesEverySequencesReferenceClearsPaddingAndRepeatsItsBits) {
   const auto& [inst, c] = GetParam();
-  if (const std::string why = varlen_skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = varlen_skip_reason(inst, c); !why.empty()) GTEST_SKIP() << why;
   VarlenProblem p = make_problem(c, inst, /*seed=*/0x7a110000u + inst.head_dim);
   run_varlen_forward(p);
   const auto tol = harness::tolerance_for(p.shape);
@@ -157,7 +184,7 @@ bool run_varlen_backward(VarlenProblem& p, Schedule schedule, cudaStream_t strea
 
 TEST_P(Sm90Varlen, BackwardOfEveryScheduleThePlanAdmitsMatchesEverySequencesReference) {
   const auto& [inst, c] = GetParam();
-  if (const std::string why = varlen_skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = varlen_skip_reason(inst, c); !why.empty()) GTEST_SKIP() << why;
   VarlenProblem p = make_problem(c, inst, /*seed=*/0xbac70000u + inst.head_dim);
   const auto tol = harness::tolerance_for(p.shape);
   int ran = 0;
@@ -182,8 +209,8 @@ TEST_P(Sm90Varlen, BackwardOfEveryScheduleThePlanAdmitsMatchesEverySequencesRefe
 // (compute-sanitizer's memcheck runs this test in scripts/gpu_run.sh).
 TEST(Sm90VarlenContract, OffsetsThatBreakItNeitherHangNorLeaveTheTensors) {
   const Instance inst{128, DType::kBF16};
-  if (const std::string why = varlen_skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
-  const VarlenCase c{"lying", {{300, 300}, {129, 129}, {200, 200}}, 4, 2, true, -1, -1, {1, 1}};
+  const VarlenCase c{"lying", {{300, 300}, {129, 129}, {200, 200}}, 4, 2, true, -1, -1, {1, 1}, 0.0f, 1.0f};
+  if (const std::string why = varlen_skip_reason(inst, c); !why.empty()) GTEST_SKIP() << why;
   VarlenProblem p = make_problem(c, inst, /*seed=*/77, /*with_reference=*/false);
   p.keys_within_queries = true;  // promised, and broken by the key offsets below
   const int32_t total_q = static_cast<int32_t>(p.total_q), total_k = static_cast<int32_t>(p.total_k);
@@ -264,9 +291,12 @@ VarlenProblem make_determinism_problem(const VarlenCase& c, const Instance& inst
 
 // Many key/value tiles reach each dQ tile of the long sequences; the short and empty ones sit between them.
 const VarlenCase kDeterminismCases[] = {
-    {"self_causal", {{1024, 1024}, {1, 1}, {0, 0}, {777, 777}, {129, 129}, {1500, 1500}}, 4, 4, true, -1, -1, {1, 1}},
-    {"self_full_gqa", {{900, 900}, {0, 0}, {1024, 1024}, {127, 127}}, 8, 2, false, -1, -1, {1, 1}},
-    {"q_ne_k_window", {{1000, 600}, {600, 1000}, {1, 1}, {1200, 1200}}, 4, 2, true, 300, -1, {1, 1}},
+    {"self_causal", {{1024, 1024}, {1, 1}, {0, 0}, {777, 777}, {129, 129}, {1500, 1500}}, 4, 4, true, -1, -1, {1, 1},
+     0.0f, 1.0f},
+    {"self_full_gqa", {{900, 900}, {0, 0}, {1024, 1024}, {127, 127}}, 8, 2, false, -1, -1, {1, 1}, 0.0f, 1.0f},
+    {"q_ne_k_window", {{1000, 600}, {600, 1000}, {1, 1}, {1200, 1200}}, 4, 2, true, 300, -1, {1, 1}, 0.0f, 1.0f},
+    {"softcap_self_full_gqa", {{900, 900}, {0, 0}, {1024, 1024}, {127, 127}}, 8, 2, false, -1, -1, {1, 1}, 5.0f,
+     4.0f},
 };
 
 harness::Problem make_load_problem(const AttentionShape& shape) {
@@ -279,7 +309,7 @@ class Sm90VarlenDeterminism : public ::testing::TestWithParam<std::tuple<Instanc
 
 TEST_P(Sm90VarlenDeterminism, EveryDeterministicScheduleIsBitwiseIdentical) {
   const auto& [inst, c] = GetParam();
-  if (const std::string why = varlen_skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = varlen_skip_reason(inst, c); !why.empty()) GTEST_SKIP() << why;
   VarlenProblem p = make_determinism_problem(c, inst, /*seed=*/91);
   harness::Problem load = make_load_problem(p.shape);
   int ran = 0;
@@ -301,9 +331,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90VarlenDeterminism,
 // Negative control: many key/value tiles reach the first query tiles of long full-mask sequences at once, so the
 // nondeterministic schedule's unordered adds race, and the comparison above must see it.
 TEST(Sm90VarlenDeterminismControl, NondeterministicScheduleIsCaught) {
-  const VarlenCase c{"control", {{2048, 2048}, {0, 0}, {2048, 2048}}, 4, 4, false, -1, -1, {1, 1}};
+  const VarlenCase c{"control", {{2048, 2048}, {0, 0}, {2048, 2048}}, 4, 4, false, -1, -1, {1, 1}, 0.0f, 1.0f};
   for (const Instance& inst : kInstances) {
-    if (!varlen_skip_reason(inst).empty()) continue;
+    if (!varlen_skip_reason(inst, c).empty()) continue;
     VarlenProblem p = make_determinism_problem(c, inst, /*seed=*/93);
     harness::Problem load = make_load_problem(p.shape);
     const int differing = differing_runs(p, load, Schedule::kNondeterministic);
@@ -312,25 +342,18 @@ TEST(Sm90VarlenDeterminismControl, NondeterministicScheduleIsCaught) {
                             << " runs, so the determinism test could not detect nondeterminism";
     return;
   }
-  GTEST_SKIP() << varlen_skip_reason(kInstances[0]);
+  GTEST_SKIP() << varlen_skip_reason(kInstances[0], c);
 }
 
+// Plain and softcap instances alike (src/kernels/CMakeLists.txt).
 TEST(Sm90VarlenApi, EveryCompiledInstanceHasItsVarlenKernels) {
   if (!kernels_available()) GTEST_SKIP() << "built without kernels";
   for (const Instance& inst : kInstances) {
-    if (!kernel_available(inst.head_dim, inst.dtype)) continue;
-    EXPECT_TRUE(varlen_kernel_available(inst.head_dim, inst.dtype))
-        << "hdim " << inst.head_dim << " " << dtype_name(inst.dtype) << " (built with DASH_VARLEN_KERNELS=OFF?)";
-  }
-}
-
-// The wider head dims have dense kernels but no varlen ones (src/kernels/CMakeLists.txt): the API says so by name.
-TEST(Sm90VarlenApi, HeadDimsWithoutVarlenKernelsSayNone) {
-  if (!kernels_available()) GTEST_SKIP() << "built without kernels";
-  for (int head_dim : {96, 192, 256}) {
-    for (DType dtype : {DType::kBF16, DType::kFP16}) {
-      if (!kernel_available(head_dim, dtype)) continue;
-      EXPECT_FALSE(varlen_kernel_available(head_dim, dtype)) << "hdim " << head_dim << " " << dtype_name(dtype);
+    for (const bool softcap : {false, true}) {
+      if (!kernel_available(inst.head_dim, inst.dtype, softcap)) continue;
+      EXPECT_TRUE(varlen_kernel_available(inst.head_dim, inst.dtype, softcap))
+          << "hdim " << inst.head_dim << " " << dtype_name(inst.dtype) << (softcap ? " softcap" : "")
+          << " (built with DASH_VARLEN_KERNELS=OFF?)";
     }
   }
 }

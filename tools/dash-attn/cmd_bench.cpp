@@ -317,7 +317,6 @@ int cmd_bench(const std::vector<std::string>& args) {
     } else {
       check_library_accepts_backward(s, parser);
     }
-    check_varlen_kernels_take(s, varlen, parser);
     shapes = {s};
   }
   if (varlen.varlen()) {

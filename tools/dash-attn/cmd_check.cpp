@@ -177,7 +177,6 @@ int cmd_check(const std::vector<std::string>& args) {
   if (dtype != "bf16" && dtype != "fp16") parser.fail("--dtype must be bf16 or fp16, got '" + dtype + "'");
   shape.dtype = dtype == "bf16" ? DType::kBF16 : DType::kFP16;
   check_library_accepts_backward(shape, parser);
-  check_varlen_kernels_take(shape, varlen, parser);
   std::vector<Schedule> schedules(std::begin(kAllSchedules), std::end(kAllSchedules));
   if (parser.given("schedule")) {
     Schedule s{};

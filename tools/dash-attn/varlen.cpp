@@ -144,17 +144,12 @@ VarlenPlanResult plan_varlen(const TiledProblem& max_problem, const VarlenBatch&
   return result;
 }
 
-void check_varlen_kernels_take(const AttentionShape& max_shape, const VarlenBatch& batch, const FlagParser& parser) {
-  if (batch.varlen() && max_shape.softcap > 0.0f) {
-    parser.fail("--softcap does not combine with --cu-seqlens: the varlen kernels are built without softcap "
-                "(DASH_VARLEN_KERNELS), so the library refuses a varlen call with softcap > 0");
-  }
-}
-
 std::string missing_varlen_kernel(const AttentionShape& max_shape) {
-  if (varlen_kernel_available(max_shape.head_dim, max_shape.dtype)) return {};
+  const bool softcap = max_shape.softcap > 0.0f;
+  if (varlen_kernel_available(max_shape.head_dim, max_shape.dtype, softcap)) return {};
   return "this build has no varlen kernel for head_dim " + std::to_string(max_shape.head_dim) + " and dtype " +
-         dtype_name(max_shape.dtype) + " (varlen_kernel_available; see DASH_VARLEN_KERNELS)";
+         dtype_name(max_shape.dtype) + (softcap ? " with softcap" : "") +
+         " (varlen_kernel_available; see DASH_VARLEN_KERNELS" + (softcap ? " and DASH_SOFTCAP_KERNELS)" : ")");
 }
 
 harness::VarlenProblem make_device_problem(const AttentionShape& max_shape, const VarlenBatch& batch,

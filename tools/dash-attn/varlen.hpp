@@ -55,10 +55,8 @@ VarlenBatch make_varlen_batch(const VarlenFlags& flags, ShapeFlags* shape, const
 // plan_varlen_schedule for the batch (its promise and hint); a refusal that --keys-within-queries would lift says so.
 VarlenPlanResult plan_varlen(const TiledProblem& max_problem, const VarlenBatch& batch, Schedule schedule, int sms);
 
-// The GPU commands (check, bench): refuses, as a bad command line, a varlen batch under a shape no varlen kernel
-// runs in any build (softcap > 0: the varlen kernels are built without softcap). Call it after check_library_accepts.
-void check_varlen_kernels_take(const AttentionShape& max_shape, const VarlenBatch& batch, const FlagParser& parser);
-// Why this build cannot run a varlen batch of `max_shape`'s head dim and dtype (varlen_kernel_available), or empty.
+// Why this build cannot run a varlen batch of `max_shape`'s head dim, dtype and softcap variant
+// (varlen_kernel_available), or empty.
 std::string missing_varlen_kernel(const AttentionShape& max_shape);
 // The batch packed on the device for check and bench (harness::make_varlen_problem): the lengths of `batch`,
 // `padding_rows` rows after the last sequence, the maxima of `max_shape` (make_shape's, which may exceed every

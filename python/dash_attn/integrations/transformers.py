@@ -15,8 +15,8 @@ Invariants:
 - Nothing transformers passes is ignored in a way that changes the result. What DASH cannot compute (padding,
   chunked attention, bidirectional windows, mask overlays, caches whose keys are not exactly the tokens seen,
   dropout, attention sinks, position biases, attention weights, head dims the package does not take
-  (_library.HEAD_DIMS), fp32 outside autocast, softcap on packed sequences) raises NotImplementedError naming the
-  argument as transformers spells it, before any kernel runs.
+  (_library.HEAD_DIMS), fp32 outside autocast) raises NotImplementedError naming the argument as transformers
+  spells it, before any kernel runs.
 - Packed sequences (several documents in one row, as DataCollatorWithFlattening makes them) go to
   dash_attn.flash_attn_varlen_func, each document attending only to itself, causal or full as the layer asks.
   The documents are, in this order of precedence: cu_seq_lens_q/k with max_length_q/k, when all four are passed
@@ -34,7 +34,8 @@ Invariants:
   in-place change is read again); inference-mode tensors have no version counter and are read in every layer. A
   forward with a cache and position_ids pays the read to find nothing packed; decoding (one position a row) reads
   nothing. The read is a graph break under torch.compile and cannot be captured in a CUDA graph.
-- softcap (Gemma 2's config.attn_logit_softcapping) goes to flash_attn_func's softcap.
+- softcap (Gemma 2's config.attn_logit_softcapping) goes to the softcap of flash_attn_func, or of
+  flash_attn_varlen_func for packed sequences.
 - sliding_window (config.sliding_window, per layer with layer_types), which a causal layer passes, becomes
   window_size=(sliding_window - 1, 0), dense or packed: transformers' sliding-window causal mask. The mask hook
   accepts that mask (any window, recognized by the functions transformers composes it from) and the layer applies
@@ -281,7 +282,7 @@ def dash_attention_forward(
     batch, seqlen_q, seqlen_k = query.shape[0], query.shape[2], key.shape[2]
     packing = _packing(kwargs, batch, seqlen_q, query.device, packed_by_mask)
     if packing is not None:
-        _check_packable(packing, seqlen_q, seqlen_k, cap)
+        _check_packable(packing, seqlen_q, seqlen_k)
     query, key, value = _half_precision(query, key, value)
     deterministic = True if deterministic is None else deterministic
     if packing is None:
@@ -314,6 +315,7 @@ def dash_attention_forward(
         window_size=window_size,
         deterministic=deterministic,
         schedule=schedule,
+        softcap=cap,
     )
     return out.view(batch, seqlen_q, *out.shape[1:]), None
 
@@ -484,18 +486,13 @@ def _packing_from_offsets(kwargs: dict, device: torch.device) -> PackedSequences
     return PackedSequences(cu_seqlens_q, cu_seqlens_k, max_q, max_k, "cu_seq_lens_q")
 
 
-def _check_packable(packing: PackedSequences, seqlen_q: int, seqlen_k: int, softcap: float) -> None:
+def _check_packable(packing: PackedSequences, seqlen_q: int, seqlen_k: int) -> None:
     """Refuses what flash_attn_varlen_func cannot compute for a packed batch found by transformers' arguments."""
     if packing.source == "position_ids" and seqlen_k != seqlen_q:
         raise NotImplementedError(
             f"position_ids restart within a row (packed sequences), but the layer has {seqlen_k} keys for "
             f"{seqlen_q} queries: the cache holds earlier tokens, and DASH cannot tell which sequences they belong "
             f"to. Run packed batches without a cache (use_cache=False) or with an empty one"
-        )
-    if softcap != 0.0:
-        raise NotImplementedError(
-            f"softcap={softcap} is not supported with packed sequences ({packing.source}): DASH's varlen kernels "
-            f"are built without softcap"
         )
 
 

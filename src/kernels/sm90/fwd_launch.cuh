@@ -114,7 +114,9 @@ int launch_forward_tile_shape(const kernels::ForwardParams& params, TileShape ti
 //
 // A varlen batch's tiles are chosen by its mean lengths (the packed rows over the sequences, known on the host
 // without reading cu_seqlens), not by its maxima: the tall and wide tiles pay off on long sequences, and a batch's
-// maxima can be far above most of its sequences.
+// maxima can be far above most of its sequences. Otherwise the varlen kernels take the dense kernels' tiles at every
+// head dim, softcap or not: 128x112 at d = 192 and 128x80 at 256, where a 128x128 tile would not fit shared memory
+// (ForwardConfig's static_assert holds each with its larger tile record).
 template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen = false>
 int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   const AttentionShape& shape = params.args.shape;
