@@ -160,104 +160,66 @@ def _same_offsets(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor) -> bool:
             and cu_seqlens_q.numel() == cu_seqlens_k.numel())
 
 
+# What decides a varlen call's maximum problem besides its tensors: dtype, softmax_scale, causal, window_left,
+# window_right, softcap, the sequences and the maxima (max_seqlen_q, max_seqlen_k).
+_Problem = tuple[torch.dtype, float, bool, int, int, float, int, int, int]
+
+# A tensor's (shape, strides), as a descriptor's key holds it.
+_Layout = tuple[torch.Size, tuple[int, ...]]
+
+
+def _max_problem(problem: _Problem, q_shape: torch.Size, k_shape: torch.Size) -> _library.Shape:
+    """The maximum problem's C shape: batch = sequences, seqlen_q and seqlen_k = the maxima."""
+    dtype, softmax_scale, causal, window_left, window_right, softcap, batch, max_seqlen_q, max_seqlen_k = problem
+    return _ops._make_c_shape((batch, max_seqlen_q, q_shape[1], q_shape[2]), (batch, max_seqlen_k, k_shape[1],
+                              k_shape[2]), dtype, softmax_scale, causal, window_left, window_right, softcap)
+
+
 class _VarlenForwardCall:
-    """What every varlen forward of one signature shares (as _ops._ForwardCall for fixed-length batches): the
-    maximum problem's C shape, the workspace size, whether the kernels read q, k and v in place (their strides;
-    each call checks its pointers), whether q is packed, and the structs of q, k, v and out (no batch dimension)
-    with the dash_varlen struct, which a call takes with them."""
+    """What every varlen forward of one signature (the loaded library, the problem and q's, k's and v's layouts)
+    shares, as _ops._ForwardCall for fixed-length batches: the maximum problem's C shape, the workspace size,
+    whether the kernels read q, k and v in place (their strides; each call checks its pointers), whether q is
+    packed, and the structs of q, k, v and out (no batch dimension) with the dash_varlen struct, which a call takes
+    with them."""
 
     __slots__ = ("in_place", "q_packed", "shape", "structs", "varlen", "workspace_bytes")
 
-    def __init__(
-        self,
-        library: object,
-        dtype: torch.dtype,
-        softmax_scale: float,
-        causal: bool,
-        window_left: int,
-        window_right: int,
-        softcap: float,
-        batch: int,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        q_shape: torch.Size,
-        q_strides: tuple[int, ...],
-        k_shape: torch.Size,
-        k_strides: tuple[int, ...],
-        v_shape: torch.Size,
-        v_strides: tuple[int, ...],
-    ) -> None:
+    def __init__(self, library: object, problem: _Problem, layouts: tuple[_Layout, _Layout, _Layout]) -> None:
         # `library`, the loaded library, is only part of the key: forward_workspace_size asks it.
-        self.shape = _max_problem(dtype, softmax_scale, causal, window_left, window_right, softcap, batch,
-                                  max_seqlen_q, max_seqlen_k, q_shape, k_shape)
+        (q_shape, q_strides), (k_shape, _), _ = layouts
+        self.shape = _max_problem(problem, q_shape, k_shape)
         # The library validates the shape here, so a refused one raises before anything is cached.
         self.workspace_bytes = _library.forward_workspace_size(self.shape)
-        layouts = ((q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides))
         self.in_place = all(_ops._strides_ok(shape, strides) for shape, strides in layouts)
         out_strides = _ops._packed_strides(q_shape)
         self.q_packed = q_strides == out_strides
-        self.structs = _ops._TensorStructs(tuple((0, *strides) for strides in (q_strides, k_strides, v_strides,
-                                                                                out_strides)))
+        c_order = (q_strides, layouts[1][1], layouts[2][1], out_strides)
+        self.structs = _ops._TensorStructs(tuple((0, *strides) for strides in c_order))
         self.varlen = _library.Varlen(0, 0, q_shape[0], k_shape[0], 0)
 
 
 class _VarlenBackwardCall:
-    """What every varlen backward of one signature shares (as _ops._BackwardCall): the maximum problem's C shape,
-    its plan's key in _plans.varlen_backward_plans, whether the kernels read dout, q, k, v and out in place, whether
-    q, k and v are packed, the structs of q, k, v, out, dout, dq, dk and dv in the C call's order, and the
-    dash_varlen struct."""
+    """What every varlen backward of one signature (the device, the problem, schedule, margin and promise, and
+    dout's, q's, k's, v's and out's layouts) shares, as _ops._BackwardCall: the maximum problem's C shape, its plan's
+    key in _plans.varlen_backward_plans, whether the kernels read dout, q, k, v and out in place, whether q, k and v
+    are packed, the structs of q, k, v, out, dout, dq, dk and dv in the C call's order, and the dash_varlen
+    struct."""
 
     __slots__ = ("in_place", "inputs_packed", "plan_key", "shape", "structs", "varlen")
 
-    def __init__(
-        self,
-        device: int,
-        dtype: torch.dtype,
-        softmax_scale: float,
-        causal: bool,
-        schedule: str,
-        sm_margin: int,
-        window_left: int,
-        window_right: int,
-        softcap: float,
-        keys_within_queries: bool,
-        batch: int,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        dout_shape: torch.Size,
-        dout_strides: tuple[int, ...],
-        q_shape: torch.Size,
-        q_strides: tuple[int, ...],
-        k_shape: torch.Size,
-        k_strides: tuple[int, ...],
-        v_shape: torch.Size,
-        v_strides: tuple[int, ...],
-        out_shape: torch.Size,
-        out_strides: tuple[int, ...],
-    ) -> None:
-        self.shape = _max_problem(dtype, softmax_scale, causal, window_left, window_right, softcap, batch,
-                                  max_seqlen_q, max_seqlen_k, q_shape, k_shape)
+    def __init__(self, device: int, problem: _Problem, schedule: str, sm_margin: int, keys_within_queries: bool,
+                 layouts: tuple[_Layout, _Layout, _Layout, _Layout, _Layout]) -> None:
+        dout_layout, (q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides), out_layout = layouts
+        self.shape = _max_problem(problem, q_shape, k_shape)
         # auto's hint (lengths_fill_maxima) comes from the packed row counts, which the signature holds.
         self.plan_key = _plans.varlen_plan_key(device, self.shape, schedule, sm_margin, keys_within_queries,
                                                q_shape[0], k_shape[0])
-        layouts = ((dout_shape, dout_strides), (q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides),
-                   (out_shape, out_strides))
         self.in_place = all(_ops._strides_ok(shape, strides) for shape, strides in layouts)
-        gradient_strides = (_ops._packed_strides(q_shape), _ops._packed_strides(k_shape),
-                            _ops._packed_strides(v_shape))
+        gradient_strides = tuple(_ops._packed_strides(shape) for shape in (q_shape, k_shape, v_shape))
         self.inputs_packed = (q_strides, k_strides, v_strides) == gradient_strides
-        self.structs = _ops._TensorStructs(tuple(
-            (0, *strides) for strides in (q_strides, k_strides, v_strides, out_strides, dout_strides,
-                                          *gradient_strides)))
+        c_order = (q_strides, k_strides, v_strides, out_layout[1], dout_layout[1], *gradient_strides)
+        self.structs = _ops._TensorStructs(tuple((0, *strides) for strides in c_order))
         self.varlen = _library.Varlen(0, 0, q_shape[0], k_shape[0], int(keys_within_queries))
-
-
-def _max_problem(dtype: torch.dtype, softmax_scale: float, causal: bool, window_left: int, window_right: int,
-                 softcap: float, batch: int, max_seqlen_q: int, max_seqlen_k: int, q_shape: torch.Size,
-                 k_shape: torch.Size) -> _library.Shape:
-    """The maximum problem's C shape: batch = sequences, seqlen_q and seqlen_k = the maxima."""
-    return _ops._make_c_shape((batch, max_seqlen_q, q_shape[1], q_shape[2]), (batch, max_seqlen_k, k_shape[1],
-                              k_shape[2]), dtype, softmax_scale, causal, window_left, window_right, softcap)
 
 
 # The loaded library is part of the forward's key (its first argument), so a library loaded anew is asked again.
@@ -275,8 +237,8 @@ def _forward_call(q: Tensor, k: Tensor, v: Tensor, batch: int, max_seqlen_q: int
                   softmax_scale: float, causal: bool, window_left: int, window_right: int,
                   softcap: float) -> _VarlenForwardCall:
     make = _cached_forward_call if _cacheable(softmax_scale, softcap) else _VarlenForwardCall
-    return make(_library.load(), q.dtype, softmax_scale, causal, window_left, window_right, softcap, batch,
-                max_seqlen_q, max_seqlen_k, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride())
+    problem = (q.dtype, softmax_scale, causal, window_left, window_right, softcap, batch, max_seqlen_q, max_seqlen_k)
+    return make(_library.load(), problem, ((q.shape, q.stride()), (k.shape, k.stride()), (v.shape, v.stride())))
 
 
 def _backward_call(device: int, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, batch: int,
@@ -284,9 +246,10 @@ def _backward_call(device: int, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
                    sm_margin: int, window_left: int, window_right: int, softcap: float,
                    keys_within_queries: bool) -> _VarlenBackwardCall:
     make = _cached_backward_call if _cacheable(softmax_scale, softcap) else _VarlenBackwardCall
-    return make(device, q.dtype, softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap,
-                keys_within_queries, batch, max_seqlen_q, max_seqlen_k, dout.shape, dout.stride(), q.shape,
-                q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride())
+    problem = (q.dtype, softmax_scale, causal, window_left, window_right, softcap, batch, max_seqlen_q, max_seqlen_k)
+    layouts = ((dout.shape, dout.stride()), (q.shape, q.stride()), (k.shape, k.stride()), (v.shape, v.stride()),
+               (out.shape, out.stride()))
+    return make(device, problem, schedule, sm_margin, keys_within_queries, layouts)
 
 
 def _empty_batch(q: Tensor, k: Tensor) -> bool:
