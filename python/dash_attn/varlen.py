@@ -257,18 +257,20 @@ def _empty_batch(q: Tensor, k: Tensor) -> bool:
     return q.shape[0] == 0 or k.shape[0] == 0
 
 
+def _fresh_varlen(shared: _library.Varlen) -> _library.Varlen:
+    """A dash_varlen struct of a descriptor's totals and promise, for a call that could not take the shared one (as
+    _ops._TensorStructs.fresh for the tensor structs); the call writes its offsets into it."""
+    return _library.Varlen(0, 0, shared.total_q, shared.total_k, shared.keys_within_queries)
+
+
 def _launch_forward(index: int, call: _VarlenForwardCall, pointers: tuple[int, int, int], offsets: tuple[int, int],
                     out: Tensor, lse: Tensor, sm_margin: int, keys_within_queries: bool) -> None:
     workspace = _ops._workspace(call.workspace_bytes, out.device)
     structs = call.structs
     taken = structs.take()  # the varlen struct goes with the tensor structs
     try:
-        if taken:
-            q_c, k_c, v_c, out_c = structs.shared
-            varlen = call.varlen
-        else:
-            q_c, k_c, v_c, out_c = structs.fresh()
-            varlen = _library.Varlen(0, 0, call.varlen.total_q, call.varlen.total_k, 0)
+        q_c, k_c, v_c, out_c = structs.shared if taken else structs.fresh()
+        varlen = call.varlen if taken else _fresh_varlen(call.varlen)
         q_c.data, k_c.data, v_c.data = pointers
         out_c.data = out.data_ptr()
         varlen.cu_seqlens_q, varlen.cu_seqlens_k = offsets
@@ -318,13 +320,8 @@ def _launch_backward(index: int, call: _VarlenBackwardCall, pointers: tuple[int,
     structs = call.structs
     taken = structs.take()  # the varlen struct goes with the tensor structs
     try:
-        if taken:
-            q_c, k_c, v_c, out_c, dout_c, dq_c, dk_c, dv_c = structs.shared
-            varlen = call.varlen
-        else:
-            q_c, k_c, v_c, out_c, dout_c, dq_c, dk_c, dv_c = structs.fresh()
-            template = call.varlen
-            varlen = _library.Varlen(0, 0, template.total_q, template.total_k, template.keys_within_queries)
+        q_c, k_c, v_c, out_c, dout_c, dq_c, dk_c, dv_c = structs.shared if taken else structs.fresh()
+        varlen = call.varlen if taken else _fresh_varlen(call.varlen)
         dout_c.data, q_c.data, k_c.data, v_c.data, out_c.data = pointers
         dq_c.data, dk_c.data, dv_c.data = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         varlen.cu_seqlens_q, varlen.cu_seqlens_k = offsets
