@@ -162,6 +162,10 @@ bool varlen_lengths_fill_maxima(const AttentionShape& shape, int64_t total_q, in
 // anything else is checked.
 // The current device must be the plan's (same index and SM count), and the workspace must hold
 // plan.workspace_bytes().
+// Each dQ ordering wait is bounded (DASH_WAIT_TIMEOUT_SECONDS, 10 minutes by default): a launch whose wait outlives
+// it, because other kernels held SMs its static schedule was planned for, gives up the order and ends with a wrong
+// dQ instead of hanging the stream, and the next backward call on the device returns kWaitTimeout, naming the wait,
+// without running (src/api/wait_timeouts.hpp).
 Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,
                 cudaStream_t stream);
 

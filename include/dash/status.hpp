@@ -18,6 +18,7 @@ enum class StatusCode : int {
   kWorkspaceTooSmall,  // the workspace is null or smaller than the size query returned
   kScheduleRejected,   // the requested schedule's preconditions fail for this shape
   kCudaError,          // a CUDA runtime call failed
+  kWaitTimeout,        // an earlier backward on the device gave up its dQ order (its dQ is wrong); reported once
 };
 
 // Short stable name of a code, e.g. "invalid-argument".

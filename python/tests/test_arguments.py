@@ -353,8 +353,8 @@ def test_library_truncates_messages_to_the_buffer(library) -> None:
 
 def test_library_names_every_status(library) -> None:
     lib = library.load()
-    names = [lib.dash_status_name(code).decode() for code in range(9)]
-    assert names[0] == "ok" and "unknown-status" not in names
+    names = [lib.dash_status_name(code).decode() for code in range(10)]
+    assert names[0] == "ok" and "unknown-status" not in names and names[9] == "wait-timeout"
     assert lib.dash_status_name(-1) == b"host-error"
     assert lib.dash_status_name(99) == b"unknown-status"
 

@@ -10,6 +10,7 @@
 #include "api/backward_plan.hpp"
 #include "api/device.hpp"
 #include "api/validate.hpp"
+#include "api/wait_timeouts.hpp"
 #include "dash/attention.hpp"
 #include "kernels/kernel_params.hpp"
 
@@ -114,6 +115,10 @@ Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, c
   if (Status s = check_varlen_pointers(args.varlen); !s.ok()) return s;
   if (Status s = check_workspace(workspace, workspace_bytes, plan.workspace.total_bytes); !s.ok()) return s;
   kernels::BackwardParams params{};
+  if (Status s = wait_bound_ns(&params.wait_bound_ns); !s.ok()) return s;
+  if (Status s = device_wait_timeout_record(device->index, &params.wait_timeout); !s.ok()) return s;
+  // An earlier launch on the device that gave up its order is reported here, before this one runs.
+  if (Status s = take_wait_timeout(*params.wait_timeout, device->index); !s.ok()) return s;
   params.args = args;
   params.plan = plan.schedule_plan;
   params.buffers = plan.workspace.carve(workspace);

@@ -34,6 +34,7 @@ static_assert(DASH_STATUS_UNSUPPORTED_DEVICE == static_cast<int>(dash::StatusCod
 static_assert(DASH_STATUS_WORKSPACE_TOO_SMALL == static_cast<int>(dash::StatusCode::kWorkspaceTooSmall));
 static_assert(DASH_STATUS_SCHEDULE_REJECTED == static_cast<int>(dash::StatusCode::kScheduleRejected));
 static_assert(DASH_STATUS_CUDA_ERROR == static_cast<int>(dash::StatusCode::kCudaError));
+static_assert(DASH_STATUS_WAIT_TIMEOUT == static_cast<int>(dash::StatusCode::kWaitTimeout));
 static_assert(DASH_DTYPE_BF16 == static_cast<int>(dash::DType::kBF16));
 static_assert(DASH_DTYPE_FP16 == static_cast<int>(dash::DType::kFP16));
 

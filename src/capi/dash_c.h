@@ -36,8 +36,10 @@ extern "C" {
  *      packed rows), and dash_backward_plan_schedule names the schedule a plan runs. No struct changed; the signature
  *      did, so a binding of version 6 would pass its arguments in the wrong places.
  *   8: dash_varlen_softcap_kernel_available says whether the softcap instances' varlen kernels were built (varlen
- *      batches with softcap > 0); dash_varlen_kernel_available keeps its meaning, the instances without softcap. */
-#define DASH_C_ABI_VERSION 8
+ *      batches with softcap > 0); dash_varlen_kernel_available keeps its meaning, the instances without softcap.
+ *   9: DASH_STATUS_WAIT_TIMEOUT, which dash_backward, dash_backward_varlen and the plan runs return when an earlier
+ *      backward on the device gave up its dQ order (dash::StatusCode::kWaitTimeout). */
+#define DASH_C_ABI_VERSION 9
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -50,6 +52,7 @@ enum dash_status_code {
   DASH_STATUS_WORKSPACE_TOO_SMALL = 6,
   DASH_STATUS_SCHEDULE_REJECTED = 7,
   DASH_STATUS_CUDA_ERROR = 8,
+  DASH_STATUS_WAIT_TIMEOUT = 9,
   /* A C++ exception (in practice: host memory exhausted) stopped the call before it could return a Status. */
   DASH_STATUS_HOST_ERROR = -1,
 };

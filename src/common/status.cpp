@@ -17,6 +17,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kWorkspaceTooSmall: return "workspace-too-small";
     case StatusCode::kScheduleRejected: return "schedule-rejected";
     case StatusCode::kCudaError: return "cuda-error";
+    case StatusCode::kWaitTimeout: return "wait-timeout";
   }
   return "unknown-status";
 }

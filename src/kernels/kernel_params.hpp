@@ -33,6 +33,20 @@ struct BackwardBuffers {
   float* dk_accum;     // GQA with group_splits > 1: fp32 dK per split, summed in split order
   float* dv_accum;
   int* unit_counter;   // dynamic dispatch: next work unit
+  int* order_abandoned;  // nonzero once a dQ ordering wait of the launch gave up (WaitTimeoutRecord)
+};
+
+// What the first dQ ordering wait that outlived its bound saw (kernels/sm90/bwd_dq_writer.cuh): written by the
+// device into host-mapped memory, so the host reads it without a CUDA call, even while the launch still runs
+// (src/api/wait_timeouts.hpp). `filled` is stored last, after a system-scope fence; the host clears it once it
+// has reported the record. The launch that wrote it went on without the fixed order, so its dQ is wrong.
+struct WaitTimeoutRecord {
+  int filled;    // nonzero once the fields below are written
+  int cta;       // blockIdx.x of the CTA whose wait gave up
+  int dq_index;  // the dQ tile it waited on, as numbered in the workspace ((batch * heads_q + head) * tiles + tile)
+  int expected;  // the contribution's rank in the tile's order
+  int observed;  // the tile's semaphore when the wait gave up: the contributions summed by then
+  int bound_ms;  // the bound it outlived, in milliseconds
 };
 
 // What a backward launch needs beyond the caller's (validated) arguments.
@@ -40,12 +54,15 @@ struct BackwardParams {
   BackwardArgs args;
   SchedulePlan plan;
   BackwardBuffers buffers;
+  long long wait_bound_ns;               // how long a dQ ordering wait may last before the launch gives up its order
+  WaitTimeoutRecord* wait_timeout;       // host-mapped: where the first wait that gave up says so
 };
 
 // Byte offsets of the backward buffers inside one workspace allocation.
 struct BackwardWorkspace {
   static constexpr size_t kAlignment = 256;
-  size_t dq_accum = 0, dq_semaphores = 0, lse_log2 = 0, dpsum = 0, dk_accum = 0, dv_accum = 0, unit_counter = 0;
+  size_t dq_accum = 0, dq_semaphores = 0, lse_log2 = 0, dpsum = 0, dk_accum = 0, dv_accum = 0, unit_counter = 0,
+         order_abandoned = 0;
   size_t total_bytes = 0;
 
   // `problem` is the plan's (the maximum problem of a varlen batch: its buffers are numbered by it).

@@ -31,6 +31,7 @@ BackwardWorkspace BackwardWorkspace::layout(const AttentionShape& shape, const T
   w.dk_accum = take(split_accum * sizeof(float));
   w.dv_accum = take(split_accum * sizeof(float));
   w.unit_counter = take(sizeof(int));
+  w.order_abandoned = take(sizeof(int));
   w.total_bytes = offset;
   return w;
 }
@@ -45,6 +46,7 @@ BackwardBuffers BackwardWorkspace::carve(void* workspace) const {
   b.dk_accum = dk_accum == dv_accum ? nullptr : reinterpret_cast<float*>(base + dk_accum);
   b.dv_accum = dk_accum == dv_accum ? nullptr : reinterpret_cast<float*>(base + dv_accum);
   b.unit_counter = reinterpret_cast<int*>(base + unit_counter);
+  b.order_abandoned = reinterpret_cast<int*>(base + order_abandoned);
   return b;
 }
 

@@ -586,7 +586,10 @@ TEST(CBackwardPlanRun, AMatchingCallGetsPastThePlanChecks) {
 
 // --- packed varlen batches (dash_varlen, ABI 6) ------------------------------------------------------------
 
-TEST(CVarlen, TheAbiVersionIsEight) { EXPECT_EQ(dash_abi_version(), 8); }
+TEST(CAbi, TheVersionIsNineAndItsStatusesAreNamed) {
+  EXPECT_EQ(dash_abi_version(), 9);
+  EXPECT_STREQ(dash_status_name(DASH_STATUS_WAIT_TIMEOUT), "wait-timeout");
+}
 
 // Varlen kernels are an instance's (DASH_VARLEN_KERNELS): none without the instance, plain or softcap.
 TEST(CVarlen, VarlenKernelsComeWithTheirInstances) {

@@ -1,10 +1,18 @@
-// GPU test of the bounded ordering wait (wait_semaphore, src/kernels/sm90/primitives.cuh): a dQ ordering wait
-// that can never end must end the launch with an error, within its bound, instead of hanging the stream; one
-// whose semaphore holds the awaited rank must pass (the negative control, run first).
-//
-// A trap leaves the CUDA context unusable, so the waits run in a child process: WaitBound runs this binary again
-// with only WaitBoundChild selected and DASH_WAIT_BOUND_CHILD set, under `timeout`, and reads what it printed.
-// WaitBoundChild skips when run any other way. Both skip, saying why, without a Hopper GPU or without the probe.
+// GPU tests of the bounded ordering wait (wait_semaphore, src/kernels/sm90/primitives.cuh, and its report,
+// src/api/wait_timeouts.hpp):
+//  - the wait alone: one whose semaphore holds the awaited rank passes in order (the negative control, first); one
+//    that can never end gives up within its bound, and the launch ends cleanly; one whose launch was abandoned by
+//    another wait gives up at once, long bound or not.
+//  - through the API: a static schedule planned for every SM, run while other work holds all but a few of them,
+//    cannot have its CTAs resident together and would wait forever; with a short bound its launch ends while the
+//    SMs are still held, the next backward on the device returns kWaitTimeout naming the wait, and the call after
+//    that runs, with the bits of an idle GPU. A plan with the held SMs as its margin, under the same load, reports
+//    nothing (the control).
+// The bound is read once per process (DASH_WAIT_TIMEOUT_SECONDS), so the API test runs in a child process:
+// WaitTimeout runs this binary again with only WaitTimeoutChild selected and the variable set, under `timeout`, and
+// reads what it printed. WaitTimeoutChild skips when run any other way. All skip, saying why, without a Hopper GPU,
+// without the kernels or without the probe and occupier.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,57 +21,161 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "dash/attention.hpp"
+#include "harness/device_harness.hpp"
+#include "sm90_test_support.hpp"
+#include "sm_occupier.hpp"
 #include "wait_probe.hpp"
 
 namespace dash {
 namespace {
 
-constexpr const char* kChildVariable = "DASH_WAIT_BOUND_CHILD";
-constexpr long long kShortBoundNs = 2'000'000;  // 2 ms: the stuck wait's bound
-constexpr long long kLongBoundNs = 5'000'000'000LL;
-constexpr double kTrapWithinSeconds = 10.0;     // the stuck launch must end this soon (bound, trap, teardown)
-constexpr int kChildTimeoutSeconds = 120;       // `timeout` ends a child that hangs anyway
+using gpu_testing::Instance;
+using gpu_testing::wait_or_die;
+using harness::DeviceBuffer;
+using harness::Problem;
 
-// Empty when the probe is built and the current device is a Hopper GPU (the API's own device check).
-std::string skip_reason() {
+constexpr long long kShortBoundNs = 2'000'000;       // 2 ms: the stuck wait's bound
+constexpr long long kLongBoundNs = 5'000'000'000LL;  // 5 s: longer than any of these waits may take
+constexpr double kEndsWithinSeconds = 2.0;           // a wait that gives up ends the launch this soon
+
+constexpr const char* kChildVariable = "DASH_WAIT_TIMEOUT_CHILD";
+constexpr const char* kChildBound = "0.2";  // seconds: DASH_WAIT_TIMEOUT_SECONDS in the child
+constexpr int kChildTimeoutSeconds = 300;   // `timeout` ends a child that hangs anyway
+constexpr int kResidentSms = 8;             // SMs the occupier leaves to the backward
+constexpr double kHoldSeconds = 120.0;
+constexpr double kStartSeconds = 10.0;
+constexpr double kHeldRunSeconds = 30.0;  // the abandoned launch must end this soon while the SMs are held
+// One head of 32 key/value tiles at d = 128: under shift every CTA but the first few needs contributions from CTAs
+// past the resident ones before its own, so with kResidentSms SMs the launch cannot finish in order.
+constexpr Instance kInstance{128, DType::kBF16};
+
+std::string probe_skip_reason() {
   if (const std::string why = testing::wait_probe_unavailable_reason(); !why.empty()) return why;
   if (Status s = check_current_device(); !s.ok()) return "no Hopper GPU: " + s.message();
   return {};
 }
 
-TEST(WaitBoundChild, ARankedWaitPassesAndAStuckOneEndsTheLaunchWithAnError) {
-  if (std::getenv(kChildVariable) == nullptr) {
-    GTEST_SKIP() << "runs only as WaitBound's child process (a trap ends the CUDA context)";
-  }
-  if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  EXPECT_EQ(testing::semaphore_wait_outcome(/*value=*/3, /*expected=*/3, kLongBoundNs), "cudaSuccess");
-  const auto begin = std::chrono::steady_clock::now();
-  const std::string stuck = testing::semaphore_wait_outcome(/*value=*/0, /*expected=*/1, kShortBoundNs);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  std::printf("stuck wait ended with %s after %.3f s\n", stuck.c_str(), seconds);
-  EXPECT_NE(stuck, "cudaSuccess");
-  EXPECT_LT(seconds, kTrapWithinSeconds);
+TEST(WaitBound, ARankedWaitPassesAStuckOneGivesUpWithinItsBoundAndAnAbandonedOneAtOnce) {
+  if (const std::string why = probe_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  const testing::WaitOutcome ranked = testing::semaphore_wait_outcome(/*value=*/3, /*expected=*/3, 0, kLongBoundNs);
+  EXPECT_EQ(ranked.error, "cudaSuccess");
+  EXPECT_TRUE(ranked.in_order);
+
+  const testing::WaitOutcome stuck = testing::semaphore_wait_outcome(/*value=*/0, /*expected=*/1, 0, kShortBoundNs);
+  EXPECT_EQ(stuck.error, "cudaSuccess") << "giving up must end the launch cleanly, not trap";
+  EXPECT_FALSE(stuck.in_order);
+  EXPECT_LT(stuck.seconds, kEndsWithinSeconds);
+
+  const testing::WaitOutcome abandoned = testing::semaphore_wait_outcome(0, 1, /*abandoned=*/1, kLongBoundNs);
+  EXPECT_EQ(abandoned.error, "cudaSuccess");
+  EXPECT_FALSE(abandoned.in_order);
+  EXPECT_LT(abandoned.seconds, kEndsWithinSeconds) << "a wait of an abandoned launch must not run to its bound";
 }
 
-TEST(WaitBound, AnOrderingWaitThatCannotEndBecomesAnErrorNotAHang) {
-  if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+std::string api_skip_reason() {
+  if (std::string why = gpu_testing::skip_reason(kInstance); !why.empty()) return why;
+  return testing::SmOccupier::unavailable_reason();
+}
+
+std::vector<uint16_t> gradient_bits(const Problem& p) {
+  std::vector<uint16_t> bits(p.q_elements() + 2 * p.kv_elements());
+  p.d_dq.download(bits.data(), p.q_elements() * 2);
+  p.d_dk.download(bits.data() + p.q_elements(), p.kv_elements() * 2);
+  p.d_dv.download(bits.data() + p.q_elements() + p.kv_elements(), p.kv_elements() * 2);
+  return bits;
+}
+
+Status run_backward(Problem& p, const BackwardPlan& plan, cudaStream_t stream) {
+  BackwardArgs args = harness::backward_args(p, plan.requested_schedule());
+  args.sm_margin = plan.sm_margin();
+  return backward(args, plan, p.workspace.get(), p.workspace.bytes(), stream);
+}
+
+TEST(WaitTimeoutChild, AStaticScheduleThatCannotBeResidentGivesUpAndTheNextCallSaysSo) {
+  if (std::getenv(kChildVariable) == nullptr) {
+    GTEST_SKIP() << "runs only as WaitTimeout's child process (the bound is read once per process)";
+  }
+  if (const std::string why = api_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  DeviceInfo device;
+  ASSERT_TRUE(current_device_info(&device).ok());
+  const int held = device.multiprocessor_count - kResidentSms;
+  Problem p = harness::make_problem(
+      gpu_testing::make_attention_shape(1, 4096, 4096, 1, 1, /*causal=*/false, kInstance), /*seed=*/0x71e0u,
+      /*with_reference=*/false);
+  BackwardPlan unmargined;
+  BackwardPlan margined;
+  ASSERT_TRUE(plan_backward(p.shape, Schedule::kShift, 0, &unmargined).ok());
+  ASSERT_TRUE(plan_backward(p.shape, Schedule::kShift, held, &margined).ok());
+  size_t forward_bytes = 0;
+  ASSERT_TRUE(forward_workspace_size(p.shape, &forward_bytes).ok());
+  p.workspace = DeviceBuffer(std::max({forward_bytes, unmargined.workspace_bytes(), margined.workspace_bytes()}));
+  harness::use_forward_outputs_for_backward(p);
+  ASSERT_TRUE(forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr).ok());
+  wait_or_die(nullptr, "forward");
+  cudaStream_t stream = nullptr;
+  harness::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+
+  Status s = run_backward(p, unmargined, stream);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  wait_or_die(stream, "shift on an idle GPU");
+  const std::vector<uint16_t> idle = gradient_bits(p);
+
+  testing::SmOccupier occupier;
+  if (const std::string why = occupier.start(held, kHoldSeconds, kStartSeconds); !why.empty()) {
+    GTEST_SKIP() << "cannot hold " << held << " SMs: " << why;
+  }
+  // The control first: planned with the held SMs as its margin, it finishes in order under the same load.
+  s = run_backward(p, margined, stream);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(harness::synchronize_with_watchdog(stream, kHeldRunSeconds));
+  EXPECT_TRUE(gradient_bits(p) == idle) << "the margined plan's bits under load";
+  const auto begin = std::chrono::steady_clock::now();
+  s = run_backward(p, unmargined, stream);
+  ASSERT_TRUE(s.ok()) << "the control's launch left a timeout behind: " << s.to_string();
+  const bool ended_while_held = harness::synchronize_with_watchdog(stream, kHeldRunSeconds);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  const bool still_held = occupier.holding();
+  EXPECT_TRUE(occupier.release());
+  wait_or_die(stream, "the unmargined shift after the SMs were released");
+  EXPECT_TRUE(ended_while_held) << "the unmargined shift did not give up its order while the SMs were held";
+  EXPECT_TRUE(still_held) << "the occupier left before the backward ended: the test proves nothing";
+  std::printf("[ info     ] shift planned for %d SMs, %d of them held: ended in %.3f s\n",
+              unmargined.planned_sm_count(), held, seconds);
+
+  s = run_backward(p, unmargined, stream);
+  EXPECT_EQ(s.code(), StatusCode::kWaitTimeout) << s.to_string();
+  for (const char* words : {"gave up the fixed order", "dQ tile", "sm_margin", "DASH_WAIT_TIMEOUT_SECONDS"}) {
+    EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
+  }
+  std::printf("[ info     ] the next call: %s\n", s.to_string().c_str());
+  s = run_backward(p, unmargined, stream);
+  ASSERT_TRUE(s.ok()) << "the timeout is reported once: " << s.to_string();
+  wait_or_die(stream, "shift on an idle GPU again");
+  EXPECT_TRUE(gradient_bits(p) == idle) << "after the report, the idle GPU's bits";
+  cudaStreamDestroy(stream);
+}
+
+TEST(WaitTimeout, AStaticScheduleThatCannotBeResidentEndsAndIsReportedNotAHang) {
+  if (const std::string why = api_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   std::array<char, 4096> self{};
   const ssize_t length = readlink("/proc/self/exe", self.data(), self.size() - 1);
   ASSERT_GT(length, 0) << "cannot find this test binary to run the child";
-  const std::string command = std::string(kChildVariable) + "=1 timeout " + std::to_string(kChildTimeoutSeconds) +
-                              " '" + std::string(self.data(), static_cast<size_t>(length)) +
-                              "' --gtest_filter=WaitBoundChild.* 2>&1";
+  const std::string command = std::string(kChildVariable) + "=1 DASH_WAIT_TIMEOUT_SECONDS=" + kChildBound +
+                              " timeout " + std::to_string(kChildTimeoutSeconds) + " '" +
+                              std::string(self.data(), static_cast<size_t>(length)) +
+                              "' --gtest_filter=WaitTimeoutChild.* 2>&1";
   FILE* child = popen(command.c_str(), "r");
   ASSERT_NE(child, nullptr) << command;
   std::string output;
   std::array<char, 512> chunk{};
   while (std::fgets(chunk.data(), static_cast<int>(chunk.size()), child) != nullptr) output += chunk.data();
   const int status = pclose(child);
+  std::printf("%s", output.c_str());
   EXPECT_EQ(status, 0) << "the child failed or hung (timeout exits 124):\n" << output;
   EXPECT_NE(output.find("[  PASSED  ] 1 test"), std::string::npos) << output;
-  EXPECT_NE(output.find("stuck wait ended with"), std::string::npos) << output;
 }
 
 }  // namespace

@@ -5,6 +5,6 @@ namespace dash::testing {
 
 std::string wait_probe_unavailable_reason() { return "built without kernels (DASH_BUILD_KERNELS=OFF)"; }
 
-std::string semaphore_wait_outcome(int, int, long long) { return wait_probe_unavailable_reason(); }
+WaitOutcome semaphore_wait_outcome(int, int, int, long long) { return {wait_probe_unavailable_reason(), false, 0}; }
 
 }  // namespace dash::testing

@@ -187,6 +187,8 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     TmaKV tma_v;
     SchedulePlan plan;
     kernels::BackwardBuffers buffers;
+    long long wait_bound_ns;                     // kernels::BackwardParams's, for the dQ writer
+    kernels::WaitTimeoutRecord* wait_timeout;
     Element* dk;
     Element* dv;
     int64_t dk_strides[3];  // batch, seq, head (dim stride is 1)

@@ -8,6 +8,11 @@
 // copy engine has read them; wait until the writes have completed in global memory; release the
 // semaphore (rank + 1). Nondeterministic contributions (kUnordered) skip the two semaphore steps and
 // add into an accumulator the preprocess zeroed.
+//
+// A wait that outlives p.wait_bound_ns (CTAs of a static schedule kept off their SMs by other kernels) gives up the
+// order for the rest of the launch: the first one records what it waited for (WaitTimeoutRecord, read by the host),
+// and every contribution then goes in as it comes. The launch ends instead of hanging, with a wrong dQ (a late rank
+// 0 stores over what others added), which the host reports at its next backward call on the device.
 #pragma once
 
 #include "kernels/sm90/bwd_config.cuh"
@@ -35,7 +40,9 @@ struct BackwardDqWriter {
         if (leader) {
           float* tile = p.buffers.dq_accum + static_cast<int64_t>(step.dq_index) * kTileFloats;
           int* semaphore = p.buffers.dq_semaphores + step.dq_index;
-          if (step.rank != kUnordered) wait_semaphore(semaphore, step.rank);
+          if (step.rank != kUnordered && !wait_semaphore(semaphore, step.rank, p.buffers.order_abandoned, p.wait_bound_ns)) {
+            abandon_order(p, step, semaphore);
+          }
           for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
             float* dst = tile + wg * Config::kdQPartialFloats;
             const float* src = smem.dq.data() + wg * Config::kdQPartialFloats;
@@ -57,6 +64,23 @@ struct BackwardDqWriter {
       }
     }
     if (leader) bulk_wait_complete_all();
+  }
+
+ private:
+  // Marks the launch's order abandoned; the first wait to give up also fills the device's record, unless an earlier
+  // launch's record is still unread there. Inlined, as every device function here: a call site would make ptxas drop
+  // setmaxnreg (primitives.cuh, report_hang).
+  __device__ static void abandon_order(const Params& p, const StepRecord& step, const int* semaphore) {
+    if (atomicExch(p.buffers.order_abandoned, 1) != 0) return;
+    volatile kernels::WaitTimeoutRecord* record = p.wait_timeout;
+    if (record->filled != 0) return;
+    record->cta = static_cast<int>(blockIdx.x);
+    record->dq_index = step.dq_index;
+    record->expected = step.rank;
+    record->observed = load_acquire(semaphore);
+    record->bound_ms = static_cast<int>(p.wait_bound_ns / 1'000'000);
+    __threadfence_system();
+    record->filled = 1;
   }
 };
 

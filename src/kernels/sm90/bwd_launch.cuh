@@ -44,6 +44,8 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
   }
   p.plan = params.plan;
   p.buffers = params.buffers;
+  p.wait_bound_ns = params.wait_bound_ns;
+  p.wait_timeout = params.wait_timeout;
   p.dk = static_cast<Element*>(a.dk.data);
   p.dv = static_cast<Element*>(a.dv.data);
   copy_strides(p.dk_strides, a.dk.strides);

@@ -107,7 +107,10 @@ __global__ void __launch_bounds__(kPrepostThreads) backward_preprocess_kernel(co
   }
   if (threadIdx.x == 0) {
     p.buffers.dq_semaphores[dq_tile] = 0;
-    if (dq_tile == 0) *p.buffers.unit_counter = 0;
+    if (dq_tile == 0) {
+      *p.buffers.unit_counter = 0;
+      *p.buffers.order_abandoned = 0;
+    }
   }
 }
 

@@ -1,4 +1,4 @@
-// Small sm90 PTX primitives the kernels are built from: bounded waits on mbarriers and on ordering semaphores
+// Small sm90 PTX primitives the kernels are built from: waits on mbarriers and bounded waits on ordering semaphores
 // in global memory, the bulk (non-tensor) copy engine, and proxy fences. Each wraps one or two instructions and
 // says why it is needed; nothing here knows about attention.
 #pragma once
@@ -8,20 +8,17 @@
 #include <cute/arch/util.hpp>
 #include <cutlass/arch/barrier.h>
 
+#if defined(DASH_DEBUG_HANGS)
 #include <cstdio>
+#endif
 
 namespace dash::sm90 {
 
-// How long an ordering wait may last before the kernel reports it and traps, in nanoseconds of the GPU's global
-// timer (independent of the SM clock). A dQ ordering wait lasts microseconds, but one on CTAs kept off their SMs
-// by other kernels (a static schedule planned without sm_margin, next to NCCL kernels that wait for other ranks)
-// lasts as long as those kernels hold them, so the bound is torch's default NCCL timeout, 10 minutes. A wait
-// that reaches it belongs to a launch that will not finish, and ending it turns a hung step into an error the
-// host sees. -DDASH_DEBUG_HANGS shortens it to 5 s and bounds every mbarrier wait as well.
+// Ordering waits on other CTAs (wait_semaphore) are bounded by the host's bound (src/api/wait_timeouts.hpp), in
+// nanoseconds of the GPU's global timer, which is independent of the SM clock. -DDASH_DEBUG_HANGS bounds every
+// mbarrier wait as well, by kDebugWaitBoundNs: there a wait that long is a kernel bug.
 #if defined(DASH_DEBUG_HANGS)
-inline constexpr long long kWaitBoundNs = 5'000'000'000LL;
-#else
-inline constexpr long long kWaitBoundNs = 600'000'000'000LL;
+inline constexpr long long kDebugWaitBoundNs = 5'000'000'000LL;
 #endif
 
 __device__ __forceinline__ long long global_timer_ns() {
@@ -30,24 +27,21 @@ __device__ __forceinline__ long long global_timer_ns() {
   return ns;
 }
 
-// Ends a launch whose wait outlived its bound: traps, so that the stream reports an error (a launch
-// failure) instead of hanging. Like any device fault, the trap leaves the CUDA context unusable. A debug build
-// first prints which wait and where; release builds print nothing, since printf is a call, and a call site
-// makes ptxas drop setmaxnreg and spill in the step loops (scripts/sass_report.sh showed it).
-__device__ __forceinline__ void report_hang(const char* what, int detail) {
 #if defined(DASH_DEBUG_HANGS)
+// Ends a launch whose mbarrier wait outlived kDebugWaitBoundNs (debug builds only, where such a wait is a kernel
+// bug): prints which wait and where, then traps, so that the stream reports an error instead of hanging. Like any
+// device fault, the trap leaves the CUDA context unusable. Release builds have no such call: printf is a call,
+// and a call site makes ptxas drop setmaxnreg and spill in the step loops (scripts/sass_report.sh showed it).
+__device__ __forceinline__ void report_hang(const char* what, int detail) {
   printf("dash: CTA %d thread %d waited more than %lld ns in %s (%d): the launch cannot finish\n",
-         static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x), kWaitBoundNs, what, detail);
-#else
-  (void)what;
-  (void)detail;
-#endif
+         static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x), kDebugWaitBoundNs, what, detail);
   __trap();
 }
+#endif
 
 // Waits until phase `parity` of an mbarrier has completed. Only the CTA's own roles complete its mbarriers, and
-// the one role that waits on other CTAs bounds that wait (wait_semaphore): if it traps, the grid ends and every
-// mbarrier wait with it. So release builds leave these waits unbounded, which keeps clock reads and their live
+// the one role that waits on other CTAs bounds that wait (wait_semaphore): if it gives up, it goes on, and so does
+// every mbarrier wait behind it. So release builds leave these waits unbounded, which keeps clock reads and their live
 // ranges out of the MMA step loops (bounding them all put 48-164 spill loads in each backward step loop, by
 // scripts/sass_report.sh). Debug builds (-DDASH_DEBUG_HANGS) bound them too, to name a wait a kernel bug left
 // waiting.
@@ -55,7 +49,7 @@ __device__ __forceinline__ void wait_barrier(uint64_t& barrier, int parity, cons
 #if defined(DASH_DEBUG_HANGS)
   const long long start = global_timer_ns();
   while (!cutlass::arch::ClusterBarrier::try_wait(&barrier, parity)) {
-    if (global_timer_ns() - start > kWaitBoundNs) report_hang(what, parity);
+    if (global_timer_ns() - start > kDebugWaitBoundNs) report_hang(what, parity);
   }
 #else
   (void)what;
@@ -69,17 +63,22 @@ __device__ __forceinline__ int load_acquire(const int* address) {
   return value;
 }
 
-// Spins until *semaphore == expected, trapping when the wait outlives `bound_ns` (report_hang; tests pass a
-// short bound). The acquire makes every global write released by the previous holder visible; the proxy fence
-// then orders them before this thread's bulk (async-proxy) reduce.
-__device__ __forceinline__ void wait_semaphore(const int* semaphore, int expected, long long bound_ns = kWaitBoundNs) {
+// Spins until *semaphore == expected and returns true; the acquire makes every global write released by the
+// previous holder visible, and the proxy fence then orders them before this thread's bulk (async-proxy) reduce.
+// Returns false, the order not reached, once the wait outlives `bound_ns` or another wait of the launch has given
+// up (*abandoned != 0, read only while the semaphore is not there): the caller records why and goes on unordered,
+// so that a launch whose CTAs cannot all be resident ends, in a wrong order, instead of hanging the stream. The
+// other CTAs' waits then end at their next poll, and the launch finishes as soon as its work is done.
+__device__ __forceinline__ bool wait_semaphore(const int* semaphore, int expected, const int* abandoned,
+                                               long long bound_ns) {
   if (load_acquire(semaphore) != expected) {
     const long long start = global_timer_ns();
     while (load_acquire(semaphore) != expected) {
-      if (global_timer_ns() - start > bound_ns) report_hang("dQ semaphore wait", expected);
+      if (load_acquire(abandoned) != 0 || global_timer_ns() - start > bound_ns) return false;
     }
   }
   asm volatile("fence.proxy.async.global;" ::: "memory");
+  return true;
 }
 
 // Adds one to *semaphore, releasing this thread's earlier writes, including completed bulk reduces
