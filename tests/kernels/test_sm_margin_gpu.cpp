@@ -27,6 +27,7 @@
 namespace dash {
 namespace {
 
+using gpu_testing::download_gradients;
 using gpu_testing::Instance;
 using gpu_testing::kWatchdogSeconds;
 using gpu_testing::skip_reason;
@@ -72,15 +73,6 @@ int device_sms() {
 }
 
 bool is_static(Schedule schedule) { return schedule == Schedule::kShift || schedule == Schedule::kSymmetricShift; }
-
-std::vector<uint16_t> gradient_bits(const Problem& p) {
-  std::vector<uint16_t> bits(p.q_elements() + 2 * p.kv_elements());
-  uint16_t* at = bits.data();
-  p.d_dq.download(at, p.q_elements() * 2);
-  p.d_dk.download(at + p.q_elements(), p.kv_elements() * 2);
-  p.d_dv.download(at + p.q_elements() + p.kv_elements(), p.kv_elements() * 2);
-  return bits;
-}
 
 std::vector<uint16_t> output_bits(const Problem& p) {
   std::vector<uint16_t> bits(p.q_elements());
@@ -180,7 +172,7 @@ TEST_P(SmMarginGpu, EveryDeterministicScheduleIsBitwiseIdenticalAndCorrect) {
         launch(p, plan, nullptr);
         wait_or_die(nullptr, what);
         wait_or_die(side, "the competing forward");
-        std::vector<uint16_t> bits = gradient_bits(p);
+        std::vector<uint16_t> bits = download_gradients(p);
         if (run == 0) {
           expect_matches_reference(p, what);
           first = std::move(bits);
@@ -276,7 +268,7 @@ TEST_P(SmMarginCoResidency, EveryScheduleWithTheMarginFinishesWhileTheSmsAreHeld
   for (const BackwardPlan& plan : plans) {
     launch(p, plan, stream);
     wait_or_die(stream, std::string(schedule_name(plan.requested_schedule())) + " on an idle GPU");
-    idle_bits.push_back(gradient_bits(p));
+    idle_bits.push_back(download_gradients(p));
   }
   ForwardArgs forward_args = harness::forward_args(p);
   forward_args.sm_margin = margin;
@@ -307,7 +299,7 @@ TEST_P(SmMarginCoResidency, EveryScheduleWithTheMarginFinishesWhileTheSmsAreHeld
     EXPECT_TRUE(still_held) << "the occupier stopped holding its SMs before the backward finished: the test "
                                "proves nothing (raise kHoldSeconds?)";
     if (plan.schedule() != Schedule::kNondeterministic) {
-      EXPECT_TRUE(gradient_bits(p) == idle_bits[i]) << "bits differ from the same plan on an idle GPU";
+      EXPECT_TRUE(download_gradients(p) == idle_bits[i]) << "bits differ from the same plan on an idle GPU";
     }
     expect_matches_reference(p, what);
   }
@@ -347,7 +339,7 @@ TEST_P(SmMarginCoResidency, WithoutAMarginStaticSchedulesFinishOnceTheSmsAreRele
     ensure_workspace(p, plan.workspace_bytes());
     launch(p, plan, stream);
     wait_or_die(stream, "on an idle GPU");
-    const std::vector<uint16_t> idle = gradient_bits(p);
+    const std::vector<uint16_t> idle = download_gradients(p);
 
     testing::SmOccupier occupier;
     if (const std::string why = occupier.start(held, kHoldSeconds, kStartSeconds); !why.empty()) {
@@ -364,7 +356,7 @@ TEST_P(SmMarginCoResidency, WithoutAMarginStaticSchedulesFinishOnceTheSmsAreRele
                 finished_while_held ? ("finished while held, in " + std::to_string(seconds) + " s").c_str()
                                     : "stalled until the SMs were released");
     RecordProperty(std::string(schedule_name(schedule)) + "_finished_while_held", finished_while_held ? 1 : 0);
-    EXPECT_TRUE(gradient_bits(p) == idle);
+    EXPECT_TRUE(download_gradients(p) == idle);
   }
   cudaStreamDestroy(stream);
   if (ran == 0) GTEST_SKIP() << "neither static schedule applies to " << shape_name(c);

@@ -32,6 +32,7 @@
 namespace dash {
 namespace {
 
+using gpu_testing::download_gradients;
 using gpu_testing::Instance;
 using gpu_testing::wait_or_die;
 using harness::DeviceBuffer;
@@ -80,14 +81,6 @@ std::string api_skip_reason() {
   return testing::SmOccupier::unavailable_reason();
 }
 
-std::vector<uint16_t> gradient_bits(const Problem& p) {
-  std::vector<uint16_t> bits(p.q_elements() + 2 * p.kv_elements());
-  p.d_dq.download(bits.data(), p.q_elements() * 2);
-  p.d_dk.download(bits.data() + p.q_elements(), p.kv_elements() * 2);
-  p.d_dv.download(bits.data() + p.q_elements() + p.kv_elements(), p.kv_elements() * 2);
-  return bits;
-}
-
 Status run_backward(Problem& p, const BackwardPlan& plan, cudaStream_t stream) {
   BackwardArgs args = harness::backward_args(p, plan.requested_schedule());
   args.sm_margin = plan.sm_margin();
@@ -122,11 +115,11 @@ TEST(WaitTimeoutChild, AStaticScheduleThatCannotBeResidentGivesUpAndTheNextCallS
   Status s = run_backward(p, margined, stream);
   ASSERT_TRUE(s.ok()) << s.to_string();
   wait_or_die(stream, "margined shift on an idle GPU");
-  const std::vector<uint16_t> idle_margined = gradient_bits(p);
+  const std::vector<uint16_t> idle_margined = download_gradients(p);
   s = run_backward(p, unmargined, stream);
   ASSERT_TRUE(s.ok()) << s.to_string();
   wait_or_die(stream, "shift on an idle GPU");
-  const std::vector<uint16_t> idle = gradient_bits(p);
+  const std::vector<uint16_t> idle = download_gradients(p);
 
   testing::SmOccupier occupier;
   if (const std::string why = occupier.start(held, kHoldSeconds, kStartSeconds); !why.empty()) {
@@ -136,7 +129,7 @@ TEST(WaitTimeoutChild, AStaticScheduleThatCannotBeResidentGivesUpAndTheNextCallS
   s = run_backward(p, margined, stream);
   ASSERT_TRUE(s.ok()) << s.to_string();
   EXPECT_TRUE(harness::synchronize_with_watchdog(stream, kHeldRunSeconds));
-  EXPECT_TRUE(gradient_bits(p) == idle_margined) << "the margined plan's bits under load";
+  EXPECT_TRUE(download_gradients(p) == idle_margined) << "the margined plan's bits under load";
   const auto begin = std::chrono::steady_clock::now();
   s = run_backward(p, unmargined, stream);
   ASSERT_TRUE(s.ok()) << "the control's launch left a timeout behind: " << s.to_string();
@@ -159,7 +152,7 @@ TEST(WaitTimeoutChild, AStaticScheduleThatCannotBeResidentGivesUpAndTheNextCallS
   s = run_backward(p, unmargined, stream);
   ASSERT_TRUE(s.ok()) << "the timeout is reported once: " << s.to_string();
   wait_or_die(stream, "shift on an idle GPU again");
-  EXPECT_TRUE(gradient_bits(p) == idle) << "after the report, the idle GPU's bits";
+  EXPECT_TRUE(download_gradients(p) == idle) << "after the report, the idle GPU's bits";
   cudaStreamDestroy(stream);
 }
 
