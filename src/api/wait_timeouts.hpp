@@ -13,7 +13,7 @@
 
 namespace dash {
 
-// The variable that bounds a dQ ordering wait, in seconds; without it the kernels' default (10 minutes).
+// The variable that bounds a dQ ordering wait, in seconds; without it 10 minutes (wait_timeouts.cpp says why).
 inline constexpr const char* kWaitTimeoutVariable = "DASH_WAIT_TIMEOUT_SECONDS";
 // The longest bound it may set, one day: far past any real wait, and well inside the record's milliseconds.
 inline constexpr double kMaxWaitTimeoutSeconds = 86400.0;
