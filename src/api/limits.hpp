@@ -53,16 +53,6 @@ static_assert(
       return true;
     }(),
     "kMinBlockQ must not exceed any kernel's query tile, or the query tile count bound is too loose");
-// The symmetric shift schedule's stride is block_kv / block_q (schedule/shift_schedules.hpp); the planner refuses it
-// where that is not integral, which no backward tile is (1 at the 64x64 tiles of d = 192 and 256).
-static_assert(
-    [] {
-      for (int head_dim : kBackwardHeadDims) {
-        if (backward_tile_shape(head_dim).block_kv % backward_tile_shape(head_dim).block_q != 0) return false;
-      }
-      return true;
-    }(),
-    "every backward tile's block_kv must be a multiple of its block_q (symmetric shift)");
 
 // TMA needs 16-byte aligned global addresses and global strides that are multiples of 16 bytes.
 inline constexpr int64_t kTmaAlignmentBytes = 16;

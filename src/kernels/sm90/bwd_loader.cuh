@@ -1,6 +1,7 @@
 // Backward producer, warp 0 (one lane): walks the schedule, publishes each job and step to the other
 // roles, and streams K, V (once per job) and Q, dO, LSE, dpsum (once per step) into shared memory
-// with TMA. All schedule arithmetic happens here, so the MMA warpgroups spend no registers on it.
+// with TMA: Q and the LSE into the Q ring, dO and dpsum into the dO ring. All schedule arithmetic happens here, so
+// the MMA warpgroups spend no registers on it.
 //
 // Step records live in a ring of kStepRing slots read by the MMA warpgroups and the dQ writer. Slot
 // reuse is safe without its own barrier: writing step k needs the Q stage of step k - kStages to be
@@ -118,18 +119,29 @@ struct BackwardLoader {
     const StepRecord record{q.q_tile, max_problem.dq_tile_index(job.head, v), rank_of(fitted, job, v)};
     const int stage = smem.q_stages.producer_acquire(steps, "q_empty");
     smem.steps[steps % Config::kStepRing] = record;
-    uint64_t& full = smem.q_stages.producer_expect(steps, Config::kQStageBytes);
-    auto sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-    auto sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
     const auto q_extent = make_shape(p.packed.total_q, int{Config::kHeadDim}, p.heads_q, 1);
     const int q_row = sequence.q_offset + q.q_tile * Config::kBlockM;
-    tma_load_rows(p.tma_q, q_extent, q.head_q, q_row, full, sQ(_, _, stage));
-    tma_load_rows(p.tma_dout, q_extent, q.head_q, q_row, full, sdO(_, _, stage));
     const int64_t row0 = (static_cast<int64_t>(q.batch) * p.heads_q + q.head_q) * max_problem.real_q_tiles() *
                              Config::kBlockM + static_cast<int64_t>(q.q_tile) * Config::kBlockM;
+    uint64_t& q_full = smem.q_stages.producer_expect(steps, Config::kQStageBytes);
+    tma_load_rows(p.tma_q, q_extent, q.head_q, q_row, q_full, query_tiles(smem)(_, _, stage));
+    load_rows_of_floats(p.buffers.lse_log2 + row0, q_full, smem.lse_log2[stage]);
+    const int dout_stage = smem.dout_stages.producer_acquire(steps, "dout_empty");
+    uint64_t& dout_full = smem.dout_stages.producer_expect(steps, Config::kdOStageBytes);
+    tma_load_rows(p.tma_dout, q_extent, q.head_q, q_row, dout_full, dout_tiles(smem)(_, _, dout_stage));
+    load_rows_of_floats(p.buffers.dpsum + row0, dout_full, smem.dpsum[dout_stage]);
+  }
+
+  __device__ static auto query_tiles(SharedStorage& smem) {
+    return make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+  }
+  __device__ static auto dout_tiles(SharedStorage& smem) {
+    return make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
+  }
+  // One float per row of a query tile (the LSE or dpsum), from the workspace, completing `full`.
+  __device__ static void load_rows_of_floats(const float* rows, uint64_t& full, float* dst) {
     constexpr int kRowBytes = Config::kBlockM * sizeof(float);
-    SM90_BULK_COPY_G2S::copy(p.buffers.lse_log2 + row0, &full, smem.lse_log2[stage], kRowBytes);
-    SM90_BULK_COPY_G2S::copy(p.buffers.dpsum + row0, &full, smem.dpsum[stage], kRowBytes);
+    SM90_BULK_COPY_G2S::copy(rows, &full, dst, kRowBytes);
   }
 
   __device__ static void publish_job(const Params& p, SharedStorage& smem, const Job& job, int jobs) {
@@ -156,17 +168,16 @@ struct BackwardLoader {
     const StepRecord record{q.q_tile, plan.problem.dq_tile_index(job.head, v), rank_of(plan, job, v)};
     const int stage = smem.q_stages.producer_acquire(steps, "q_empty");
     smem.steps[steps % Config::kStepRing] = record;
-    uint64_t& full = smem.q_stages.producer_expect(steps, Config::kQStageBytes);
-    auto sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-    auto sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
     const auto q_extent = make_shape(p.seqlen_q, int{Config::kHeadDim}, p.heads_q, p.batch);
-    tma_load_tile(p.tma_q, q_extent, q.head_q, q.batch, q.q_tile, full, sQ(_, _, stage));
-    tma_load_tile(p.tma_dout, q_extent, q.head_q, q.batch, q.q_tile, full, sdO(_, _, stage));
     const int64_t row0 = (static_cast<int64_t>(q.batch) * p.heads_q + q.head_q) * plan.problem.real_q_tiles() *
                              Config::kBlockM + static_cast<int64_t>(q.q_tile) * Config::kBlockM;
-    constexpr int kRowBytes = Config::kBlockM * sizeof(float);
-    SM90_BULK_COPY_G2S::copy(p.buffers.lse_log2 + row0, &full, smem.lse_log2[stage], kRowBytes);
-    SM90_BULK_COPY_G2S::copy(p.buffers.dpsum + row0, &full, smem.dpsum[stage], kRowBytes);
+    uint64_t& q_full = smem.q_stages.producer_expect(steps, Config::kQStageBytes);
+    tma_load_tile(p.tma_q, q_extent, q.head_q, q.batch, q.q_tile, q_full, query_tiles(smem)(_, _, stage));
+    load_rows_of_floats(p.buffers.lse_log2 + row0, q_full, smem.lse_log2[stage]);
+    const int dout_stage = smem.dout_stages.producer_acquire(steps, "dout_empty");
+    uint64_t& dout_full = smem.dout_stages.producer_expect(steps, Config::kdOStageBytes);
+    tma_load_tile(p.tma_dout, q_extent, q.head_q, q.batch, q.q_tile, dout_full, dout_tiles(smem)(_, _, dout_stage));
+    load_rows_of_floats(p.buffers.dpsum + row0, dout_full, smem.dpsum[dout_stage]);
   }
 };
 

@@ -10,18 +10,23 @@
 //   dQ_partial = dS K                                (wgmma, dS through shared memory)
 // and hand dQ_partial to the dQ writer. At the end of the job write dK * scale and dV.
 //
-// Two layouts of the work over the two MMA warpgroups (bwd_config.cuh):
+// Three layouts of the work over the two MMA warpgroups (bwd_config.cuh):
 // - up to d = 128 (run_rows) each warpgroup owns 64 key/value rows: S^T, dP^T, dK and dV of its rows, P^T and dS^T
 //   straight from registers into the dV and dK GEMMs; only dS^T goes through shared memory, for dQ, which
 //   contracts over both warpgroups' rows.
-// - at d = 192 and 256 (run_head_dim_split) dK and dV of 64 rows would take d registers per thread (192 or 256 of
-//   240), so both warpgroups work on the tile's 64 key/value rows and split head_dim (FA3's layout at these head
-//   dims): each computes S^T and dP^T for half of the 64 query columns, writes P^T and dS^T to shared memory,
-//   and after a barrier runs dV += P^T dO, dK += dS^T Q and dQ = dS K for its half of head_dim, all operands
-//   from shared memory. dK and dV leave straight from the fragments (no free staging tile holds 64 x d).
+// - at d = 192 (run_key_split) both warpgroups work on a 64x96 tile and split its keys: each computes S = Q K^T and
+//   dP = dO V^T for its 48 keys (the query rows as M: S^T's 96 key rows are no whole number of 64-row wgmma
+//   tiles), writes P and dS to shared memory, and runs the swapped dV^T += dO^T P and dK^T += Q^T dS for its keys
+//   over all of head_dim, and dQ = dS K for its half of head_dim after a barrier, all operands from shared memory.
+//   dK and dV leave transposed, straight from the fragments.
+// - at d = 256 (run_head_dim_split) dK and dV of 64 rows would take 256 registers per thread, so both warpgroups
+//   work on the tile's 64 key/value rows and split head_dim (FA3's layout at this head dim): each computes S^T and
+//   dP^T for half of the 64 query columns, writes P^T and dS^T to shared memory, and after a barrier runs dV +=
+//   P^T dO, dK += dS^T Q and dQ = dS K for its half of head_dim, all operands from shared memory. dK and dV leave
+//   straight from the fragments (no free staging tile holds 64 x d).
 // Invariants: both warpgroups walk the same jobs and steps (the loader's records), so the named barriers
-// (kDsReadyBarrier, kDsFreeBarrier) pair up; a warpgroup overwrites a shared P^T or dS^T buffer only after both
-// warpgroups' GEMMs that read its previous contents are complete (see each path).
+// (kDsReadyBarrier, kDsFreeBarrier) pair up; a warpgroup overwrites a shared P, dS, P^T or dS^T buffer only after
+// both warpgroups' GEMMs that read its previous contents are complete (see each path).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -50,7 +55,9 @@ struct BackwardMma {
   static constexpr bool kKeepsSlope = Config::kSoftcap && kScoresPerThread <= kMaxKeptSlopes;
 
   __device__ static void run(const Params& p, SharedStorage& smem, int thread) {
-    if constexpr (Config::kSplitsHeadDim) {
+    if constexpr (Config::kSplitsKeys) {
+      run_key_split(p, smem, thread);
+    } else if constexpr (Config::kSplitsHeadDim) {
       run_head_dim_split(p, smem, thread);
     } else {
       run_rows(p, smem, thread);
@@ -70,11 +77,11 @@ struct BackwardMma {
     auto wg_dq = warpgroup_operand_slice(mma_dq, warp_group, Config::kWarpGroupThreads);
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
     Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
-    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdOt{});
     Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
     Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
     Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
@@ -116,12 +123,13 @@ struct BackwardMma {
       const int kv_row0 = job.kv_tile * kBlockN;
       for (int s = 0; s < job.num_steps; ++s, ++steps) {
         const int stage = smem.q_stages.consumer_wait(steps, "q_full");
+        const int dout_stage = smem.dout_stages.consumer_wait(steps, "dout_full");
         const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
 
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-        warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
+        warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, dout_stage), tdPrdP);
         // The previous step's dQ partial is handed over only now: its stores drained while the GEMMs
         // above were issued, so the fence before the hand-over no longer stalls on them.
         if (s > 0) commit_dq(smem, warp_group, steps - 1);
@@ -141,11 +149,11 @@ struct BackwardMma {
         Tensor tdVrP = make_operand_a_for<Element>(tSrS);
         Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
         compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tdVrP, tSrS),
-                   operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, smem.dpsum[stage], smem.lse_log2[stage], p);
+                   operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage], p);
         // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows. Stored
         // before the dV GEMM is issued, so the stores drain under its issue instead of stalling the fence.
         copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
-        warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, stage), tdVrdV);
+        warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, dout_stage), tdVrdV);
         fence_shared_for_async_proxy();
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
 
@@ -155,6 +163,7 @@ struct BackwardMma {
         warpgroup_wait<1>();  // dV and dQ done; dK may still run
         store_dq(smem, tdQrdQ, warp_group, thread, steps);
         warpgroup_wait<0>();
+        smem.dout_stages.consumer_release(steps);
         smem.q_stages.consumer_release(steps);
       }
       // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
@@ -164,8 +173,8 @@ struct BackwardMma {
     }
   }
 
-  // d = 192 and 256: both MMA warpgroups work on the tile's 64 key/value rows; warpgroup w computes S^T and dP^T
-  // for query columns [32w, 32w + 32) and dV, dK and its dQ partial for head_dim columns [w d/2, (w + 1) d/2).
+  // d = 256: both MMA warpgroups work on the tile's 64 key/value rows; warpgroup w computes S^T and dP^T for query
+  // columns [32w, 32w + 32) and dV, dK and its dQ partial for head_dim columns [w d/2, (w + 1) d/2).
   //
   // P^T and dS^T meet in shared memory, since each warpgroup's dV and dK GEMMs contract over all 64 query columns
   // and its dQ GEMM over all 64 key rows. Each has two buffers, used by alternate steps (Config::p_buffer,
@@ -184,11 +193,11 @@ struct BackwardMma {
     auto wg_dq = warpgroup_operand_slice(mma_dq, warp_group, Config::kWarpGroupThreads);
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
     Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
-    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdOt{});
     Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
     // The P^T and dS^T buffers: (query, key, buffer) as dQ's MN-major A operand, (key, query, buffer) as the K-major
     // A operand of dV and dK and as stmatrix's destination.
@@ -233,6 +242,7 @@ struct BackwardMma {
       const int kv_row0 = job.kv_tile * kBlockN;
       for (int s = 0; s < job.num_steps; ++s, ++steps) {
         const int stage = smem.q_stages.consumer_wait(steps, "q_full");
+        const int dout_stage = smem.dout_stages.consumer_wait(steps, "dout_full");
         const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
         const int p_buffer = Config::p_buffer(steps);
         const int ds_buffer = Config::ds_buffer(steps);
@@ -240,7 +250,7 @@ struct BackwardMma {
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-        warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
+        warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, dout_stage), tdPrdP);
         // The previous step's dQ partial is handed over only now, as in run_rows.
         if (s > 0) commit_dq(smem, warp_group, steps - 1);
 
@@ -253,7 +263,7 @@ struct BackwardMma {
         Tensor tPrP = make_tensor<Element>(tSrS.layout());
         Tensor tdSrdS = make_tensor<Element>(tdPrdP.layout());
         compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
-                   operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[stage], smem.lse_log2[stage], p);
+                   operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage], p);
         copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdSt(_, _, _, p_buffer));
         copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdSt(_, _, _, ds_buffer));
         // The generic-proxy stores before wgmma's async-proxy reads, then both warpgroups' halves complete.
@@ -263,12 +273,131 @@ struct BackwardMma {
         // dQ first: its partial goes to the dQ writer while dV and dK still run.
         Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
         warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrKt, tdQrdQ);
-        warpgroup_gemm<false>(mma_dkv, tdKVrPdSt(_, _, _, p_buffer), tdVrdOt(_, _, _, stage), tdVrdV);
+        warpgroup_gemm<false>(mma_dkv, tdKVrPdSt(_, _, _, p_buffer), tdVrdOt(_, _, _, dout_stage), tdVrdV);
         warpgroup_gemm<false>(mma_dkv, tdKVrPdSt(_, _, _, ds_buffer), tdKrQt(_, _, _, stage), tdKrdK);
         warpgroup_wait<2>();  // dQ done; dV and dK may still run
         store_dq(smem, tdQrdQ, warp_group, thread, steps);
         // All of this step's GEMMs are complete before the stage is released and before the warpgroup reaches the
         // next step's barrier, after which the other warpgroup may overwrite this step's buffers' twins (above).
+        warpgroup_wait<0>();
+        smem.dout_stages.consumer_release(steps);
+        smem.q_stages.consumer_release(steps);
+      }
+      // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
+      if (job.num_steps > 0) commit_dq(smem, warp_group, steps - 1);
+      smem.kv_stages.consumer_release(jobs);
+      store_dkv(p, smem, job, tdKrdK, tdVrdV, thread);
+    }
+  }
+
+  // d = 192: both MMA warpgroups work on the 64x96 tile; warpgroup w computes S and dP for keys [48w, 48w + 48) over
+  // the 64 query rows, dV^T and dK^T for those keys over all of head_dim, and its dQ partial for head_dim columns
+  // [96w, 96w + 96).
+  //
+  // P and dS meet in shared memory: the swapped dV^T and dK^T GEMMs take them as B operands (a wgmma B operand is
+  // never in registers), and each warpgroup's dQ GEMM contracts over all 96 keys, both warpgroups' dS columns. One
+  // buffer each (a second pair of 24 KiB would need 240 KiB), so a step's stores wait at kDsFreeBarrier until both
+  // warpgroups are past the previous step, whose GEMMs each completed before leaving it; kDsReadyBarrier then
+  // publishes both warpgroups' columns to the GEMMs.
+  //
+  // dO's stage is released as soon as dV^T's GEMM is done, so the loader fills it with the next step's dO while dQ
+  // and dK^T still run; Q's stage, read by dK^T, at the end of the step.
+  __device__ static void run_key_split(const Params& p, SharedStorage& smem, int thread) {
+    typename Config::TiledMmaSdP mma_sdp;
+    typename Config::TiledMmadKV mma_dkv;
+    typename Config::TiledMmadQ mma_dq;
+    const int warp_group = uniform_warp_group(thread, Config::kWarpGroupThreads);
+    auto thr_sdp = mma_sdp.get_thread_slice(thread);
+    auto wg_sdp = warpgroup_operand_slice(mma_sdp, warp_group, Config::kWarpGroupThreads);
+    auto wg_dkv = warpgroup_operand_slice(mma_dkv, warp_group, Config::kWarpGroupThreads);
+    auto wg_dq = warpgroup_operand_slice(mma_dq, warp_group, Config::kWarpGroupThreads);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdOt{});
+    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
+    // P and dS: (query, key, buffer) as dQ's MN-major A operand and as stmatrix's destination, (key, query, buffer)
+    // as the K-major B operands of dV^T and dK^T.
+    Tensor sPdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
+    Tensor sPdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
+
+    // S and dP: all 64 query rows (A), the warpgroup's 48 keys (B).
+    Tensor tSrQ = wg_sdp.partition_fragment_A(sQ);
+    Tensor tSrdO = wg_sdp.partition_fragment_A(sdO);
+    Tensor tSrK = wg_sdp.partition_fragment_B(sK);
+    Tensor tSrV = wg_sdp.partition_fragment_B(sV);
+    // dV^T and dK^T: dO^T or Q^T over all of head_dim (A), P or dS of the warpgroup's keys (B).
+    Tensor tdVrdOt = wg_dkv.partition_fragment_A(sdOt);
+    Tensor tdKrQt = wg_dkv.partition_fragment_A(sQt);
+    Tensor tdKVrPdS = wg_dkv.partition_fragment_B(sPdSt);
+    // dQ: dS over all 96 keys (A), the warpgroup's half of head_dim (B).
+    Tensor tdQrdS = wg_dq.partition_fragment_A(sPdS);
+    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
+    // P and dS go to shared memory with the transposing stmatrix: the accumulator's rows are queries, which are
+    // contiguous there; each 8 x 8 block becomes 8 rows of 16 bytes, one per key.
+    auto pds_store = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
+    auto thr_pds_store = pds_store.get_thread_slice(thread);
+    Tensor tPdSsPdS = thr_pds_store.partition_D(sPdS);
+    // (query row, key) of each S element this thread holds: its warpgroup's keys.
+    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+
+    // The plan's mask and the left bound's test, as in run_rows.
+    const MaskShape plan_mask = p.plan.problem.mask();
+    const auto left_bounded = [&p] { return p.plan.problem.window.left >= 0; };
+    int steps = 0;
+    for (int jobs = 0;; ++jobs) {
+      const typename Config::JobRecordType job = smem.jobs.take(jobs);
+      if (job.num_steps == kEndOfWork) break;
+      const MaskShape mask = job_mask(job, plan_mask);
+
+      // dV^T and dK^T of the warpgroup's 48 keys: 72 + 72 fp32 registers per thread.
+      Tensor tdVrdV = partition_fragment_C(mma_dkv, typename Config::dKVAccumulatorShape{});
+      Tensor tdKrdK = partition_fragment_C(mma_dkv, typename Config::dKVAccumulatorShape{});
+      clear(tdVrdV);
+      clear(tdKrdK);
+      smem.kv_stages.consumer_wait(jobs, "kv_full");
+      const int kv_row0 = job.kv_tile * kBlockN;
+      for (int s = 0; s < job.num_steps; ++s, ++steps) {
+        const int stage = smem.q_stages.consumer_wait(steps, "q_full");
+        const int dout_stage = smem.dout_stages.consumer_wait(steps, "dout_full");
+        const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
+
+        Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        warpgroup_gemm<true>(mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS);
+        warpgroup_gemm<true>(mma_sdp, tSrdO(_, _, _, dout_stage), tSrV, tdPrdP);
+        // The previous step's dQ partial is handed over only now, as in run_rows.
+        if (s > 0) commit_dq(smem, warp_group, steps - 1);
+
+        warpgroup_wait<1>();
+        // P in place of S, masked only where the tile crosses a mask's ends (run_rows says why this way).
+        Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
+        step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
+        warpgroup_wait<0>();
+        Tensor tPrP = make_tensor<Element>(tSrS.layout());
+        Tensor tdSrdS = make_tensor<Element>(tdPrdP.layout());
+        compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
+                   operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage], p);
+        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
+        copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdS(_, _, _, Int<Config::kKeySplitP>{}));
+        copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, Int<Config::kKeySplitdS>{}));
+        // The generic-proxy stores before wgmma's async-proxy reads, then both warpgroups' columns are complete.
+        fence_shared_for_async_proxy();
+        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
+
+        warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, Int<Config::kKeySplitP>{}), tdVrdV);
+        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
+        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, Int<Config::kKeySplitdS>{}), tdQrKt, tdQrdQ);
+        warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, Int<Config::kKeySplitdS>{}), tdKrdK);
+        warpgroup_wait<2>();  // dV^T done: dO's stage is free
+        smem.dout_stages.consumer_release(steps);
+        warpgroup_wait<1>();  // dQ done; dK^T may still run
+        store_dq(smem, tdQrdQ, warp_group, thread, steps);
+        // All of this step's GEMMs are complete before Q's stage is released and before the warpgroup reaches the
+        // next step's kDsFreeBarrier, after which the other warpgroup overwrites P and dS.
         warpgroup_wait<0>();
         smem.q_stages.consumer_release(steps);
       }
@@ -306,7 +435,8 @@ struct BackwardMma {
   }
 
   // The thread's S^T fragment viewed as (key rows, query columns); columns come in pairs of adjacent
-  // queries, so their LSE and dpsum are read as one float2 per pair.
+  // queries, so their LSE and dpsum are read as one float2 per pair. In the key split the fragment is S's, (query
+  // rows, key columns), and each row has one LSE and one dpsum.
   template <class Fragment>
   __device__ static auto by_rows_and_columns(Fragment& f) {
     return make_tensor(f.data(), accumulator_rows_by_columns(f.layout()));
@@ -317,7 +447,7 @@ struct BackwardMma {
   // softcap * log2(e); where kKeepsSlope they keep tanh's derivative 1 - tanh^2 in `slope_frag` for compute_ds. It
   // lies in [0, 1], so fp16 holds it to 2^-11 (below dS^T's own rounding to the MMA element type) in half the
   // registers of fp32, and keeping it spares compute_ds the MUFU.LG2 that takes tanh back from P (the softcap step's
-  // third MUFU per score).
+  // third MUFU per score). The key split's S fragment gets the same, by query rows.
   template <MaskedEnds kMasked, class Fragment, class SlopeFragment, class Coords>
   __device__ static void compute_probabilities(Fragment& s_frag, SlopeFragment& slope_frag, const Coords& coords_frag,
                                                const float* lse_log2, const MaskShape& mask, int q_row0,
@@ -325,40 +455,60 @@ struct BackwardMma {
     Tensor s = by_rows_and_columns(s_frag);
     Tensor slope = make_tensor(slope_frag.data(), accumulator_rows_by_columns(slope_frag.layout()));
     Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
-    const float scale_log2 = p.scale_log2;
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(s); c += 2) {
-      const int query = get<1>(coords(0, c));
-      const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + query);
-      constexpr bool kRight = kMasked != MaskedEnds::kNone;
-      constexpr bool kLeft = kMasked == MaskedEnds::kBoth;
-      const int limits[2] = {kRight ? mask.visible_keys(q_row0 + query) : 0,
-                             kRight ? mask.visible_keys(q_row0 + query + 1) : 0};
-      const int firsts[2] = {kLeft ? mask.first_visible_key(q_row0 + query) : 0,
-                             kLeft ? mask.first_visible_key(q_row0 + query + 1) : 0};
+    constexpr bool kRight = kMasked != MaskedEnds::kNone;
+    constexpr bool kLeft = kMasked == MaskedEnds::kBoth;
+    if constexpr (Config::kSplitsKeys) {
       CUTE_UNROLL
       for (int r = 0; r < size<0>(s); ++r) {
+        const int query = get<0>(coords(r, 0));
+        const float lse = lse_log2[query];
+        const int limit = kRight ? mask.visible_keys(q_row0 + query) : 0;
+        const int first = kLeft ? mask.first_visible_key(q_row0 + query) : 0;
         CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          float score = s(r, c + h);
-          if constexpr (Config::kSoftcap) score = fast_tanh(score * p.softcap_in);
-          if constexpr (kKeepsSlope) slope(r, c + h) = static_cast<SlopeElement>(fmaf(-score, score, 1.0f));
-          float x = score * scale_log2 - (h == 0 ? lse.x : lse.y);
-          if constexpr (kRight) {
-            const int key = kv_row0 + get<0>(coords(r, c + h));
-            x = key >= limits[h] || (kLeft && key < firsts[h]) ? -INFINITY : x;
+        for (int c = 0; c < size<1>(s); ++c) {
+          s(r, c) = probability<kRight, kLeft>(s(r, c), slope(r, c), lse, kv_row0 + get<1>(coords(r, c)), limit,
+                                               first, p);
+        }
+      }
+    } else {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); c += 2) {
+        const int query = get<1>(coords(0, c));
+        const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + query);
+        const int limits[2] = {kRight ? mask.visible_keys(q_row0 + query) : 0,
+                               kRight ? mask.visible_keys(q_row0 + query + 1) : 0};
+        const int firsts[2] = {kLeft ? mask.first_visible_key(q_row0 + query) : 0,
+                               kLeft ? mask.first_visible_key(q_row0 + query + 1) : 0};
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(s); ++r) {
+          CUTE_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            s(r, c + h) = probability<kRight, kLeft>(s(r, c + h), slope(r, c + h), h == 0 ? lse.x : lse.y,
+                                                     kv_row0 + get<0>(coords(r, c + h)), limits[h], firsts[h], p);
           }
-          s(r, c + h) = fast_exp2(x);
         }
       }
     }
+  }
+
+  // One score's probability (compute_probabilities): `key` is hidden where kRight and key >= limit, or kLeft and
+  // key < first.
+  template <bool kRight, bool kLeft, class Slope>
+  __device__ __forceinline__ static float probability(float score, Slope& slope, float lse_log2, int key, int limit,
+                                                      int first, const Params& p) {
+    if constexpr (Config::kSoftcap) score = fast_tanh(score * p.softcap_in);
+    if constexpr (kKeepsSlope) slope = static_cast<SlopeElement>(fmaf(-score, score, 1.0f));
+    float x = score * p.scale_log2 - lse_log2;
+    if constexpr (kRight) x = key >= limit || (kLeft && key < first) ? -INFINITY : x;
+    return fast_exp2(x);
   }
 
   // dS^T = P^T o (dP^T - dpsum), stored with P^T in the MMA element type. Softcap kernels multiply by tanh's
   // derivative 1 - t^2 as well (the scale is applied to dQ and dK later, as without softcap): `slope_frag` of
   // compute_probabilities where kKeepsSlope, which is finite, so dS = 0 stays 0 where P = 0 (masked, underflowed, a
   // row without keys). Otherwise t, the capped score over softcap, comes back from P's exponent: t = (log2 P + LSE *
-  // log2(e)) / (softcap * log2(e)); where P = 0 that is -inf or NaN, clamped to -1, so dS = 0 stays 0 too.
+  // log2(e)) / (softcap * log2(e)); where P = 0 that is -inf or NaN, clamped to -1, so dS = 0 stays 0 too. The key
+  // split's dS the same, by query rows.
   template <class Fragment, class SlopeFragment, class Slots, class Coords>
   __device__ static void compute_ds(const Fragment& p_frag, const Fragment& dp_frag, const SlopeFragment& slope_frag,
                                     Slots p_slots, Slots ds_slots, const Coords& coords_frag, const float* dpsum,
@@ -369,30 +519,53 @@ struct BackwardMma {
     Tensor p_out = make_tensor(p_slots.data(), accumulator_rows_by_columns(p_slots.layout()));
     Tensor ds_out = make_tensor(ds_slots.data(), accumulator_rows_by_columns(ds_slots.layout()));
     Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(dp); c += 2) {
-      const float2 sum = *reinterpret_cast<const float2*>(dpsum + get<1>(coords(0, c)));
-      float2 lse_t{};  // softcap without a kept slope: LSE * log2(e) / (softcap * log2(e)) of the column pair
-      if constexpr (Config::kSoftcap && !kKeepsSlope) {
-        const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + get<1>(coords(0, c)));
-        lse_t = make_float2(lse.x * params.softcap_rcp_log2, lse.y * params.softcap_rcp_log2);
-      }
+    if constexpr (Config::kSplitsKeys) {
       CUTE_UNROLL
       for (int r = 0; r < size<0>(dp); ++r) {
+        const int query = get<0>(coords(r, 0));
+        const float sum = dpsum[query];
+        // softcap without a kept slope: LSE * log2(e) / (softcap * log2(e)) of the row
+        const float lse_t = Config::kSoftcap && !kKeepsSlope ? lse_log2[query] * params.softcap_rcp_log2 : 0.0f;
         CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          float ds = p(r, c + h) * (dp(r, c + h) - (h == 0 ? sum.x : sum.y));
-          if constexpr (kKeepsSlope) {
-            ds *= static_cast<float>(slope(r, c + h));
-          } else if constexpr (Config::kSoftcap) {
-            const float t = fmaxf(fmaf(fast_log2(p(r, c + h)), params.softcap_rcp_log2, h == 0 ? lse_t.x : lse_t.y), -1.0f);
-            ds *= fmaf(-t, t, 1.0f);
+        for (int c = 0; c < size<1>(dp); ++c) {
+          ds_out(r, c) = static_cast<Element>(score_gradient(p(r, c), dp(r, c), sum, slope(r, c), lse_t, params));
+          p_out(r, c) = static_cast<Element>(p(r, c));
+        }
+      }
+    } else {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(dp); c += 2) {
+        const float2 sum = *reinterpret_cast<const float2*>(dpsum + get<1>(coords(0, c)));
+        float2 lse_t{};  // softcap without a kept slope: LSE * log2(e) / (softcap * log2(e)) of the column pair
+        if constexpr (Config::kSoftcap && !kKeepsSlope) {
+          const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + get<1>(coords(0, c)));
+          lse_t = make_float2(lse.x * params.softcap_rcp_log2, lse.y * params.softcap_rcp_log2);
+        }
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(dp); ++r) {
+          CUTE_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            ds_out(r, c + h) = static_cast<Element>(score_gradient(p(r, c + h), dp(r, c + h), h == 0 ? sum.x : sum.y,
+                                                                   slope(r, c + h), h == 0 ? lse_t.x : lse_t.y, params));
+            p_out(r, c + h) = static_cast<Element>(p(r, c + h));
           }
-          ds_out(r, c + h) = static_cast<Element>(ds);
-          p_out(r, c + h) = static_cast<Element>(p(r, c + h));
         }
       }
     }
+  }
+
+  // One score's dS (compute_ds): `lse_t` is its row's LSE over softcap where the softcap kernels keep no slope.
+  template <class Slope>
+  __device__ __forceinline__ static float score_gradient(float prob, float dprob, float dpsum, const Slope& slope,
+                                                         float lse_t, const Params& params) {
+    float ds = prob * (dprob - dpsum);
+    if constexpr (kKeepsSlope) {
+      ds *= static_cast<float>(slope);
+    } else if constexpr (Config::kSoftcap) {
+      const float t = fmaxf(fmaf(fast_log2(prob), params.softcap_rcp_log2, lse_t), -1.0f);
+      ds *= fmaf(-t, t, 1.0f);
+    }
+    return ds;
   }
 
   // Writes this warpgroup's dQ partial of step `steps` to its shared-memory buffer in fragment order
@@ -417,8 +590,8 @@ struct BackwardMma {
     smem.dq_stages[warp_group].producer_commit(steps);
   }
 
-  // dK * scale and dV for the job's rows: to dK/dV through shared memory (straight from the fragments in the
-  // head_dim split, where no free staging tile holds 64 x d), or, when the query-head group
+  // dK * scale and dV for the job's rows: to dK/dV through shared memory (straight from the fragments in the key and
+  // head_dim splits, where no free staging tile holds the tile; transposed in the key split), or, when the query-head group
   // is split over several jobs, straight to the fp32 per-split accumulators that the postprocess sums in
   // split order (a float pair fills a 32-byte sector per row and warp instruction already).
   //
@@ -439,8 +612,15 @@ struct BackwardMma {
       const int64_t at =
           (((static_cast<int64_t>(job.split) * p.batch + job.batch) * p.heads_kv + job.head_kv) * rows + row0) * kHeadDim;
       // The accumulators are padded to whole tiles: every row is written.
-      store_accumulator_rows<float, kBlockN, kHeadDim>(mma_dkv, thread, dk, p.buffers.dk_accum + at, kHeadDim, kBlockN, scaled);
-      store_accumulator_rows<float, kBlockN, kHeadDim>(mma_dkv, thread, dv, p.buffers.dv_accum + at, kHeadDim, kBlockN, unscaled);
+      if constexpr (Config::kSplitsKeys) {
+        store_accumulator_transposed<float, kHeadDim, kBlockN>(mma_dkv, thread, dk, p.buffers.dk_accum + at, kHeadDim,
+                                                               kBlockN, p.softmax_scale);
+        store_accumulator_transposed<float, kHeadDim, kBlockN>(mma_dkv, thread, dv, p.buffers.dv_accum + at, kHeadDim,
+                                                               kBlockN, 1.0f);
+      } else {
+        store_accumulator_rows<float, kBlockN, kHeadDim>(mma_dkv, thread, dk, p.buffers.dk_accum + at, kHeadDim, kBlockN, scaled);
+        store_accumulator_rows<float, kBlockN, kHeadDim>(mma_dkv, thread, dv, p.buffers.dv_accum + at, kHeadDim, kBlockN, unscaled);
+      }
       return;
     }
     int valid_rows = p.seqlen_k - row0;
@@ -452,7 +632,13 @@ struct BackwardMma {
       dk_tile += static_cast<int64_t>(job.k_offset) * p.dk_strides[1];
       dv_tile += static_cast<int64_t>(job.k_offset) * p.dv_strides[1];
     }
-    if constexpr (Config::kSplitsHeadDim) {
+    if constexpr (Config::kSplitsKeys) {
+      // dK^T and dV^T of the warpgroup's keys, once per job, for the reasons of the head_dim split below.
+      store_accumulator_transposed<Element, kHeadDim, kBlockN>(mma_dkv, thread, dk, dk_tile, p.dk_strides[1], valid_rows,
+                                                               p.softmax_scale);
+      store_accumulator_transposed<Element, kHeadDim, kBlockN>(mma_dkv, thread, dv, dv_tile, p.dv_strides[1], valid_rows,
+                                                               1.0f);
+    } else if constexpr (Config::kSplitsHeadDim) {
       // Each warpgroup's half of head_dim, in pairs of 16-bit elements per row, once per job. Staging it would take
       // the P^T and dS^T buffers, which the other warpgroup may still read (its last GEMMs) or already write (the
       // next job's first step), and a barrier per job to free them.

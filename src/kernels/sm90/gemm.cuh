@@ -1,7 +1,7 @@
 // wgmma helpers shared by the forward and backward kernels: issuing a warpgroup GEMM over all
 // k-blocks, partitioning shared-memory operands by a warp-uniform warpgroup index, reusing an
 // accumulator fragment as a register A operand, storing accumulator rows to global memory in paired
-// stores, and the fast exp2.
+// stores (or transposed), and the fast exp2.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -178,6 +178,24 @@ __device__ __forceinline__ void store_accumulator_rows(const TiledMma& mma, int 
       pair[1] = static_cast<T>(acc(r, c + 1) * scale);
       *reinterpret_cast<Pair*>(&dst(r, c)) = pair;
     }
+  }
+}
+
+// Stores this thread's part of a (kRows x kCols) fp32 accumulator tile of `mma` transposed, element (r, c) to
+// tile[c * column_stride + r] as T, multiplied by `scale`; columns at or past `valid_columns` are skipped. For the
+// swapped GEMMs' dK^T and dV^T, whose columns are rows of dK and dV. A thread's neighbouring values are two
+// columns, so each goes alone: a warp's store fills 16 bytes of four rows. Once per job, against the steps' GEMMs.
+template <class T, int kRows, int kCols, class TiledMma, class Accumulator>
+__device__ __forceinline__ void store_accumulator_transposed(const TiledMma& mma, int thread, const Accumulator& acc,
+                                                             T* tile, int64_t column_stride, int valid_columns,
+                                                             float scale) {
+  auto thr = mma.get_thread_slice(thread);
+  Tensor dst = thr.partition_C(
+      make_tensor(make_gmem_ptr(tile), make_layout(Shape<Int<kRows>, Int<kCols>>{}, make_stride(_1{}, column_stride))));
+  Tensor coords = thr.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kCols>>{}));
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) {
+    if (get<1>(coords(i)) < valid_columns) dst(i) = static_cast<T>(acc(i) * scale);
   }
 }
 
