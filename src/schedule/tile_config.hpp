@@ -2,9 +2,10 @@
 // the host planner and the kernels must agree on them: both read them from here.
 //
 // Backward: each CTA owns one key/value tile of block_kv rows and visits query tiles of block_q rows, with two MMA
-// warpgroups: up to d = 128 each owns 64 of the key/value rows, at d = 192 and 256 both work on the tile's 64 rows
-// and split head_dim (backward_splits_head_dim). block_kv is a multiple of block_q, which the symmetric shift
-// schedule needs (its stride is block_kv / block_q; 1 at 64x64).
+// warpgroups: up to d = 128 each owns 64 of the key/value rows, at d = 192 and 256 both work on all the tile's rows
+// and split head_dim (backward_splits_head_dim). block_kv need not be a multiple of block_q (64x96 at d = 192): the
+// schedule model takes each tile's query band from the mask (tiled_problem.hpp), never from block_kv / block_q. Only
+// symmetric shift needs the ratio integral (its stride); the planner refuses it elsewhere (schedule_plan.cpp).
 #pragma once
 
 #include <cstdint>
@@ -22,8 +23,8 @@ struct TileShape {
 // rows of dK and dV in registers, d / 2 + d / 2 = d per thread, next to S^T and dP^T (block_q / 2 each) and a dQ
 // partial: 240 registers hold them (128 + 32 + 32 + 32 at 64x128). At d = 192 and 256 dK and dV alone would take
 // 192 or 256, so there the warpgroups split head_dim instead (FA3's layout at these head dims): both work on the
-// tile's 64 key/value rows, each keeps dK and dV for half of head_dim (96 or 128 registers), S^T and dP^T for half
-// of the 64 query columns (16 + 16) and a 64 x d/2 dQ partial (48 or 64); kernels/sm90/bwd_mma.cuh.
+// tile's key/value rows (96 at d = 192, 64 at 256) and each keeps dK and dV for half of head_dim;
+// kernels/sm90/bwd_mma.cuh holds the register budget of each tile.
 DASH_HOST_DEVICE constexpr bool has_backward_kernel(int head_dim) {
   return head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 || head_dim == 256;
 }
@@ -34,11 +35,14 @@ DASH_HOST_DEVICE constexpr bool backward_splits_head_dim(int head_dim) { return 
 DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
   // d=64: 128x128 keeps the S/dP accumulators at 64 registers per thread each.
   // d=96 and 128: dK and dV alone take 96 or 128 registers per thread, so the query tile shrinks to 64 rows.
-  // d=192 and 256: 64x64, the head_dim split's tile; shared memory bounds it (bwd_config.cuh: Q, dO, K and V of
-  // 64 rows, the dQ partials and P^T and dS^T take 226 and 225 KiB of the 227, with one query/dO stage at 256).
+  // d=192: 64x96 (FA3's shape there): 1.5x the key/value rows of a CTA cut the dQ partials written and summed per
+  // FLOP by 1.5x. 96 is not a multiple of 64, so symmetric shift is refused at this head dim (schedule_plan.cpp).
+  // d=256: 64x64, the head_dim split's tile; shared memory bounds it (bwd_config.cuh: Q, dO, K and V of 64 rows,
+  // the dQ partials and P^T and dS^T take 225 KiB of the 227, with one query/dO stage).
   if (head_dim <= 64) return TileShape{128, 128};
-  if (backward_splits_head_dim(head_dim)) return TileShape{64, 64};
-  return TileShape{64, 128};
+  if (head_dim <= 128) return TileShape{64, 128};
+  if (head_dim <= 192) return TileShape{64, 96};
+  return TileShape{64, 64};
 }
 
 // Forward: one MMA warpgroup per 64 query rows, 128 keys per tile. Query tiles are 128 rows (two MMA
