@@ -107,8 +107,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DeterministicSchedules, testing::ValuesIn(kCase
                          [](const testing::TestParamInfo<Case>& param) { return std::string(param.param.name); });
 
 // The windows of the GPU tests (kernels/test_sm90_variants.cpp) at the kernels' own tiles (backward_tile_shape of
-// head dims 64, 128 and 192: 128x128, 64x128 and the head_dim split's 64x96), with the schedules the API runs under a window: rows that see no key, keys that no row
-// sees (key/value tiles whose jobs have no step), seqlen_q != seqlen_k both ways with GQA, the diagonal alone.
+// head dims 64, 128 and 192: 128x128, 64x128 and the head_dim split's 64x96), with the schedules the API runs under a
+// window: rows that see no key, keys that no row sees (key/value tiles whose jobs have no step), seqlen_q != seqlen_k
+// both ways with GQA, the diagonal alone.
 TEST(Emulator, TheGpuTestsWindowsAtTheKernelsTiles) {
   const Case cases[] = {
       {"rows_without_keys", 1, 2, 2, 400, 100, false, 4, 0, {20, 5}},

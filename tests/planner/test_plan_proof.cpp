@@ -296,9 +296,10 @@ TEST(PlanProof, StaircaseUnderStaticDispatchIsValidByTheStreamedValidator) {
 
 // The key/value-order schedules' structural proof holds whatever the lengths (kv_order_proof.hpp, "Any
 // lengths"): every plan of them, for every pair of sequence lengths from one row to past three tiles (the tiles of
-// head dims 64, 128 and 192, whose 64x96 has block_kv not a multiple of block_q; every remainder class of interest), under the full and causal masks and sliding windows, with GQA
-// split or not, is proven by structure, and the expanding validator agrees. This is what lets a packed batch
-// (varlen) plan each sequence's jobs from the maximum length alone.
+// head dims 64, 128 and 192, whose 64x96 has block_kv not a multiple of block_q; every remainder class of
+// interest), under the full and causal masks and sliding windows, with GQA split or not, is proven by structure,
+// and the expanding validator agrees. This is what lets a packed batch (varlen) plan each sequence's jobs from the
+// maximum length alone.
 TEST(PlanProof, KeyValueOrderPlansOfEveryLengthAreProvenByStructure) {
   const int lengths[] = {1, 2, 63, 64, 65, 95, 96, 97, 127, 128, 129, 191, 192, 255, 256, 257, 300, 383, 384, 385, 450};
   const SlidingWindow windows[] = {{-1, -1}, {0, 0}, {1, -1}, {-1, 1}, {64, 0}, {100, 50}, {0, 200}, {300, -1}};

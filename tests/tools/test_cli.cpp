@@ -890,10 +890,11 @@ TEST(Cli, ProveEverySchedule) {
 // The backward's tiles at d = 192 (64x96) and 256 (64x64) plan and prove under every schedule they admit: all at
 // 64x64, all but symmetric shift at 64x96, whose block_kv is not a multiple of block_q (the line names the rule).
 TEST(Cli, ProveTakesHeadDims192And256) {
-  for (const auto& [head_dim, expected] : {std::pair<const char*, int>{"192", 4}, std::pair<const char*, int>{"256", 5}}) {
-    const Output out =
-        run(std::string("prove --batch 2 --heads 8 --heads-kv 4 --seqlen 1000 --causal --sms 13 --reference --head-dim ") +
-            head_dim);
+  using Expected = std::pair<const char*, int>;  // head dim, schedules proven
+  for (const auto& [head_dim, expected] : {Expected{"192", 4}, Expected{"256", 5}}) {
+    const Output out = run(
+        std::string("prove --batch 2 --heads 8 --heads-kv 4 --seqlen 1000 --causal --sms 13 --reference --head-dim ") +
+        head_dim);
     ASSERT_EQ(out.status, 0) << head_dim << ": " << out.text;
     std::istringstream lines(out.text);
     int proven = 0;
