@@ -104,8 +104,8 @@ TEST(PlanBackward, PlansHeadDims192And256OnTheirTiles) {
   }
 }
 
-// A causal shape at d = 192 whose every other precondition of symmetric shift holds (seqlen_q >= seqlen_k, one query
-// head per job, waves no taller than their rectangles at d = 256's tiles).
+// A causal shape at `head_dim` that meets every precondition of symmetric shift but the tiles' (seqlen_q >= seqlen_k,
+// one query head per job, waves no taller than their rectangles at d = 256's tiles).
 AttentionShape symmetric_shift_shape(int64_t head_dim) {
   AttentionShape shape = causal_shape();
   shape.head_dim = head_dim;
