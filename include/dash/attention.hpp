@@ -125,7 +125,9 @@ class BackwardPlan {
 // sm_margin >= 0 first, then the device and sm_margin < its SM count, and touches no GPU. The dynamic schedules
 // (ascending, descending, shortest-first, nondeterministic) give the same bits for every margin; the static
 // ones (shift, symmetric shift) are planned for the smaller CTA count, so their bits are those of a device
-// with that many SMs. *plan is written only on success.
+// with that many SMs. A schedule whose preconditions the shape fails is kScheduleRejected, naming the rule (e.g.
+// symmetric shift at head dim 192, whose 64x96 tiles have block_kv not a multiple of block_q). *plan is written only
+// on success.
 Status plan_backward(const AttentionShape& shape, Schedule schedule, int sm_margin, const DeviceInfo& device,
                      BackwardPlan* plan);
 // The same for the current device, which must be able to run the kernels (check_current_device()).
@@ -140,8 +142,8 @@ Status plan_backward(const AttentionShape& shape, Schedule schedule, BackwardPla
 // cu_seqlens; CUDA-graph capturable): the schedule is planned for the maximum problem and proven for every length
 // vector, and the kernels fit each sequence's jobs to its lengths (schedule/varlen.hpp). `keys_within_queries` is
 // VarlenBatch's promise; the calls it launches must carry the same. Schedules: ascending, descending,
-// shortest-first and nondeterministic for every batch; shift (full mask) and symmetric shift (causal, no window)
-// only with the promise; kAuto picks the best of those the batch admits (planner/varlen_plan.hpp says why).
+// shortest-first and nondeterministic for every batch; shift (full mask) and symmetric shift (causal, no window, not
+// at head dim 192) only with the promise; kAuto picks the best of those the batch admits (planner/varlen_plan.hpp says why).
 // kScheduleRejected, naming the rule, for the others. `lengths_fill_maxima` is a hint for kAuto alone
 // (varlen_lengths_fill_maxima of the batches' packed rows): false, under the full mask, picks shortest-first, which
 // runs mixed lengths faster than shift. It never changes which batches the plan runs: any call of the plan's shape

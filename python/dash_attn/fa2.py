@@ -98,7 +98,9 @@ def flash_attn_func(
 
     The forward is always deterministic. The backward is bitwise
     reproducible for every schedule except "nondeterministic", which deterministic=False selects. The default
-    "auto" picks the deterministic schedule measured fastest for the shape whose preconditions the shape meets.
+    "auto" picks the deterministic schedule measured fastest for the shape whose preconditions the shape meets. An
+    explicit schedule whose preconditions fail is refused by the backward, naming the rule: "symmetric-shift", for
+    one, needs the causal mask, and at head_dim 192 (backward tiles of 64x96) block_kv a multiple of block_q.
 
     sm_margin (as in FlashAttention-3) leaves that many SMs to other work, such as communication kernels that run
     at the same time: the kernels' persistent grids use at most the device's SM count - sm_margin SMs, and the

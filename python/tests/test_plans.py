@@ -299,6 +299,38 @@ def test_planning_refusals_carry_the_librarys_message(library, h200) -> None:
     assert caught.value.status == "schedule-rejected"
 
 
+def test_head_dim_192_refuses_symmetric_shift_naming_the_rule_and_auto_picks_what_its_tiles_admit(
+    library, h200
+) -> None:
+    # d = 192's backward tiles are 64x96: block_kv is not a multiple of block_q, which symmetric shift needs.
+    causal = library.Shape(1, 1000, 1000, 2, 2, 192, 0, 192**-0.5, 1)
+    for varlen in (False, True):
+        with pytest.raises(library.LibraryError) as caught:
+            library.BackwardPlan(causal, "symmetric-shift", h200, varlen=varlen, keys_within_queries=True)
+        assert caught.value.status == "schedule-rejected"
+        assert (
+            "symmetric-shift needs block_kv to be a multiple of block_q, and the backward's tiles at this head dim "
+            "are 64x96 (block_q x block_kv)" in caught.value.message
+        )
+    assert library.BackwardPlan(causal, "auto", h200).schedule == "shortest-first"
+    gqa = library.Shape(2, 1000, 1000, 128, 32, 192, 0, 192**-0.5, 1)  # enough jobs to keep query-head groups whole
+    assert library.BackwardPlan(gqa, "auto", h200).schedule == "descending"
+    full = library.Shape(1, 1000, 1000, 2, 2, 192, 0, 192**-0.5, 0)
+    assert library.BackwardPlan(full, "auto", h200).schedule == "shift"
+    window = library.Shape(1, 1000, 1000, 2, 2, 192, 0, 192**-0.5, 1, 1, 300, 0)
+    assert library.BackwardPlan(window, "auto", h200).schedule == "shortest-first"
+
+    def varlen_auto(shape, fill):
+        return library.BackwardPlan(
+            shape, "auto", h200, varlen=True, keys_within_queries=True, lengths_fill_maxima=fill
+        ).schedule
+
+    assert varlen_auto(causal, True) == "shortest-first"
+    assert varlen_auto(full, True) == "shift"
+    assert varlen_auto(full, False) == "shortest-first"
+    assert varlen_auto(window, True) == "shortest-first"
+
+
 def test_a_plan_refuses_a_call_whose_shape_is_not_its_own(library, h200) -> None:
     plan = library.BackwardPlan(library.Shape(*SHAPE_FIELDS), "auto", h200)
     other = library.Shape(*SHAPE_FIELDS)

@@ -53,6 +53,18 @@ static_assert(
       return true;
     }(),
     "kMinBlockQ must not exceed any kernel's query tile, or the query tile count bound is too loose");
+// Shift on a varlen batch is proven only where block_q <= block_kv (planner/varlen_plan.hpp: a sequence's key/value
+// tiles then never outnumber its query tiles), and auto picks it for full-mask varlen batches whose lengths fill the
+// maxima; every backward tile keeps it. block_kv need not be a multiple of block_q: at d = 192 (64x96) it is not,
+// and the planner refuses symmetric shift there, whose stride is block_kv / block_q (planner/schedule_plan.cpp).
+static_assert(
+    [] {
+      for (int head_dim : kBackwardHeadDims) {
+        if (backward_tile_shape(head_dim).block_q > backward_tile_shape(head_dim).block_kv) return false;
+      }
+      return true;
+    }(),
+    "every backward tile's block_q must be at most its block_kv (shift on varlen batches)");
 
 // TMA needs 16-byte aligned global addresses and global strides that are multiples of 16 bytes.
 inline constexpr int64_t kTmaAlignmentBytes = 16;

@@ -42,6 +42,14 @@ TiledProblem make_tiled_problem(const AttentionShape& shape, int group_splits) {
   return p;
 }
 
+std::string symmetric_shift_tile_refusal(const TiledProblem& problem) {
+  if (problem.block_kv % problem.block_q == 0) return {};
+  return "symmetric-shift needs block_kv to be a multiple of block_q, and the backward's tiles at this head dim are " +
+         std::to_string(problem.block_q) + "x" + std::to_string(problem.block_kv) +
+         " (block_q x block_kv): consecutive key/value tiles' causal ranges would not start a whole number of query "
+         "tiles apart; use shortest-first or descending (auto picks one)";
+}
+
 namespace {
 
 // Largest number of one head's units that run in the same wave of `num_ctas` units.
@@ -59,8 +67,16 @@ int max_wave_size(int num_heads, int units_per_head, int num_ctas) {
 }
 
 std::string check_shift(const TiledProblem& p, int num_ctas) {
-  if (p.windowed()) return "shift needs the full mask (use symmetric-shift or shortest-first for a sliding window)";
-  if (p.causal) return "shift needs the full mask (use symmetric-shift for causal)";
+  // The advice names symmetric shift only where the tiles admit it (not at d = 192's 64x96).
+  const bool symmetric_fits = symmetric_shift_tile_refusal(p).empty();
+  if (p.windowed()) {
+    return symmetric_fits ? "shift needs the full mask (use symmetric-shift or shortest-first for a sliding window)"
+                          : "shift needs the full mask (use shortest-first for a sliding window)";
+  }
+  if (p.causal) {
+    return symmetric_fits ? "shift needs the full mask (use symmetric-shift for causal)"
+                          : "shift needs the full mask (use shortest-first or descending for causal)";
+  }
   const int wave = max_wave_size(p.num_heads(), p.num_kv_tiles(), num_ctas);
   if (p.num_q_tiles() < wave) {
     return "shift needs at least as many query tiles per head (" + std::to_string(p.num_q_tiles()) +
@@ -88,7 +104,7 @@ std::string check_symmetric_shift(const SchedulePlan& plan) {
                           "the diagonal gives the first key/value tiles the same first query tile"
                         : "symmetric-shift needs the causal mask (use shift for the full mask)";
   }
-  if (p.block_kv % p.block_q != 0) return "symmetric-shift needs block_kv to be a multiple of block_q";
+  if (std::string refusal = symmetric_shift_tile_refusal(p); !refusal.empty()) return refusal;
   if (p.seqlen_q < p.seqlen_k) {
     return "symmetric-shift needs seqlen_q >= seqlen_k (here " + std::to_string(p.seqlen_q) + " < " +
            std::to_string(p.seqlen_k) + "), so that each key/value tile's causal range starts a fixed "

@@ -39,8 +39,7 @@ std::string varlen_refusal(const VarlenPlan& varlen) {
                "(plan with keys_within_queries): otherwise a sequence's first key/value tiles start on the same "
                "query tile; use shortest-first";
       }
-      if (p.block_kv % p.block_q != 0) return "symmetric-shift on varlen batches needs block_kv a multiple of block_q";
-      return {};
+      return symmetric_shift_tile_refusal(p);
     case Schedule::kAuto: return "auto is not a schedule; resolve it first";
   }
   return "Schedule(" + std::to_string(static_cast<int>(plan.kind)) + ") is not a schedule";

@@ -92,7 +92,8 @@ struct BandSymmetricShift {
   DASH_HOST_DEVICE static int units_per_head(const TiledProblem& p, int fold) {
     return fold + (p.num_kv_tiles() - fold + 1) / 2;
   }
-  // Query tiles between the bands of consecutive key/value tiles.
+  // Query tiles between the bands of consecutive key/value tiles: integral, as the planner admits symmetric shift
+  // only where block_kv is a multiple of block_q (symmetric_shift_tile_refusal).
   DASH_HOST_DEVICE static int slope(const TiledProblem& p) { return p.block_kv / p.block_q * p.heads_per_job(); }
 
   DASH_HOST_DEVICE static Job make_job(const SchedulePlan& plan, int unit, int sub) {

@@ -4,8 +4,9 @@
 // Backward: each CTA owns one key/value tile of block_kv rows and visits query tiles of block_q rows, with two MMA
 // warpgroups: up to d = 128 each owns 64 of the key/value rows; at d = 192 both work on a 64x96 tile and split its
 // 96 keys (backward_splits_keys); at d = 256 both work on the tile's 64 rows and split head_dim
-// (backward_splits_head_dim). The symmetric shift schedule needs block_kv to be a multiple of block_q (its stride
-// is block_kv / block_q), which 64x96 is not: the planner refuses it at d = 192.
+// (backward_splits_head_dim). block_kv need not be a multiple of block_q: the schedule model takes each tile's query
+// band from the mask (tiled_problem.hpp), never from block_kv / block_q. Only symmetric shift needs the ratio
+// integral (its stride), and 64x96 is not: the planner refuses it at d = 192 (schedule_plan.cpp).
 #pragma once
 
 #include <cstdint>

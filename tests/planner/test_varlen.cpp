@@ -178,14 +178,22 @@ std::vector<std::vector<SequenceLengths>> adversarial(int sequences, int max_len
   return vectors;
 }
 
+// Every head dim's tiles, d = 192's 64x96 among them (block_kv not a multiple of block_q), where the planner refuses
+// symmetric shift by name.
 TEST(Varlen, AdversarialLengthsAtKernelTilesAreValid) {
-  for (const int head_dim : {64, 128}) {
+  for (const int head_dim : {64, 128, 192, 256}) {
     const TileShape tiles = backward_tile_shape(head_dim);
     for (const bool causal : {false, true}) {
       const int max_len = 1000;
       const TiledProblem p = problem(12, 2, 4, 2, max_len, max_len, causal, tiles);
       for (const Schedule schedule : kEverySchedule) {
         if (!fits_mask(schedule, causal)) continue;
+        if (schedule == Schedule::kSymmetricShift && tiles.block_kv % tiles.block_q != 0) {
+          EXPECT_NE(plan_varlen_schedule(p, true, true, schedule, 132)
+                        .rejected.find("symmetric-shift needs block_kv to be a multiple of block_q"),
+                    std::string::npos);
+          continue;
+        }
         for (const int sms : {132, 17}) {
           const VarlenPlan plan = planned(p, schedule, sms);
           ASSERT_TRUE(prove_varlen_plan(plan).ok());
@@ -214,6 +222,24 @@ TEST(Varlen, RefusesWhatIsNotProvenForEveryLength) {
   const TiledProblem tall_q = problem(2, 1, 1, 1, 512, 512, false, TileShape{64, 32});
   EXPECT_NE(plan_varlen_schedule(tall_q, true, true, Schedule::kShift, 4).rejected.find("block_q <= block_kv"),
             std::string::npos);
+  // Tiles whose block_kv is not a multiple of block_q (d = 192's 64x96): symmetric shift is refused with the rule,
+  // and auto never picks it.
+  const TiledProblem uneven = problem(2, 1, 1, 1, 1000, 1000, true, TileShape{64, 96});
+  EXPECT_NE(plan_varlen_schedule(uneven, true, true, Schedule::kSymmetricShift, 4)
+                .rejected.find("symmetric-shift needs block_kv to be a multiple of block_q, and the backward's tiles "
+                               "at this head dim are 64x96"),
+            std::string::npos);
+  const VarlenPlan by_hand{make_schedule_plan(problem(2, 1, 1, 1, 1000, 1000, true, TileShape{64, 128}),
+                                              Schedule::kSymmetricShift, 4)
+                               .plan,
+                           true};
+  VarlenPlan uneven_by_hand = by_hand;
+  uneven_by_hand.plan.problem.block_kv = 96;
+  EXPECT_NE(prove_varlen_plan(uneven_by_hand).summary.find("multiple of block_q"), std::string::npos);
+  for (const bool promise : {false, true}) {
+    EXPECT_EQ(plan_varlen_schedule(uneven, promise, true, Schedule::kAuto, 4).plan.plan.kind,
+              Schedule::kShortestFirst);
+  }
   // auto falls back to ascending where its choice (shift, full mask) is refused without the promise.
   EXPECT_EQ(plan_varlen_schedule(full, false, true, Schedule::kAuto, 4).plan.plan.kind, Schedule::kAscending);
   EXPECT_EQ(plan_varlen_schedule(full, true, true, Schedule::kAuto, 4).plan.plan.kind, Schedule::kShift);
