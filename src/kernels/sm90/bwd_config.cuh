@@ -167,10 +167,11 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // operands are transposed views of the same bytes. Rows take the widest swizzle that divides them (gemm.cuh);
   // K's must also divide each warpgroup's kdQColumns, where its wgmma B operand of dQ = dS K starts: the 128-byte
   // swizzle at d = 64, 128 and 256, the 32-byte one at d = 96 (48 columns per warpgroup), the 64-byte one at 192
-  // (96). In the head_dim split Q's and dO's must divide kdKVColumns as well, where the B operands of dK += dS^T Q
-  // and dV += P^T dO start: at d = 192 each warpgroup's 96 columns start mid-atom of a 128-byte swizzle, so Q and
-  // dO take the 64-byte one too (and V, which shares K's layout). In the key split Q and dO are also read as the
-  // MN-major A operands of dK^T += Q^T dS and dV^T += dO^T P, 64 head_dim rows per wgmma tile: the 128-byte swizzle.
+  // (96, where warpgroup 1's columns start mid-atom of a 128-byte swizzle; V shares K's layout). In the head_dim
+  // split Q's and dO's must divide kdKVColumns as well, where the B operands of dK += dS^T Q and dV += P^T dO start
+  // (128 columns at d = 256). In the key split (d = 192) Q and dO are also read as the MN-major A operands of
+  // dK^T += Q^T dS and dV^T += dO^T P, 64 head_dim rows per wgmma tile: kdKVColumns is all of head_dim, and they take
+  // the 128-byte swizzle.
   using SmemLayoutQ = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kdKVColumns>{}, Shape<BlockM, HeadDim, Stages>{}));
   using SmemLayoutdO = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kdKVColumns>{}, Shape<BlockM, HeadDim, dOStages>{}));
   using SmemLayoutKV = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kdQColumns>{}, Shape<BlockN, HeadDim>{}));

@@ -149,7 +149,8 @@ struct BackwardMma {
         Tensor tdVrP = make_operand_a_for<Element>(tSrS);
         Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
         compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tdVrP, tSrS),
-                   operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage], p);
+                   operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage],
+                   p);
         // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows. Stored
         // before the dV GEMM is issued, so the stores drain under its issue instead of stalling the fence.
         copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
@@ -263,7 +264,8 @@ struct BackwardMma {
         Tensor tPrP = make_tensor<Element>(tSrS.layout());
         Tensor tdSrdS = make_tensor<Element>(tdPrdP.layout());
         compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
-                   operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage], p);
+                   operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage],
+                   p);
         copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdSt(_, _, _, p_buffer));
         copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdSt(_, _, _, ds_buffer));
         // The generic-proxy stores before wgmma's async-proxy reads, then both warpgroups' halves complete.
@@ -380,18 +382,21 @@ struct BackwardMma {
         Tensor tPrP = make_tensor<Element>(tSrS.layout());
         Tensor tdSrdS = make_tensor<Element>(tdPrdP.layout());
         compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
-                   operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage], p);
+                   operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage],
+                   p);
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
-        copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdS(_, _, _, Int<Config::kKeySplitP>{}));
-        copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, Int<Config::kKeySplitdS>{}));
+        constexpr auto kP = Int<Config::kKeySplitP>{};
+        constexpr auto kdS = Int<Config::kKeySplitdS>{};
+        copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdS(_, _, _, kP));
+        copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, kdS));
         // The generic-proxy stores before wgmma's async-proxy reads, then both warpgroups' columns are complete.
         fence_shared_for_async_proxy();
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
 
-        warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, Int<Config::kKeySplitP>{}), tdVrdV);
+        warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, kP), tdVrdV);
         Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
-        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, Int<Config::kKeySplitdS>{}), tdQrKt, tdQrdQ);
-        warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, Int<Config::kKeySplitdS>{}), tdKrdK);
+        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), tdQrKt, tdQrdQ);
+        warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
         warpgroup_wait<2>();  // dV^T done: dO's stage is free
         smem.dout_stages.consumer_release(steps);
         warpgroup_wait<1>();  // dQ done; dK^T may still run
@@ -545,8 +550,9 @@ struct BackwardMma {
         for (int r = 0; r < size<0>(dp); ++r) {
           CUTE_UNROLL
           for (int h = 0; h < 2; ++h) {
-            ds_out(r, c + h) = static_cast<Element>(score_gradient(p(r, c + h), dp(r, c + h), h == 0 ? sum.x : sum.y,
-                                                                   slope(r, c + h), h == 0 ? lse_t.x : lse_t.y, params));
+            const float ds = score_gradient(p(r, c + h), dp(r, c + h), h == 0 ? sum.x : sum.y, slope(r, c + h),
+                                            h == 0 ? lse_t.x : lse_t.y, params);
+            ds_out(r, c + h) = static_cast<Element>(ds);
             p_out(r, c + h) = static_cast<Element>(p(r, c + h));
           }
         }
@@ -591,9 +597,9 @@ struct BackwardMma {
   }
 
   // dK * scale and dV for the job's rows: to dK/dV through shared memory (straight from the fragments in the key and
-  // head_dim splits, where no free staging tile holds the tile; transposed in the key split), or, when the query-head group
-  // is split over several jobs, straight to the fp32 per-split accumulators that the postprocess sums in
-  // split order (a float pair fills a 32-byte sector per row and warp instruction already).
+  // head_dim splits, where no free staging tile holds the tile; transposed in the key split), or, when the query-head
+  // group is split over several jobs, straight to the fp32 per-split accumulators that the postprocess sums in split
+  // order (a float pair fills a 32-byte sector per row and warp instruction already).
   //
   // Varlen kernels: the rows past the sequence's end are not written (they belong to the next sequence), and the
   // rows start at the sequence's offset in the packed dk and dv; the per-split accumulators keep the maximum
@@ -634,10 +640,10 @@ struct BackwardMma {
     }
     if constexpr (Config::kSplitsKeys) {
       // dK^T and dV^T of the warpgroup's keys, once per job, for the reasons of the head_dim split below.
-      store_accumulator_transposed<Element, kHeadDim, kBlockN>(mma_dkv, thread, dk, dk_tile, p.dk_strides[1], valid_rows,
-                                                               p.softmax_scale);
-      store_accumulator_transposed<Element, kHeadDim, kBlockN>(mma_dkv, thread, dv, dv_tile, p.dv_strides[1], valid_rows,
-                                                               1.0f);
+      store_accumulator_transposed<Element, kHeadDim, kBlockN>(mma_dkv, thread, dk, dk_tile, p.dk_strides[1],
+                                                               valid_rows, p.softmax_scale);
+      store_accumulator_transposed<Element, kHeadDim, kBlockN>(mma_dkv, thread, dv, dv_tile, p.dv_strides[1],
+                                                               valid_rows, 1.0f);
     } else if constexpr (Config::kSplitsHeadDim) {
       // Each warpgroup's half of head_dim, in pairs of 16-bit elements per row, once per job. Staging it would take
       // the P^T and dS^T buffers, which the other warpgroup may still read (its last GEMMs) or already write (the
