@@ -8,8 +8,8 @@
 // [96w, 96w + 96); at d = 256 (kSplitsHeadDim) both work on the tile's 64 key/value rows and split head_dim:
 // warpgroup w computes S^T and dP^T for query columns [32w, 32w + 32) and dK, dV and dQ for head_dim columns
 // [128w, 128w + 128).
-// Q (with the LSE) and dO (with dpsum) come in rings of their own, so that dO can have fewer stages (one at d = 192
-// and 256) and leave its stage as soon as its last GEMM, dV's, is done.
+// Q (with the LSE) and dO (with dpsum) share one ring of stages, except at d = 192, where dO has one stage against Q's
+// two and a ring of its own, which leaves its stage as soon as its last GEMM, dV's, is done (StepRings).
 // Invariants: shared storage within the 227 KiB a CTA may use (static_assert); the loader, the MMA warpgroups and
 // the dQ writer walk the same jobs and steps (bwd_loader.cuh); the d <= 128 types are those of before the splits.
 #pragma once
@@ -207,8 +207,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     alignas(16) float dpsum[kdOStages][kBlockM];
     StepRecord steps[kStepRing];
     RecordRing<JobRecordType, kJobSlots> jobs;  // loader -> MMA warpgroups and dQ writer
-    PipelineRing<kStages> q_stages;             // loader -> MMA warpgroups: Q and the LSE (per step)
-    PipelineRing<kdOStages> dout_stages;        // loader -> MMA warpgroups: dO and dpsum (per step)
+    StepRings<kStages, kdOStages> step_rings;   // loader -> MMA warpgroups: Q, LSE, dO, dpsum (per step)
     PipelineRing<1> kv_stages;                  // loader -> MMA warpgroups: K, V (per job)
     PipelineRing<1> dq_stages[kMmaWarpGroups];  // MMA warpgroup -> dQ writer: its dQ partial (per step)
   };

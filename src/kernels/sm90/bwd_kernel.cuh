@@ -17,8 +17,7 @@ __device__ void init_backward_barriers(typename Config::SharedStorage& smem) {
   constexpr int kWriterThreads = 32;
   constexpr int kLoaderThreads = 1;
   constexpr int kWriterLeaders = 1;  // the dQ writer's lane 0 frees the partial buffers
-  smem.q_stages.init(kLoaderThreads, Config::kMmaThreads);
-  smem.dout_stages.init(kLoaderThreads, Config::kMmaThreads);
+  smem.step_rings.init(kLoaderThreads, Config::kMmaThreads);
   smem.kv_stages.init(kLoaderThreads, Config::kMmaThreads);
   smem.jobs.init(Config::kMmaThreads + kWriterThreads);
   for (auto& partial : smem.dq_stages) partial.init(Config::kWarpGroupThreads, kWriterLeaders);

@@ -1,7 +1,7 @@
 // Backward producer, warp 0 (one lane): walks the schedule, publishes each job and step to the other
 // roles, and streams K, V (once per job) and Q, dO, LSE, dpsum (once per step) into shared memory
-// with TMA: Q and the LSE into the Q ring, dO and dpsum into the dO ring. All schedule arithmetic happens here, so
-// the MMA warpgroups spend no registers on it.
+// with TMA (StepRings: Q and the LSE, then dO and dpsum). All schedule arithmetic happens here, so the MMA
+// warpgroups spend no registers on it.
 //
 // Step records live in a ring of kStepRing slots read by the MMA warpgroups and the dQ writer. Slot
 // reuse is safe without its own barrier: writing step k needs the Q stage of step k - kStages to be
@@ -117,17 +117,17 @@ struct BackwardLoader {
     const int v = q_tile_at(fitted, job, step);
     const QTileCoord q = max_problem.q_coord(job.head, v);
     const StepRecord record{q.q_tile, max_problem.dq_tile_index(job.head, v), rank_of(fitted, job, v)};
-    const int stage = smem.q_stages.producer_acquire(steps, "q_empty");
+    const int stage = smem.step_rings.acquire_q(steps);
     smem.steps[steps % Config::kStepRing] = record;
     const auto q_extent = make_shape(p.packed.total_q, int{Config::kHeadDim}, p.heads_q, 1);
     const int q_row = sequence.q_offset + q.q_tile * Config::kBlockM;
     const int64_t row0 = (static_cast<int64_t>(q.batch) * p.heads_q + q.head_q) * max_problem.real_q_tiles() *
                              Config::kBlockM + static_cast<int64_t>(q.q_tile) * Config::kBlockM;
-    uint64_t& q_full = smem.q_stages.producer_expect(steps, Config::kQStageBytes);
+    uint64_t& q_full = smem.step_rings.expect_q(steps, Config::kQStageBytes, Config::kdOStageBytes);
     tma_load_rows(p.tma_q, q_extent, q.head_q, q_row, q_full, query_tiles(smem)(_, _, stage));
     load_rows_of_floats(p.buffers.lse_log2 + row0, q_full, smem.lse_log2[stage]);
-    const int dout_stage = smem.dout_stages.producer_acquire(steps, "dout_empty");
-    uint64_t& dout_full = smem.dout_stages.producer_expect(steps, Config::kdOStageBytes);
+    const int dout_stage = smem.step_rings.acquire_dout(steps);
+    uint64_t& dout_full = smem.step_rings.expect_dout(steps, Config::kdOStageBytes, q_full);
     tma_load_rows(p.tma_dout, q_extent, q.head_q, q_row, dout_full, dout_tiles(smem)(_, _, dout_stage));
     load_rows_of_floats(p.buffers.dpsum + row0, dout_full, smem.dpsum[dout_stage]);
   }
@@ -166,16 +166,16 @@ struct BackwardLoader {
     const int v = q_tile_at(plan, job, step);
     const QTileCoord q = plan.problem.q_coord(job.head, v);
     const StepRecord record{q.q_tile, plan.problem.dq_tile_index(job.head, v), rank_of(plan, job, v)};
-    const int stage = smem.q_stages.producer_acquire(steps, "q_empty");
+    const int stage = smem.step_rings.acquire_q(steps);
     smem.steps[steps % Config::kStepRing] = record;
     const auto q_extent = make_shape(p.seqlen_q, int{Config::kHeadDim}, p.heads_q, p.batch);
     const int64_t row0 = (static_cast<int64_t>(q.batch) * p.heads_q + q.head_q) * plan.problem.real_q_tiles() *
                              Config::kBlockM + static_cast<int64_t>(q.q_tile) * Config::kBlockM;
-    uint64_t& q_full = smem.q_stages.producer_expect(steps, Config::kQStageBytes);
+    uint64_t& q_full = smem.step_rings.expect_q(steps, Config::kQStageBytes, Config::kdOStageBytes);
     tma_load_tile(p.tma_q, q_extent, q.head_q, q.batch, q.q_tile, q_full, query_tiles(smem)(_, _, stage));
     load_rows_of_floats(p.buffers.lse_log2 + row0, q_full, smem.lse_log2[stage]);
-    const int dout_stage = smem.dout_stages.producer_acquire(steps, "dout_empty");
-    uint64_t& dout_full = smem.dout_stages.producer_expect(steps, Config::kdOStageBytes);
+    const int dout_stage = smem.step_rings.acquire_dout(steps);
+    uint64_t& dout_full = smem.step_rings.expect_dout(steps, Config::kdOStageBytes, q_full);
     tma_load_tile(p.tma_dout, q_extent, q.head_q, q.batch, q.q_tile, dout_full, dout_tiles(smem)(_, _, dout_stage));
     load_rows_of_floats(p.buffers.dpsum + row0, dout_full, smem.dpsum[dout_stage]);
   }

@@ -122,8 +122,8 @@ struct BackwardMma {
       smem.kv_stages.consumer_wait(jobs, "kv_full");
       const int kv_row0 = job.kv_tile * kBlockN;
       for (int s = 0; s < job.num_steps; ++s, ++steps) {
-        const int stage = smem.q_stages.consumer_wait(steps, "q_full");
-        const int dout_stage = smem.dout_stages.consumer_wait(steps, "dout_full");
+        const int stage = smem.step_rings.wait_q(steps);
+        const int dout_stage = smem.step_rings.wait_dout(steps);
         const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
 
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -164,8 +164,8 @@ struct BackwardMma {
         warpgroup_wait<1>();  // dV and dQ done; dK may still run
         store_dq(smem, tdQrdQ, warp_group, thread, steps);
         warpgroup_wait<0>();
-        smem.dout_stages.consumer_release(steps);
-        smem.q_stages.consumer_release(steps);
+        smem.step_rings.release_dout(steps);
+        smem.step_rings.release_q(steps);
       }
       // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
       if (job.num_steps > 0) commit_dq(smem, warp_group, steps - 1);
@@ -242,8 +242,8 @@ struct BackwardMma {
       smem.kv_stages.consumer_wait(jobs, "kv_full");
       const int kv_row0 = job.kv_tile * kBlockN;
       for (int s = 0; s < job.num_steps; ++s, ++steps) {
-        const int stage = smem.q_stages.consumer_wait(steps, "q_full");
-        const int dout_stage = smem.dout_stages.consumer_wait(steps, "dout_full");
+        const int stage = smem.step_rings.wait_q(steps);
+        const int dout_stage = smem.step_rings.wait_dout(steps);
         const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
         const int p_buffer = Config::p_buffer(steps);
         const int ds_buffer = Config::ds_buffer(steps);
@@ -282,8 +282,8 @@ struct BackwardMma {
         // All of this step's GEMMs are complete before the stage is released and before the warpgroup reaches the
         // next step's barrier, after which the other warpgroup may overwrite this step's buffers' twins (above).
         warpgroup_wait<0>();
-        smem.dout_stages.consumer_release(steps);
-        smem.q_stages.consumer_release(steps);
+        smem.step_rings.release_dout(steps);
+        smem.step_rings.release_q(steps);
       }
       // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
       if (job.num_steps > 0) commit_dq(smem, warp_group, steps - 1);
@@ -363,8 +363,8 @@ struct BackwardMma {
       smem.kv_stages.consumer_wait(jobs, "kv_full");
       const int kv_row0 = job.kv_tile * kBlockN;
       for (int s = 0; s < job.num_steps; ++s, ++steps) {
-        const int stage = smem.q_stages.consumer_wait(steps, "q_full");
-        const int dout_stage = smem.dout_stages.consumer_wait(steps, "dout_full");
+        const int stage = smem.step_rings.wait_q(steps);
+        const int dout_stage = smem.step_rings.wait_dout(steps);
         const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
 
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -398,13 +398,13 @@ struct BackwardMma {
         warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), tdQrKt, tdQrdQ);
         warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
         warpgroup_wait<2>();  // dV^T done: dO's stage is free
-        smem.dout_stages.consumer_release(steps);
+        smem.step_rings.release_dout(steps);
         warpgroup_wait<1>();  // dQ done; dK^T may still run
         store_dq(smem, tdQrdQ, warp_group, thread, steps);
         // All of this step's GEMMs are complete before Q's stage is released and before the warpgroup reaches the
         // next step's kDsFreeBarrier, after which the other warpgroup overwrites P and dS.
         warpgroup_wait<0>();
-        smem.q_stages.consumer_release(steps);
+        smem.step_rings.release_q(steps);
       }
       // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
       if (job.num_steps > 0) commit_dq(smem, warp_group, steps - 1);

@@ -1,5 +1,5 @@
 // The hand-off between warp roles: a ring of stages, each guarded by a "full" and an "empty" mbarrier
-// in shared memory. One type owns the phase arithmetic and the arrival counts, so no kernel spells a
+// in shared memory (PipelineRing; StepRings pairs two for the backward's per-step operands). One type owns the phase arithmetic and the arrival counts, so no kernel spells a
 // parity expression.
 //
 // Positions count up from 0 over the life of the kernel: position n uses stage n % kStages, and its
@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cutlass/arch/barrier.h>
+
+#include <type_traits>
 
 #include "kernels/sm90/primitives.cuh"
 
@@ -58,6 +60,61 @@ struct PipelineRing {
 
  private:
   __device__ static int phase(int position) { return (position / kStages) & 1; }
+};
+
+// The backward's per-step operands: Q with the LSE, and dO with dpsum. Where both have the same depth they share one
+// ring (one wait and one release per step, as up to d = 128 and at 256); with fewer dO stages (d = 192) dO has a ring
+// of its own, which its consumers release as soon as their last GEMM that reads dO is done. The loader fills a step
+// with acquire_q, expect_q, acquire_dout, expect_dout, in that order; the consumers call wait_q, wait_dout, then
+// release_dout before (or with) release_q.
+// Invariant: in the shared ring expect_q announces both operands' bytes before either load is issued, so the full
+// barrier cannot complete on Q's bytes alone.
+template <int kQStages, int kdOStages>
+struct StepRings {
+  static constexpr bool kSeparateDout = kQStages != kdOStages;
+  struct NoRing {};
+  PipelineRing<kQStages> q;
+  std::conditional_t<kSeparateDout, PipelineRing<kdOStages>, NoRing> dout;
+
+  __device__ void init(int producer_arrivals, int consumer_arrivals) {
+    q.init(producer_arrivals, consumer_arrivals);
+    if constexpr (kSeparateDout) dout.init(producer_arrivals, consumer_arrivals);
+  }
+
+  __device__ int acquire_q(int position) { return q.producer_acquire(position, "q_empty"); }
+  // The full barrier of Q's stage, expecting Q's bytes, and dO's too where they share the ring.
+  __device__ uint64_t& expect_q(int position, uint32_t q_bytes, uint32_t dout_bytes) {
+    return q.producer_expect(position, kSeparateDout ? q_bytes : q_bytes + dout_bytes);
+  }
+  __device__ int acquire_dout(int position) {
+    if constexpr (kSeparateDout) {
+      return dout.producer_acquire(position, "dout_empty");
+    } else {
+      return q.stage(position);
+    }
+  }
+  // The full barrier dO's loads complete: its own ring's, or `q_full` (expect_q counted dO's bytes).
+  __device__ uint64_t& expect_dout(int position, uint32_t dout_bytes, uint64_t& q_full) {
+    if constexpr (kSeparateDout) {
+      return dout.producer_expect(position, dout_bytes);
+    } else {
+      return q_full;
+    }
+  }
+
+  __device__ int wait_q(int position) { return q.consumer_wait(position, "q_full"); }
+  __device__ int wait_dout(int position) {
+    if constexpr (kSeparateDout) {
+      return dout.consumer_wait(position, "dout_full");
+    } else {
+      return q.stage(position);
+    }
+  }
+  __device__ void release_dout(int position) {
+    if constexpr (kSeparateDout) dout.consumer_release(position);
+  }
+  // Q's stage, and dO's where they share the ring.
+  __device__ void release_q(int position) { q.consumer_release(position); }
 };
 
 // A ring of small records that one producer thread hands to a fixed set of consumer threads (the
