@@ -77,9 +77,9 @@ TEST(PlanBackward, PlansWhatThePlannerPlansForTheDevicesSmCount) {
   }
 }
 
-// At d = 192 and 256 the backward plans on the head_dim split's tiles (64x96 and 64x64), every schedule the planner
-// takes for the shape, with the workspace of those tiles (the dQ accumulators of 64-row tiles, the split accumulators
-// of 96- or 64-row ones).
+// At d = 192 and 256 the backward plans on the key split's and head_dim split's tiles (64x96 and 64x64), every
+// schedule the planner takes for the shape, with the workspace of those tiles (the dQ accumulators of 64-row tiles,
+// the split accumulators of 96- or 64-row ones).
 TEST(PlanBackward, PlansHeadDims192And256OnTheirTiles) {
   for (const auto& [head_dim, block_kv] : {std::pair<int64_t, int>{192, 96}, std::pair<int64_t, int>{256, 64}}) {
     for (AttentionShape shape : {causal_shape(), full_shape()}) {

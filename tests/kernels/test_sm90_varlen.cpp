@@ -6,9 +6,9 @@
 //   wide tiles), full, causal (bottom-right aligned per sequence) and sliding windows, GQA and MQA, and softcap alone,
 //   with causal, with a window and on the long batch (the softcap instances' varlen kernels), at every head dim:
 //   64 and 128 on the row-split backward, 96 on its 64 x 48 dQ partials, 192 and 256 on the narrower forward key
-//   tiles (128x112, 128x80) and the head_dim-split backward. Outputs start poisoned (NaN): every element of every
-//   sequence must be written, the padding rows after the last sequence must come out cleared (0, LSE -inf), and a
-//   second run repeats the bits.
+//   tiles (128x112, 128x80) and the key-split and head_dim-split backward. Outputs start poisoned (NaN): every element
+//   of every sequence must be written, the padding rows after the last sequence must come out cleared (0, LSE -inf),
+//   and a second run repeats the bits.
 // - Sm90Varlen, backward: every schedule the varlen planner admits for the batch (ascending, descending,
 //   shortest-first and nondeterministic always; shift and symmetric shift where the batch keeps the promise
 //   seqlen_k <= seqlen_q), each on poisoned gradients: every element of every sequence written and matching the
