@@ -3,13 +3,12 @@
 //
 // Warp roles (384 threads): warpgroup 0 is the producer (warp 0 loads, warp 1 writes dQ partials),
 // warpgroups 1 and 2 compute. Up to d = 128 MMA warpgroup w owns key/value rows [64w, 64w + 64) of the job's tile;
-// at d = 192 (kSplitsKeys) both work on the 64x96 tile and split its keys: warpgroup w computes S and dP for keys
-// [48w, 48w + 48), dV^T and dK^T for those keys over all of head_dim (swapped GEMMs), and dQ for head_dim columns
-// [96w, 96w + 96); at d = 256 (kSplitsHeadDim) both work on the tile's 64 key/value rows and split head_dim:
-// warpgroup w computes S^T and dP^T for query columns [32w, 32w + 32) and dK, dV and dQ for head_dim columns
-// [128w, 128w + 128).
+// at d = 192 and 256 (kSplitsKeys) both work on the 64x96 or 64x80 tile and split its keys: warpgroup w computes S
+// and dP for keys [wn, wn + n) (n = 48 or 40), dV^T and dK^T for those keys over all of head_dim (swapped GEMMs),
+// and dQ for head_dim columns [w d/2, (w + 1) d/2).
 // Q (with the LSE) and dO (with dpsum) share one ring of stages, except at d = 192, where dO has one stage against Q's
-// two and a ring of its own, which leaves its stage as soon as its last GEMM, dV's, is done (StepRings).
+// two and a ring of its own, which leaves its stage as soon as its last GEMM, dV's, is done (StepRings). At d = 256
+// both have one stage; P and dS share one buffer (kSharesPdS).
 // Invariants: shared storage within the 227 KiB a CTA may use (static_assert); the loader, the MMA warpgroups and
 // the dQ writer walk the same jobs and steps (bwd_loader.cuh); the d <= 128 types are those of before the splits.
 #pragma once
@@ -57,13 +56,10 @@ struct StepRecord {
   int rank;      // its position in that tile's summation order, or kUnordered
 };
 
-// The backward's warp roles: one MMA warpgroup per 64 key/value rows, or two splitting the keys or head_dim of one
-// tile.
+// The backward's warp roles: one MMA warpgroup per 64 key/value rows, or two splitting the keys of one tile.
 template <int kHeadDim>
 using BackwardWarpRoles =
-    WarpRoles<backward_splits_keys(kHeadDim) || backward_splits_head_dim(kHeadDim)
-                  ? 2
-                  : backward_tile_shape(kHeadDim).block_kv / kMmaWarpGroupRows>;
+    WarpRoles<backward_splits_keys(kHeadDim) ? 2 : backward_tile_shape(kHeadDim).block_kv / kMmaWarpGroupRows>;
 
 // kSoftcap_: the softcap kernels (bwd_mma.cuh caps the recomputed scores and multiplies dS by tanh's derivative);
 // the others compile without a trace of it.
@@ -88,20 +84,18 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   using JobRecordType = std::conditional_t<kVarlen, PackedJobRecord, JobRecord>;
   static constexpr int kBlockM = backward_tile_shape(kHeadDim).block_q;
   static constexpr int kBlockN = backward_tile_shape(kHeadDim).block_kv;
-  // d = 192: the warpgroups split the 64x96 tile's keys; d = 256: head_dim over the tile's 64 key/value rows (file
-  // comment).
+  // d = 192 and 256: the warpgroups split the 64x96 or 64x80 tile's keys (file comment).
   static constexpr bool kSplitsKeys = backward_splits_keys(kHeadDim);
-  static constexpr bool kSplitsHeadDim = backward_splits_head_dim(kHeadDim);
-  // Query pipeline depth: one stage at d = 256, where a second (64 KiB of Q and dO) would need 289 KiB.
+  // Query pipeline depth: one stage at d = 256, where a second (32 KiB of Q) would need 250 KiB.
   static constexpr int kStages = kHeadDim > 192 ? 1 : 2;
   // dO pipeline depth: one stage at d = 192 too, where a second (24 KiB) would need 240 KiB.
   static constexpr int kdOStages = kSplitsKeys ? 1 : kStages;
   static constexpr int kStepRing = 8;       // step records in flight; must exceed kStages + 1 (bwd_loader.cuh)
   static constexpr int kJobSlots = 2;
-  static_assert(kSplitsKeys ? kBlockM == 64 && kBlockN == 96 && kMmaWarpGroups == 2
-                : kSplitsHeadDim ? kBlockN == kMmaWarpGroupRows && kBlockM == 64 && kMmaWarpGroups == 2
-                                 : kBlockN == kMmaWarpGroupRows * kMmaWarpGroups,
-                "each MMA warpgroup owns 64 key/value rows, or both share the tile and split its keys or head_dim");
+  static_assert(kSplitsKeys ? kBlockM == 64 && kMmaWarpGroups == 2 && kBlockN % (8 * kMmaWarpGroups) == 0
+                            : kBlockN == kMmaWarpGroupRows * kMmaWarpGroups,
+                "each MMA warpgroup owns 64 key/value rows, or both share the tile and split its keys into wgmma "
+                "widths (multiples of 8)");
   static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
   // Keys per MMA warpgroup in the key split.
   static constexpr int kKeyColumns = kBlockN / kMmaWarpGroups;
@@ -113,50 +107,41 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   using dOStages = Int<kdOStages>;
   using WarpGroups = Layout<Shape<Int<kMmaWarpGroups>, _1, _1>>;
 
-  // The warpgroups' layout over a GEMM's (M, N, K) when they split N (the head_dim split's GEMMs, and dQ at 64 rows).
+  // The warpgroups' layout over a GEMM's (M, N, K) when they split N (the key split's GEMMs, and dQ at 64 rows).
   using WarpGroupsAlongN = Layout<Shape<_1, Int<kMmaWarpGroups>, _1>>;
-  // S^T = K Q^T and dP^T = V dO^T: (kBlockN x kBlockM) over head_dim; the warpgroups split the key rows, or, in
-  // the head_dim split, the query columns (64 x 32 each). In the key split S = Q K^T and dP = dO V^T instead,
-  // (kBlockM x kBlockN) with the query rows as M, and the warpgroups split the keys (64 x 48 each): 96 key rows
-  // are no whole number of 64-row wgmma tiles.
+  // S^T = K Q^T and dP^T = V dO^T: (kBlockN x kBlockM) over head_dim; the warpgroups split the key rows. In the key
+  // split S = Q K^T and dP = dO V^T instead, (kBlockM x kBlockN) with the query rows as M, and the warpgroups split
+  // the keys (64 x 48 or 64 x 40 each): 96 or 80 key rows are no whole number of 64-row wgmma tiles.
   using TiledMmaSdP = std::conditional_t<
       kSplitsKeys,
       decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<BlockM, Int<kKeyColumns>, HeadDim>>(),
                               WarpGroupsAlongN{})),
-      std::conditional_t<
-          kSplitsHeadDim,
-          decltype(make_tiled_mma(
-              GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / kMmaWarpGroups>, HeadDim>>(),
-              WarpGroupsAlongN{})),
-          decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, BlockM, HeadDim>>(),
-                                  WarpGroups{}))>>;
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, BlockM, HeadDim>>(),
+                              WarpGroups{}))>;
   // dV += P^T dO and dK += dS^T Q: (kBlockN x head_dim) over kBlockM. Up to d = 128 each warpgroup's own key rows
-  // with A (P^T, dS^T) from registers; in the head_dim split each warpgroup's half of head_dim over all 64 key rows,
-  // A from shared memory, where both warpgroups' query columns of P^T and dS^T meet. In the key split the swapped
-  // GEMMs dV^T += dO^T P and dK^T += Q^T dS: (head_dim x kBlockN), each warpgroup all of head_dim (three 64-row
-  // wgmma tiles) for its 48 keys, A (dO^T, Q^T) the MN-major view of dO and Q, B its own keys of P and dS.
-  static constexpr int kdKVColumns = kSplitsHeadDim ? kHeadDim / kMmaWarpGroups : kHeadDim;  // per warpgroup
+  // with A (P^T, dS^T) from registers. In the key split the swapped GEMMs dV^T += dO^T P and dK^T += Q^T dS:
+  // (head_dim x kBlockN), each warpgroup all of head_dim (three or four 64-row wgmma tiles) for its keys, A (dO^T,
+  // Q^T) the MN-major view of dO and Q, B its own keys of P and dS.
   using TiledMmadKV = std::conditional_t<
       kSplitsKeys,
       decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kKeyColumns>, BlockM>,
                                                    GMMA::Major::MN, GMMA::Major::K>(),
                               WarpGroupsAlongN{})),
-      std::conditional_t<
-          kSplitsHeadDim,
-          decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kdKVColumns>, BlockM>,
-                                                       GMMA::Major::K, GMMA::Major::MN>(),
-                                  WarpGroupsAlongN{})),
-          decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, HeadDim, BlockM>,
-                                                       GMMA::Major::K, GMMA::Major::MN>(),
-                                  WarpGroups{}))>>;
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, HeadDim, BlockM>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              WarpGroups{}))>;
   // The shape of dK and dV's accumulator tiles: transposed in the key split.
   using dKVAccumulatorShape =
       std::conditional_t<kSplitsKeys, Shape<HeadDim, BlockN>, Shape<BlockN, HeadDim>>;
   // dQ = dS K: (kBlockM x head_dim) over kBlockN. With 128 query rows the warpgroups split the rows,
-  // with 64 they split head_dim; either way each computes a 64 x kdQColumns partial (64 x 48 at d = 96, 64 x 96
-  // and 64 x 128 at 192 and 256).
+  // with 64 they split head_dim; either way each computes a 64-row partial (64 x 48 at d = 96, 64 x 96 and
+  // 64 x 128 at 192 and 256). At d = 256 a warpgroup's 128 columns are four blocks of kdQColumns = 32, head_dim
+  // columns [32w + 64b, 32w + 64b + 32) for b = 0..3, computed and stored one after the other: beside dK^T's and
+  // dV^T's 160 registers, blocks of 64 columns (32 registers) made ptxas spill an accumulator tile and serialize
+  // every wgmma, as did all 128 columns at once (64).
   static constexpr bool kdQSplitsRows = kBlockM == 64 * kMmaWarpGroups;
-  static constexpr int kdQColumns = kdQSplitsRows ? kHeadDim : kHeadDim / kMmaWarpGroups;
+  static constexpr int kdQColumnBlocks = kSplitsKeys && kHeadDim > 192 ? 4 : 1;
+  static constexpr int kdQColumns = (kdQSplitsRows ? kHeadDim : kHeadDim / kMmaWarpGroups) / kdQColumnBlocks;
   using dQAtomShape = Shape<_64, Int<kdQColumns>, BlockN>;
   using dQWarpGroups = std::conditional_t<kdQSplitsRows, WarpGroups, WarpGroupsAlongN>;
   using TiledMmadQ = decltype(make_tiled_mma(
@@ -166,14 +151,13 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // Shared memory. Q, dO, K, V are K-major (head_dim contiguous) as TMA writes them; the MN-major B
   // operands are transposed views of the same bytes. Rows take the widest swizzle that divides them (gemm.cuh);
   // K's must also divide each warpgroup's kdQColumns, where its wgmma B operand of dQ = dS K starts: the 128-byte
-  // swizzle at d = 64, 128 and 256, the 32-byte one at d = 96 (48 columns per warpgroup), the 64-byte one at 192
-  // (96, where warpgroup 1's columns start mid-atom of a 128-byte swizzle; V shares K's layout). In the head_dim
-  // split Q's and dO's must divide kdKVColumns as well, where the B operands of dK += dS^T Q and dV += P^T dO start
-  // (128 columns at d = 256). In the key split (d = 192) Q and dO are also read as the MN-major A operands of
-  // dK^T += Q^T dS and dV^T += dO^T P, 64 head_dim rows per wgmma tile: kdKVColumns is all of head_dim, and they take
-  // the 128-byte swizzle.
-  using SmemLayoutQ = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kdKVColumns>{}, Shape<BlockM, HeadDim, Stages>{}));
-  using SmemLayoutdO = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kdKVColumns>{}, Shape<BlockM, HeadDim, dOStages>{}));
+  // swizzle at d = 64 and 128, the 32-byte one at d = 96 (48 columns per warpgroup), the 64-byte one at 192 (96,
+  // where warpgroup 1's columns start mid-atom of a 128-byte swizzle) and 256 (blocks of 32; V shares K's layout,
+  // and S = Q K^T and dP = dO V^T read them K-major either way). In the key split
+  // (d = 192 and 256) Q and dO are also read as the MN-major A operands of dK^T += Q^T dS and dV^T += dO^T P, 64
+  // head_dim rows per wgmma tile, whole 128-byte swizzle atoms.
+  using SmemLayoutQ = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kHeadDim>{}, Shape<BlockM, HeadDim, Stages>{}));
+  using SmemLayoutdO = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kHeadDim>{}, Shape<BlockM, HeadDim, dOStages>{}));
   using SmemLayoutKV = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kdQColumns>{}, Shape<BlockN, HeadDim>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_layout(Shape<HeadDim, BlockM, Stages>{}, Stride<BlockM, _1, Int<kBlockM * kHeadDim>>{})));
@@ -181,27 +165,25 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
       SmemLayoutdO{}, make_layout(Shape<HeadDim, BlockM, dOStages>{}, Stride<BlockM, _1, Int<kBlockM * kHeadDim>>{})));
   using SmemLayoutKt = decltype(composition(SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN>{}, Stride<BlockN, _1>{})));
   // dS, read as the MN-major A operand of dQ = dS K and written through its transpose dS^T (query columns
-  // contiguous either way). One buffer per query/dO stage; in the head_dim split four: P^T and dS^T, each in two
-  // buffers used by alternate steps (p_buffer, ds_buffer), and dS^T and P^T are also read as the K-major A operands
-  // of dK += dS^T Q and dV += P^T dO (the transposed view is exactly the K-major 128-byte swizzle's layout). In the
-  // key split two, P (kKeySplitP) and dS (kKeySplitdS), written from S and dP's (query, key) accumulators with the
-  // transposing stmatrix, and read through the transposed view as the K-major B operands of dV^T and dK^T.
-  static constexpr int kdSBuffers = kSplitsHeadDim ? 4 : kSplitsKeys ? 2 : kStages;
+  // contiguous either way). One buffer per query/dO stage. In the key split P (kKeySplitP) and dS (kKeySplitdS),
+  // written from S and dP's (query, key) accumulators with the transposing stmatrix, and read through the transposed
+  // view as the K-major B operands of dV^T and dK^T: two buffers at d = 192, one that P and dS share at d = 256
+  // (kSharesPdS), where a second would need 228 KiB. Each warpgroup's dV^T GEMM reads only its own keys' columns of
+  // P, so dS may overwrite them once that GEMM is complete (bwd_mma.cuh).
+  static constexpr bool kSharesPdS = kSplitsKeys && kHeadDim > 192;
+  static constexpr int kdSBuffers = !kSplitsKeys ? kStages : kSharesPdS ? 1 : 2;
   static constexpr int kKeySplitP = 0;
-  static constexpr int kKeySplitdS = 1;
+  static constexpr int kKeySplitdS = kSharesPdS ? 0 : 1;
   using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<BlockM, BlockN, Int<kdSBuffers>>{}));
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_layout(Shape<BlockN, BlockM, Int<kdSBuffers>>{}, Stride<BlockM, _1, Int<kBlockM * kBlockN>>{})));
-  // The head_dim split's buffers of step `steps`: P^T in 0 and 1, dS^T in 2 and 3, by the step's parity.
-  __device__ static int p_buffer(int steps) { return steps & 1; }
-  __device__ static int ds_buffer(int steps) { return 2 + (steps & 1); }
 
   struct SharedStorage {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutdO>> dout;
-    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutdS>> ds;  // and P^T in the head_dim split
+    alignas(1024) array_aligned<Element, cosize_v<SmemLayoutdS>> ds;  // and P in the key split
     alignas(128) array_aligned<float, kBlockM * kHeadDim> dq;  // dQ partials, per warpgroup, fragment order
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dpsum[kdOStages][kBlockM];

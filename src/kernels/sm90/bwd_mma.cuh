@@ -10,23 +10,19 @@
 //   dQ_partial = dS K                                (wgmma, dS through shared memory)
 // and hand dQ_partial to the dQ writer. At the end of the job write dK * scale and dV.
 //
-// Three layouts of the work over the two MMA warpgroups (bwd_config.cuh):
+// Two layouts of the work over the two MMA warpgroups (bwd_config.cuh):
 // - up to d = 128 (run_rows) each warpgroup owns 64 key/value rows: S^T, dP^T, dK and dV of its rows, P^T and dS^T
 //   straight from registers into the dV and dK GEMMs; only dS^T goes through shared memory, for dQ, which
 //   contracts over both warpgroups' rows.
-// - at d = 192 (run_key_split) both warpgroups work on a 64x96 tile and split its keys: each computes S = Q K^T and
-//   dP = dO V^T for its 48 keys (the query rows as M: S^T's 96 key rows are no whole number of 64-row wgmma
-//   tiles), writes P and dS to shared memory, and runs the swapped dV^T += dO^T P and dK^T += Q^T dS for its keys
-//   over all of head_dim, and dQ = dS K for its half of head_dim after a barrier, all operands from shared memory.
-//   dK and dV leave transposed, straight from the fragments.
-// - at d = 256 (run_head_dim_split) dK and dV of 64 rows would take 256 registers per thread, so both warpgroups
-//   work on the tile's 64 key/value rows and split head_dim (FA3's layout at this head dim): each computes S^T and
-//   dP^T for half of the 64 query columns, writes P^T and dS^T to shared memory, and after a barrier runs dV +=
-//   P^T dO, dK += dS^T Q and dQ = dS K for its half of head_dim, all operands from shared memory. dK and dV leave
-//   straight from the fragments (no free staging tile holds 64 x d).
+// - at d = 192 and 256 (run_key_split) dK and dV of 64 rows would take 192 or 256 registers per thread, so both
+//   warpgroups work on a 64x96 or 64x80 tile and split its keys: each computes S = Q K^T and dP = dO V^T for its
+//   48 or 40 keys (the query rows as M: S^T's 96 or 80 key rows are no whole number of 64-row wgmma tiles), writes
+//   P and dS to shared memory, and runs the swapped dV^T += dO^T P and dK^T += Q^T dS for its keys over all of
+//   head_dim, and dQ = dS K for its half of head_dim after a barrier, all operands from shared memory. dK and dV
+//   leave transposed, straight from the fragments.
 // Invariants: both warpgroups walk the same jobs and steps (the loader's records), so the named barriers
-// (kDsReadyBarrier, kDsFreeBarrier) pair up; a warpgroup overwrites a shared P, dS, P^T or dS^T buffer only after
-// both warpgroups' GEMMs that read its previous contents are complete (see each path).
+// (kDsReadyBarrier, kDsFreeBarrier) pair up; a warpgroup overwrites a shared P or dS buffer only after the GEMMs
+// that read its previous contents are complete (see each path).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -57,8 +53,6 @@ struct BackwardMma {
   __device__ static void run(const Params& p, SharedStorage& smem, int thread) {
     if constexpr (Config::kSplitsKeys) {
       run_key_split(p, smem, thread);
-    } else if constexpr (Config::kSplitsHeadDim) {
-      run_head_dim_split(p, smem, thread);
     } else {
       run_rows(p, smem, thread);
     }
@@ -174,133 +168,17 @@ struct BackwardMma {
     }
   }
 
-  // d = 256: both MMA warpgroups work on the tile's 64 key/value rows; warpgroup w computes S^T and dP^T for query
-  // columns [32w, 32w + 32) and dV, dK and its dQ partial for head_dim columns [w d/2, (w + 1) d/2).
-  //
-  // P^T and dS^T meet in shared memory, since each warpgroup's dV and dK GEMMs contract over all 64 query columns
-  // and its dQ GEMM over all 64 key rows. Each has two buffers, used by alternate steps (Config::p_buffer,
-  // ds_buffer): a warpgroup writes step n's into buffer n % 2 after passing step n - 1's barrier, which the other
-  // warpgroup reached only after waiting for its GEMMs of step n - 2, the last readers of buffer n % 2. With one
-  // buffer, step n's stores could overwrite what the other warpgroup's GEMMs of step n - 1 still read. The step
-  // counter runs across jobs, so the alternation continues over job boundaries with no barrier of its own.
-  __device__ static void run_head_dim_split(const Params& p, SharedStorage& smem, int thread) {
-    typename Config::TiledMmaSdP mma_sdp;
-    typename Config::TiledMmadKV mma_dkv;
-    typename Config::TiledMmadQ mma_dq;
-    const int warp_group = uniform_warp_group(thread, Config::kWarpGroupThreads);
-    auto thr_sdp = mma_sdp.get_thread_slice(thread);
-    auto wg_sdp = warpgroup_operand_slice(mma_sdp, warp_group, Config::kWarpGroupThreads);
-    auto wg_dkv = warpgroup_operand_slice(mma_dkv, warp_group, Config::kWarpGroupThreads);
-    auto wg_dq = warpgroup_operand_slice(mma_dq, warp_group, Config::kWarpGroupThreads);
-
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
-    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
-    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdOt{});
-    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
-    // The P^T and dS^T buffers: (query, key, buffer) as dQ's MN-major A operand, (key, query, buffer) as the K-major
-    // A operand of dV and dK and as stmatrix's destination.
-    Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
-    Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
-
-    // S^T and dP^T: all 64 key rows (A), the warpgroup's 32 query columns (B).
-    Tensor tSrK = wg_sdp.partition_fragment_A(sK);
-    Tensor tSrV = wg_sdp.partition_fragment_A(sV);
-    Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);
-    Tensor tSrdO = wg_sdp.partition_fragment_B(sdO);
-    // dV and dK: P^T or dS^T of all 64 query columns (A), the warpgroup's half of head_dim (B).
-    Tensor tdKVrPdSt = wg_dkv.partition_fragment_A(sdSt);
-    Tensor tdVrdOt = wg_dkv.partition_fragment_B(sdOt);
-    Tensor tdKrQt = wg_dkv.partition_fragment_B(sQt);
-    // dQ: dS over all 64 key rows (A), the warpgroup's half of head_dim (B).
-    Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
-    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
-    // P^T and dS^T go to shared memory with stmatrix, as dS^T does in run_rows: each 8 x 8 block of the accumulator
-    // is a row of 16 contiguous bytes there (queries are contiguous), four blocks per instruction.
-    auto pds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
-    auto thr_pds_store = pds_store.get_thread_slice(thread);
-    Tensor tPdSsPdSt = thr_pds_store.partition_D(sdSt);
-    // (key row, query column) of each S^T element this thread holds: its warpgroup's columns.
-    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
-
-    // The plan's mask and the left bound's test, as in run_rows.
-    const MaskShape plan_mask = p.plan.problem.mask();
-    const auto left_bounded = [&p] { return p.plan.problem.window.left >= 0; };
-    int steps = 0;
-    for (int jobs = 0;; ++jobs) {
-      const typename Config::JobRecordType job = smem.jobs.take(jobs);
-      if (job.num_steps == kEndOfWork) break;
-      const MaskShape mask = job_mask(job, plan_mask);
-
-      // The warpgroup's half of head_dim: 64 x d/2 each, d / 2 fp32 registers per thread for dK and dV together.
-      Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
-      Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
-      clear(tdVrdV);
-      clear(tdKrdK);
-      smem.kv_stages.consumer_wait(jobs, "kv_full");
-      const int kv_row0 = job.kv_tile * kBlockN;
-      for (int s = 0; s < job.num_steps; ++s, ++steps) {
-        const int stage = smem.step_rings.wait_q(steps);
-        const int dout_stage = smem.step_rings.wait_dout(steps);
-        const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
-        const int p_buffer = Config::p_buffer(steps);
-        const int ds_buffer = Config::ds_buffer(steps);
-
-        Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-        Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-        warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-        warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, dout_stage), tdPrdP);
-        // The previous step's dQ partial is handed over only now, as in run_rows.
-        if (s > 0) commit_dq(smem, warp_group, steps - 1);
-
-        warpgroup_wait<1>();
-        // P^T in place of S^T, masked only where the tile crosses a mask's ends (run_rows says why this way).
-        Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
-        step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
-        warpgroup_wait<0>();
-        // P^T and dS^T in the MMA element type, in the accumulator's layout, which is stmatrix's source layout.
-        Tensor tPrP = make_tensor<Element>(tSrS.layout());
-        Tensor tdSrdS = make_tensor<Element>(tdPrdP.layout());
-        compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
-                   operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage],
-                   p);
-        copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdSt(_, _, _, p_buffer));
-        copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdSt(_, _, _, ds_buffer));
-        // The generic-proxy stores before wgmma's async-proxy reads, then both warpgroups' halves complete.
-        fence_shared_for_async_proxy();
-        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
-
-        // dQ first: its partial goes to the dQ writer while dV and dK still run.
-        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
-        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrKt, tdQrdQ);
-        warpgroup_gemm<false>(mma_dkv, tdKVrPdSt(_, _, _, p_buffer), tdVrdOt(_, _, _, dout_stage), tdVrdV);
-        warpgroup_gemm<false>(mma_dkv, tdKVrPdSt(_, _, _, ds_buffer), tdKrQt(_, _, _, stage), tdKrdK);
-        warpgroup_wait<2>();  // dQ done; dV and dK may still run
-        store_dq(smem, tdQrdQ, warp_group, thread, steps);
-        // All of this step's GEMMs are complete before the stage is released and before the warpgroup reaches the
-        // next step's barrier, after which the other warpgroup may overwrite this step's buffers' twins (above).
-        warpgroup_wait<0>();
-        smem.step_rings.release_dout(steps);
-        smem.step_rings.release_q(steps);
-      }
-      // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
-      if (job.num_steps > 0) commit_dq(smem, warp_group, steps - 1);
-      smem.kv_stages.consumer_release(jobs);
-      store_dkv(p, smem, job, tdKrdK, tdVrdV, thread);
-    }
-  }
-
-  // d = 192: both MMA warpgroups work on the 64x96 tile; warpgroup w computes S and dP for keys [48w, 48w + 48) over
-  // the 64 query rows, dV^T and dK^T for those keys over all of head_dim, and its dQ partial for head_dim columns
-  // [96w, 96w + 96).
+  // d = 192 and 256: both MMA warpgroups work on the 64x96 or 64x80 tile; warpgroup w computes S and dP for its n
+  // keys [wn, wn + n) (n = 48 or 40) over the 64 query rows, dV^T and dK^T for those keys over all of head_dim, and
+  // its dQ partial for head_dim columns [w d/2, (w + 1) d/2).
   //
   // P and dS meet in shared memory: the swapped dV^T and dK^T GEMMs take them as B operands (a wgmma B operand is
-  // never in registers), and each warpgroup's dQ GEMM contracts over all 96 keys, both warpgroups' dS columns. One
-  // buffer each (a second pair of 24 KiB would need 240 KiB), so a step's stores wait at kDsFreeBarrier until both
-  // warpgroups are past the previous step, whose GEMMs each completed before leaving it; kDsReadyBarrier then
-  // publishes both warpgroups' columns to the GEMMs.
+  // never in registers), and each warpgroup's dQ GEMM contracts over all keys, both warpgroups' dS columns. One
+  // buffer each at d = 192 (a second pair of 24 KiB would need 240 KiB), so a step's stores wait at kDsFreeBarrier
+  // until both warpgroups are past the previous step, whose GEMMs each completed before leaving it; kDsReadyBarrier
+  // then publishes both warpgroups' columns to the GEMMs. At d = 256 P and dS share one buffer (Config::kSharesPdS):
+  // a warpgroup's dV^T GEMM reads only its own keys' columns of P, so it writes P, syncs its own threads
+  // (kWarpGroupBarrierBase + w), runs dV^T to completion and then writes dS over P before kDsReadyBarrier.
   //
   // dO's stage is released as soon as dV^T's GEMM is done, so the loader fills it with the next step's dO while dQ
   // and dK^T still run; Q's stage, read by dK^T, at the end of the step.
@@ -326,7 +204,7 @@ struct BackwardMma {
     Tensor sPdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
     Tensor sPdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
 
-    // S and dP: all 64 query rows (A), the warpgroup's 48 keys (B).
+    // S and dP: all 64 query rows (A), the warpgroup's keys (B).
     Tensor tSrQ = wg_sdp.partition_fragment_A(sQ);
     Tensor tSrdO = wg_sdp.partition_fragment_A(sdO);
     Tensor tSrK = wg_sdp.partition_fragment_B(sK);
@@ -335,12 +213,14 @@ struct BackwardMma {
     Tensor tdVrdOt = wg_dkv.partition_fragment_A(sdOt);
     Tensor tdKrQt = wg_dkv.partition_fragment_A(sQt);
     Tensor tdKVrPdS = wg_dkv.partition_fragment_B(sPdSt);
-    // dQ: dS over all 96 keys (A), the warpgroup's half of head_dim (B).
+    // dQ: dS over all keys (A), the warpgroup's half of head_dim (B).
     Tensor tdQrdS = wg_dq.partition_fragment_A(sPdS);
     Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
     // P and dS go to shared memory with the transposing stmatrix: the accumulator's rows are queries, which are
-    // contiguous there; each 8 x 8 block becomes 8 rows of 16 bytes, one per key.
-    auto pds_store = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
+    // contiguous there; each 8 x 8 block becomes 8 rows of 16 bytes, one per key. Four blocks (16 x 16) per
+    // instruction where the warpgroup's keys are whole 16-key blocks (48 at d = 192), two (16 x 8) where not (40).
+    using PdSStore = std::conditional_t<Config::kKeyColumns % 16 == 0, SM90_U16x8_STSM_T, SM90_U16x4_STSM_T>;
+    auto pds_store = make_tiled_copy_C(Copy_Atom<PdSStore, Element>{}, mma_sdp);
     auto thr_pds_store = pds_store.get_thread_slice(thread);
     Tensor tPdSsPdS = thr_pds_store.partition_D(sPdS);
     // (query row, key) of each S element this thread holds: its warpgroup's keys.
@@ -355,7 +235,7 @@ struct BackwardMma {
       if (job.num_steps == kEndOfWork) break;
       const MaskShape mask = job_mask(job, plan_mask);
 
-      // dV^T and dK^T of the warpgroup's 48 keys: 72 + 72 fp32 registers per thread.
+      // dV^T and dK^T of the warpgroup's keys: 72 + 72 fp32 registers per thread at d = 192, 80 + 80 at 256.
       Tensor tdVrdV = partition_fragment_C(mma_dkv, typename Config::dKVAccumulatorShape{});
       Tensor tdKrdK = partition_fragment_C(mma_dkv, typename Config::dKVAccumulatorShape{});
       clear(tdVrdV);
@@ -378,29 +258,65 @@ struct BackwardMma {
         // P in place of S, masked only where the tile crosses a mask's ends (run_rows says why this way).
         Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
         step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
-        warpgroup_wait<0>();
         Tensor tPrP = make_tensor<Element>(tSrS.layout());
         Tensor tdSrdS = make_tensor<Element>(tdPrdP.layout());
-        compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
-                   operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage],
-                   p);
-        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
         constexpr auto kP = Int<Config::kKeySplitP>{};
         constexpr auto kdS = Int<Config::kKeySplitdS>{};
-        copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdS(_, _, _, kP));
-        copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, kdS));
+        if constexpr (Config::kSharesPdS) {
+          // P goes out and dV^T starts while dP's GEMM still runs, so that P's 16-bit copy is dead before dS is
+          // computed: with dK^T's and dV^T's 160 registers, S's and dP's 40 and both 16-bit copies live at once,
+          // ptxas spilled accumulators and serialized every wgmma.
+          convert_to_operand<Element>(tSrS, tPrP);
+          cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
+          copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdS(_, _, _, kP));
+          // The generic-proxy stores before wgmma's async-proxy reads; dV^T reads only this warpgroup's columns.
+          fence_shared_for_async_proxy();
+          cutlass::arch::NamedBarrier::sync(Config::kWarpGroupThreads, Config::kWarpGroupBarrierBase + warp_group);
+          warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, kP), tdVrdV);
+          warpgroup_wait<1>();  // dP done; dV^T may still run
+          compute_ds<false>(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
+                            operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage],
+                            smem.lse_log2[stage], p);
+          warpgroup_wait<0>();  // dV^T done: dO's stage and this warpgroup's columns of P are free
+          smem.step_rings.release_dout(steps);
+          copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, kdS));
+        } else {
+          warpgroup_wait<0>();
+          compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
+                     operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage],
+                     p);
+          cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
+          copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdS(_, _, _, kP));
+          copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, kdS));
+        }
         // The generic-proxy stores before wgmma's async-proxy reads, then both warpgroups' columns are complete.
         fence_shared_for_async_proxy();
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
 
-        warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, kP), tdVrdV);
+        if constexpr (!Config::kSharesPdS) {
+          warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, kP), tdVrdV);
+        }
+        // dQ's first column block, then dK^T, which runs while the block is stored and the others (d = 256) computed.
         Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
-        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), tdQrKt, tdQrdQ);
+        static_assert(size<2>(tdQrdQ) == Config::kdQColumnBlocks, "one accumulator block per dQ column block");
+        Tensor tdQrdQ0 = accumulator_block(tdQrdQ, 0);
+        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), operand_b_block(tdQrKt, 0), tdQrdQ0);
         warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
-        warpgroup_wait<2>();  // dV^T done: dO's stage is free
-        smem.step_rings.release_dout(steps);
-        warpgroup_wait<1>();  // dQ done; dK^T may still run
-        store_dq(smem, tdQrdQ, warp_group, thread, steps);
+        if constexpr (!Config::kSharesPdS) {
+          warpgroup_wait<2>();  // dV^T done: dO's stage is free
+          smem.step_rings.release_dout(steps);
+        }
+        warpgroup_wait<1>();  // dQ's first block done; dK^T may still run
+        store_dq(smem, tdQrdQ0, warp_group, thread, steps, 0);
+        // The other blocks (d = 256) one at a time, each stored before the next is computed.
+        for_each(make_int_sequence<Config::kdQColumnBlocks>{}, [&](auto block) {
+          if constexpr (decltype(block)::value > 0) {
+            Tensor tdQrdQb = accumulator_block(tdQrdQ, block);
+            warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), operand_b_block(tdQrKt, block), tdQrdQb);
+            warpgroup_wait<0>();
+            store_dq(smem, tdQrdQb, warp_group, thread, steps, block);
+          }
+        });
         // All of this step's GEMMs are complete before Q's stage is released and before the warpgroup reaches the
         // next step's kDsFreeBarrier, after which the other warpgroup overwrites P and dS.
         warpgroup_wait<0>();
@@ -513,8 +429,8 @@ struct BackwardMma {
   // compute_probabilities where kKeepsSlope, which is finite, so dS = 0 stays 0 where P = 0 (masked, underflowed, a
   // row without keys). Otherwise t, the capped score over softcap, comes back from P's exponent: t = (log2 P + LSE *
   // log2(e)) / (softcap * log2(e)); where P = 0 that is -inf or NaN, clamped to -1, so dS = 0 stays 0 too. The key
-  // split's dS the same, by query rows.
-  template <class Fragment, class SlopeFragment, class Slots, class Coords>
+  // split's dS the same, by query rows; kWritesP false leaves P's slots to the caller (the key split at d = 256).
+  template <bool kWritesP = true, class Fragment, class SlopeFragment, class Slots, class Coords>
   __device__ static void compute_ds(const Fragment& p_frag, const Fragment& dp_frag, const SlopeFragment& slope_frag,
                                     Slots p_slots, Slots ds_slots, const Coords& coords_frag, const float* dpsum,
                                     const float* lse_log2, const Params& params) {
@@ -534,7 +450,7 @@ struct BackwardMma {
         CUTE_UNROLL
         for (int c = 0; c < size<1>(dp); ++c) {
           ds_out(r, c) = static_cast<Element>(score_gradient(p(r, c), dp(r, c), sum, slope(r, c), lse_t, params));
-          p_out(r, c) = static_cast<Element>(p(r, c));
+          if constexpr (kWritesP) p_out(r, c) = static_cast<Element>(p(r, c));
         }
       }
     } else {
@@ -574,14 +490,17 @@ struct BackwardMma {
     return ds;
   }
 
-  // Writes this warpgroup's dQ partial of step `steps` to its shared-memory buffer in fragment order
-  // (each thread's values as consecutive float4s), which the postprocess kernel undoes with the same
-  // tiled MMA. The dQ writer sees it only after commit_dq.
+  // Writes column block `block` of this warpgroup's dQ partial of step `steps` (all of it where the partial is one
+  // block) to its shared-memory buffer in fragment order (each thread's values as consecutive float4s, the blocks'
+  // one after the other), which the postprocess kernel undoes with the same tiled MMA. The first block waits until
+  // the dQ writer has read the previous partial; the writer sees this one only after commit_dq.
   template <class Fragment>
-  __device__ static void store_dq(SharedStorage& smem, const Fragment& dq, int warp_group, int thread, int steps) {
-    smem.dq_stages[warp_group].producer_acquire(steps, "dq_empty");
+  __device__ static void store_dq(SharedStorage& smem, const Fragment& dq, int warp_group, int thread, int steps,
+                                  int block = 0) {
+    if (block == 0) smem.dq_stages[warp_group].producer_acquire(steps, "dq_empty");
     constexpr int kVectors = decltype(size(dq))::value / 4;
-    float4* dst = reinterpret_cast<float4*>(smem.dq.data() + warp_group * Config::kdQPartialFloats);
+    float4* dst = reinterpret_cast<float4*>(smem.dq.data() + warp_group * Config::kdQPartialFloats) +
+                  block * kVectors * Config::kWarpGroupThreads;
     const int lane = thread % Config::kWarpGroupThreads;
     CUTE_UNROLL
     for (int i = 0; i < kVectors; ++i) {
@@ -596,8 +515,8 @@ struct BackwardMma {
     smem.dq_stages[warp_group].producer_commit(steps);
   }
 
-  // dK * scale and dV for the job's rows: to dK/dV through shared memory (straight from the fragments in the key and
-  // head_dim splits, where no free staging tile holds the tile; transposed in the key split), or, when the query-head
+  // dK * scale and dV for the job's rows: to dK/dV through shared memory (straight from the fragments and transposed
+  // in the key split, where no free staging tile holds the tile), or, when the query-head
   // group is split over several jobs, straight to the fp32 per-split accumulators that the postprocess sums in split
   // order (a float pair fills a 32-byte sector per row and warp instruction already).
   //
@@ -639,17 +558,13 @@ struct BackwardMma {
       dv_tile += static_cast<int64_t>(job.k_offset) * p.dv_strides[1];
     }
     if constexpr (Config::kSplitsKeys) {
-      // dK^T and dV^T of the warpgroup's keys, once per job, for the reasons of the head_dim split below.
+      // dK^T and dV^T of the warpgroup's keys, once per job. Staging them would take the P and dS buffers, which the
+      // other warpgroup may still read (its last GEMMs) or already write (the next job's first step), and a barrier
+      // per job to free them.
       store_accumulator_transposed<Element, kHeadDim, kBlockN>(mma_dkv, thread, dk, dk_tile, p.dk_strides[1],
                                                                valid_rows, p.softmax_scale);
       store_accumulator_transposed<Element, kHeadDim, kBlockN>(mma_dkv, thread, dv, dv_tile, p.dv_strides[1],
                                                                valid_rows, 1.0f);
-    } else if constexpr (Config::kSplitsHeadDim) {
-      // Each warpgroup's half of head_dim, in pairs of 16-bit elements per row, once per job. Staging it would take
-      // the P^T and dS^T buffers, which the other warpgroup may still read (its last GEMMs) or already write (the
-      // next job's first step), and a barrier per job to free them.
-      store_accumulator_rows<Element, kBlockN, kHeadDim>(mma_dkv, thread, dk, dk_tile, p.dk_strides[1], valid_rows, scaled);
-      store_accumulator_rows<Element, kBlockN, kHeadDim>(mma_dkv, thread, dv, dv_tile, p.dv_strides[1], valid_rows, unscaled);
     } else {
       // dK, then dV, go out through the dS buffer, free once both warpgroups' last dQ GEMMs (each reads
       // all of dS) are done; the next job's first dS store waits until neither warpgroup reads it.

@@ -127,7 +127,7 @@ struct ForwardEpilogue {
     using Pair = cutlass::AlignedArray<Element, 2>;
     typename Config::TiledMmaO mma_o;
     const int warp_group = uniform_warp_group(thread, kWarpGroupThreads);
-    const int barrier = Config::kStagingBarrierBase + warp_group;
+    const int barrier = Config::kWarpGroupBarrierBase + warp_group;
     Tensor staging = make_tensor(make_smem_ptr(smem.o_staging.data()), typename Config::SmemLayoutO{});
     Tensor coords_frag = mma_o.get_thread_slice(thread).partition_C(
         make_identity_tensor(Shape<Int<kBlockM>, Int<Config::kHeadDim>>{}));

@@ -54,6 +54,18 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, const TensorA& a, 
   if constexpr (kAInRegisters) warpgroup_fence_operand(const_cast<TensorA&>(a));
 }
 
+// Column block n of a warpgroup GEMM's B operand (MMA, N, K) or accumulator (MMA, M, N): the same tensor with that
+// mode cut to block n alone. warpgroup_gemm over such blocks computes only those columns and fences only their
+// accumulator registers, so a caller that stores each block before computing the next keeps one block live.
+template <class TensorB>
+__device__ __forceinline__ auto operand_b_block(const TensorB& b, int n) {
+  return make_tensor(b(_, n, _).data(), make_layout(layout<0>(b), Layout<_1>{}, layout<2>(b)));
+}
+template <class TensorC>
+__device__ __forceinline__ auto accumulator_block(TensorC& c, int n) {
+  return make_tensor(c(_, _, n).data(), make_layout(layout<0>(c), layout<1>(c), Layout<_1>{}));
+}
+
 // The warpgroup index of MMA thread `thread`, made warp-uniform. The compiler cannot prove that
 // thread / 128 is the same across a warp; a value from lane 0 it can, so what derives from it stays in
 // uniform registers.
@@ -227,7 +239,7 @@ __device__ __forceinline__ void store_accumulator_rows_staged(const TiledMma& mm
   Tensor coords_frag = mma.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kCols>>{}));
   Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
   Tensor acc = make_tensor(acc_frag.data(), accumulator_rows_by_columns(acc_frag.layout()));
-  cutlass::arch::NamedBarrier::sync(kThreads, Roles::kStagingBarrierBase + warp_group);
+  cutlass::arch::NamedBarrier::sync(kThreads, Roles::kWarpGroupBarrierBase + warp_group);
   CUTE_UNROLL
   for (int r = 0; r < size<0>(acc); ++r) {
     const float scale = row_scale(r);
@@ -240,7 +252,7 @@ __device__ __forceinline__ void store_accumulator_rows_staged(const TiledMma& mm
       *reinterpret_cast<Pair*>(staging + staged_offset<kCols>(row, get<1>(coords(r, c)))) = pair;
     }
   }
-  cutlass::arch::NamedBarrier::sync(kThreads, Roles::kStagingBarrierBase + warp_group);
+  cutlass::arch::NamedBarrier::sync(kThreads, Roles::kWarpGroupBarrierBase + warp_group);
   constexpr int kRowVectors = kCols / Vector::kElements;
   constexpr int kVectorsPerThread = kMmaWarpGroupRows * kRowVectors / kThreads;
   static_assert(kVectorsPerThread * kThreads == kMmaWarpGroupRows * kRowVectors, "rows split evenly over the threads");

@@ -41,8 +41,10 @@ struct WarpRoles {
   // only need to be distinct within one kernel.
   static constexpr int kDsReadyBarrier = 0;      // backward: dS of a step is complete in shared memory
   static constexpr int kDsFreeBarrier = 1;       // backward: no MMA warpgroup reads dS, which stages dK and dV
-  static constexpr int kStagingBarrierBase = 2;  // + w: MMA warpgroup w's rows of a staging tile (gemm.cuh)
-  static constexpr int kMmaTurnBarrierBase = kStagingBarrierBase + kMmaWarpGroups;  // + w: warpgroup w's GEMM turn
+  // + w: MMA warpgroup w's own threads: its rows of a staging tile (gemm.cuh), its keys' P before its dV^T GEMM
+  // (bwd_mma.cuh).
+  static constexpr int kWarpGroupBarrierBase = 2;
+  static constexpr int kMmaTurnBarrierBase = kWarpGroupBarrierBase + kMmaWarpGroups;  // + w: warpgroup w's GEMM turn
   static constexpr int kNamedBarrierIdEnd = kMmaTurnBarrierBase + kMmaWarpGroups;
   static_assert(kNamedBarrierIdEnd + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <=
                     cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
