@@ -2,11 +2,11 @@
 // the host planner and the kernels must agree on them: both read them from here.
 //
 // Backward: each CTA owns one key/value tile of block_kv rows and visits query tiles of block_q rows, with two MMA
-// warpgroups: up to d = 128 each owns 64 of the key/value rows; at d = 192 both work on a 64x96 tile and split its
-// 96 keys (backward_splits_keys); at d = 256 both work on the tile's 64 rows and split head_dim
-// (backward_splits_head_dim). block_kv need not be a multiple of block_q: the schedule model takes each tile's query
-// band from the mask (tiled_problem.hpp), never from block_kv / block_q. Only symmetric shift needs the ratio
-// integral (its stride), and 64x96 is not: the planner refuses it at d = 192 (schedule_plan.cpp).
+// warpgroups: up to d = 128 each owns 64 of the key/value rows; at d = 192 and 256 both work on a 64x96 or 64x80
+// tile and split its keys (backward_splits_keys). block_kv need not be a multiple of block_q: the schedule model takes
+// each tile's query band from the mask (tiled_problem.hpp), never from block_kv / block_q. Only symmetric shift needs
+// the ratio integral (its stride), and 64x96 and 64x80 are not: the planner refuses it at d = 192 and 256
+// (schedule_plan.cpp).
 #pragma once
 
 #include <cstdint>
@@ -23,34 +23,31 @@ struct TileShape {
 // Head dims with a backward kernel: every supported one. Up to d = 128 each MMA warpgroup keeps its 64 key/value
 // rows of dK and dV in registers, d / 2 + d / 2 = d per thread, next to S^T and dP^T (block_q / 2 each) and a dQ
 // partial: 240 registers hold them (128 + 32 + 32 + 32 at 64x128). At d = 192 and 256 dK and dV alone would take
-// 192 or 256, so there both warpgroups work on one tile and split it otherwise: its keys at d = 192
-// (backward_splits_keys), head_dim at 256, where each keeps dK and dV for half of head_dim (128 registers), S^T and
-// dP^T for half of the 64 query columns (16 + 16) and a 64 x 128 dQ partial (64); kernels/sm90/bwd_mma.cuh.
+// 192 or 256, so there both warpgroups work on one tile and split its keys (backward_splits_keys);
+// kernels/sm90/bwd_mma.cuh.
 DASH_HOST_DEVICE constexpr bool has_backward_kernel(int head_dim) {
   return head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 || head_dim == 256;
 }
 
-// Whether the backward's MMA warpgroups split the tile's keys, with dK and dV as swapped GEMMs (d = 192): each
-// computes S and dP for 48 of the 96 keys over the 64 query rows, and dV^T += dO^T P, dK^T += Q^T dS for those keys
-// over all of head_dim (head_dim as the GEMMs' M), 72 + 72 registers per thread, beside S and dP (24 + 24) or its
-// 64 x 96 dQ partial (48). Against the 64x64 head_dim split it had before, the 96-key tile cuts the dQ partials
-// reduced into global memory per FLOP by 1.5x: at 64x64 the MMA warpgroups waited on the dQ writer's hand-off for
-// 32% of their stall samples (Nsight Compute, docs/PERF.md, 2026-12-02).
-DASH_HOST_DEVICE constexpr bool backward_splits_keys(int head_dim) { return head_dim == 192; }
-
-// Whether the backward's MMA warpgroups split head_dim (d = 256) rather than the key/value rows or the keys.
-DASH_HOST_DEVICE constexpr bool backward_splits_head_dim(int head_dim) { return head_dim > 192; }
+// Whether the backward's MMA warpgroups split the tile's keys, with dK and dV as swapped GEMMs (d = 192 and 256):
+// each computes S and dP for half of the keys (48 of 96, 40 of 80) over the 64 query rows, and dV^T += dO^T P,
+// dK^T += Q^T dS for those keys over all of head_dim (head_dim as the GEMMs' M): 72 + 72 registers per thread at
+// d = 192 and 80 + 80 at 256, beside S and dP (24 + 24, 20 + 20) or its 64 x 96 or 64 x 128 dQ partial (48, 64).
+// Against the 64x64 head_dim split these head dims had before, the wider tiles cut the dQ partials reduced into
+// global memory per FLOP by 1.5x and 1.25x: at 64x64 the MMA warpgroups waited on the dQ writer's hand-off for
+// 32% of their stall samples at d = 192 (Nsight Compute, docs/PERF.md, 2026-12-02).
+DASH_HOST_DEVICE constexpr bool backward_splits_keys(int head_dim) { return head_dim >= 192; }
 
 DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
   // d=64: 128x128 keeps the S/dP accumulators at 64 registers per thread each.
   // d=96 and 128: dK and dV alone take 96 or 128 registers per thread, so the query tile shrinks to 64 rows.
   // d=192: 64x96, the key split's tile (bwd_config.cuh: two Q stages, one dO stage, K and V of 96 rows, P, dS and
   // the dQ partials take 216 KiB of the 227).
-  // d=256: 64x64, the head_dim split's tile; shared memory bounds it (Q, dO, K and V of 64 rows, the dQ partials
-  // and P^T and dS^T take 225 KiB of the 227, with one query/dO stage).
+  // d=256: 64x80, the widest key tile shared memory holds (one Q and one dO stage of 32 KiB, K and V of 40, the dQ
+  // partials of 64, and P and dS sharing one 10 KiB buffer: 218 KiB of the 227).
   if (head_dim <= 64) return TileShape{128, 128};
-  if (backward_splits_keys(head_dim)) return TileShape{64, 96};
-  if (backward_splits_head_dim(head_dim)) return TileShape{64, 64};
+  if (head_dim == 192) return TileShape{64, 96};
+  if (head_dim == 256) return TileShape{64, 80};
   return TileShape{64, 128};
 }
 
