@@ -126,8 +126,8 @@ class BackwardPlan {
 // (ascending, descending, shortest-first, nondeterministic) give the same bits for every margin; the static
 // ones (shift, symmetric shift) are planned for the smaller CTA count, so their bits are those of a device
 // with that many SMs. A schedule whose preconditions the shape fails is kScheduleRejected, naming the rule (e.g.
-// symmetric shift at head dim 192, whose 64x96 tiles have block_kv not a multiple of block_q). *plan is written only
-// on success.
+// symmetric shift at head dims 192 and 256, whose 64x96 and 64x80 tiles have block_kv not a multiple of block_q).
+// *plan is written only on success.
 Status plan_backward(const AttentionShape& shape, Schedule schedule, int sm_margin, const DeviceInfo& device,
                      BackwardPlan* plan);
 // The same for the current device, which must be able to run the kernels (check_current_device()).
@@ -143,11 +143,11 @@ Status plan_backward(const AttentionShape& shape, Schedule schedule, BackwardPla
 // vector, and the kernels fit each sequence's jobs to its lengths (schedule/varlen.hpp). `keys_within_queries` is
 // VarlenBatch's promise; the calls it launches must carry the same. Schedules: ascending, descending,
 // shortest-first and nondeterministic for every batch; shift (full mask) and symmetric shift (causal, no window, not
-// at head dim 192) only with the promise; kAuto picks the best of those the batch admits (planner/varlen_plan.hpp says why).
-// kScheduleRejected, naming the rule, for the others. `lengths_fill_maxima` is a hint for kAuto alone
-// (varlen_lengths_fill_maxima of the batches' packed rows): false, under the full mask, picks shortest-first, which
-// runs mixed lengths faster than shift. It never changes which batches the plan runs: any call of the plan's shape
-// and promise is accepted whatever its packed rows.
+// at head dims 192 and 256) only with the promise; kAuto picks the best of those the batch admits
+// (planner/varlen_plan.hpp says why). kScheduleRejected, naming the rule, for the others. `lengths_fill_maxima` is a
+// hint for kAuto alone (varlen_lengths_fill_maxima of the batches' packed rows): false, under the full mask, picks
+// shortest-first, which runs mixed lengths faster than shift. It never changes which batches the plan runs: any call
+// of the plan's shape and promise is accepted whatever its packed rows.
 Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, bool lengths_fill_maxima,
                             Schedule schedule, int sm_margin, const DeviceInfo& device, BackwardPlan* plan);
 Status plan_varlen_backward(const AttentionShape& shape, bool keys_within_queries, bool lengths_fill_maxima,

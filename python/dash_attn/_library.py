@@ -56,7 +56,7 @@ DTYPE_NAMES = {DTYPE_BF16: "bf16", DTYPE_FP16: "fp16"}
 # for a subset of these and the dtypes (kernel_available() tells which).
 HEAD_DIMS = (64, 96, 128, 192, 256)
 # The head dims with a backward as well (kBackwardHeadDims): every supported one (192 and 256 since their
-# head_dim-split backward kernels); a backward at any other raises the library's not-supported error.
+# split-warpgroup backward kernels); a backward at any other raises the library's not-supported error.
 BACKWARD_HEAD_DIMS = (64, 96, 128, 192, 256)
 
 STATUS_OK = 0

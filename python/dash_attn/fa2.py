@@ -100,7 +100,8 @@ def flash_attn_func(
     reproducible for every schedule except "nondeterministic", which deterministic=False selects. The default
     "auto" picks the deterministic schedule measured fastest for the shape whose preconditions the shape meets. An
     explicit schedule whose preconditions fail is refused by the backward, naming the rule: "symmetric-shift", for
-    one, needs the causal mask, and at head_dim 192 (backward tiles of 64x96) block_kv a multiple of block_q.
+    one, needs the causal mask, and block_kv a multiple of block_q, which the backward's tiles at head_dim 192
+    (64x96) and 256 (64x80) are not.
 
     sm_margin (as in FlashAttention-3) leaves that many SMs to other work, such as communication kernels that run
     at the same time: the kernels' persistent grids use at most the device's SM count - sm_margin SMs, and the

@@ -24,8 +24,8 @@ Invariants:
   values but never a hang or an access outside the tensors (the kernels clamp each sequence to the bounds).
 - Passing the same tensor as cu_seqlens_q and cu_seqlens_k (self-attention) promises seqlen_k <= seqlen_q per
   sequence, under which the backward may run shift and symmetric shift (schedule="auto" may pick shift under the full
-  mask; symmetric shift is refused at head_dim 192, as for dense batches); otherwise those two schedules are refused
-  by name.
+  mask; symmetric shift is refused at head_dim 192 and 256, as for dense batches); otherwise those two schedules are
+  refused by name.
 - Rows after the last sequence (cu_seqlens_q[-1] <= row < total_q) come out as out = 0, lse = -inf and zero
   gradients: the library clears them after its kernels (only those rows, on the device), so the outputs are
   allocated uncleared; a batch without query or key rows needs no kernel, and its outputs are cleared here.

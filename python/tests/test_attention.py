@@ -259,10 +259,14 @@ def test_library_errors_are_runtime_errors_with_status_and_message(device, requi
     assert caught.value.status == "schedule-rejected"
 
 
-def test_symmetric_shift_at_head_dim_192_is_refused_naming_the_rule(device, require_kernel) -> None:
-    # The backward's 64x96 tiles at d = 192: symmetric shift needs block_kv to be a multiple of block_q.
-    require_kernel(192, torch.bfloat16)
-    q, k, v, dout = random_inputs((1, 256, 256, 2, 2, True), 192, torch.bfloat16, device, seed=19)
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_symmetric_shift_at_head_dims_192_and_256_is_refused_naming_the_rule(
+    device, require_kernel, head_dim
+) -> None:
+    # The backward's 64x96 and 64x80 tiles at d = 192 and 256: symmetric shift needs block_kv to be a multiple of
+    # block_q.
+    require_kernel(head_dim, torch.bfloat16)
+    q, k, v, dout = random_inputs((1, 256, 256, 2, 2, True), head_dim, torch.bfloat16, device, seed=19)
     out = flash_attn_func(q, k, v, causal=True, schedule="symmetric-shift")
     with pytest.raises(dash_attn.LibraryError, match="symmetric-shift needs block_kv to be a multiple of block_q"):
         out.backward(dout)

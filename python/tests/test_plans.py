@@ -299,25 +299,28 @@ def test_planning_refusals_carry_the_librarys_message(library, h200) -> None:
     assert caught.value.status == "schedule-rejected"
 
 
-def test_head_dim_192_refuses_symmetric_shift_naming_the_rule_and_auto_picks_what_its_tiles_admit(
-    library, h200
+@pytest.mark.parametrize("head_dim, tiles", [(192, "64x96"), (256, "64x80")])
+def test_head_dims_192_and_256_refuse_symmetric_shift_naming_the_rule_and_auto_picks_what_their_tiles_admit(
+    library, h200, head_dim, tiles
 ) -> None:
-    # d = 192's backward tiles are 64x96: block_kv is not a multiple of block_q, which symmetric shift needs.
-    causal = library.Shape(1, 1000, 1000, 2, 2, 192, 0, 192**-0.5, 1)
+    # The backward's tiles are 64x96 at d = 192 and 64x80 at 256: block_kv is not a multiple of block_q, which
+    # symmetric shift needs.
+    scale = head_dim**-0.5
+    causal = library.Shape(1, 1000, 1000, 2, 2, head_dim, 0, scale, 1)
     for varlen in (False, True):
         with pytest.raises(library.LibraryError) as caught:
             library.BackwardPlan(causal, "symmetric-shift", h200, varlen=varlen, keys_within_queries=True)
         assert caught.value.status == "schedule-rejected"
         assert (
             "symmetric-shift needs block_kv to be a multiple of block_q, and the backward's tiles at this head dim "
-            "are 64x96 (block_q x block_kv)" in caught.value.message
+            f"are {tiles} (block_q x block_kv)" in caught.value.message
         )
     assert library.BackwardPlan(causal, "auto", h200).schedule == "shortest-first"
-    gqa = library.Shape(2, 1000, 1000, 128, 32, 192, 0, 192**-0.5, 1)  # enough jobs to keep query-head groups whole
+    gqa = library.Shape(2, 1000, 1000, 128, 32, head_dim, 0, scale, 1)  # enough jobs to keep query-head groups whole
     assert library.BackwardPlan(gqa, "auto", h200).schedule == "descending"
-    full = library.Shape(1, 1000, 1000, 2, 2, 192, 0, 192**-0.5, 0)
+    full = library.Shape(1, 1000, 1000, 2, 2, head_dim, 0, scale, 0)
     assert library.BackwardPlan(full, "auto", h200).schedule == "shift"
-    window = library.Shape(1, 1000, 1000, 2, 2, 192, 0, 192**-0.5, 1, 1, 300, 0)
+    window = library.Shape(1, 1000, 1000, 2, 2, head_dim, 0, scale, 1, 1, 300, 0)
     assert library.BackwardPlan(window, "auto", h200).schedule == "shortest-first"
 
     def varlen_auto(shape, fill):

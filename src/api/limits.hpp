@@ -17,7 +17,7 @@ inline constexpr std::array<int, 5> kSupportedHeadDims = {64, 96, 128, 192, 256}
 
 // Head dims with a backward kernel as well (has_backward_kernel, schedule/tile_config.hpp): a backward, its plan and
 // its workspace size are refused at the others. Every supported head dim has one (d = 192 and 256 since their
-// head_dim-split kernels); the list stays apart so that a head dim could gain its forward first.
+// split-warpgroup kernels); the list stays apart so that a head dim could gain its forward first.
 inline constexpr std::array<int, 5> kBackwardHeadDims = {64, 96, 128, 192, 256};
 static_assert(
     [] {
@@ -55,8 +55,9 @@ static_assert(
     "kMinBlockQ must not exceed any kernel's query tile, or the query tile count bound is too loose");
 // Shift on a varlen batch is proven only where block_q <= block_kv (planner/varlen_plan.hpp: a sequence's key/value
 // tiles then never outnumber its query tiles), and auto picks it for full-mask varlen batches whose lengths fill the
-// maxima; every backward tile keeps it. block_kv need not be a multiple of block_q: at d = 192 (64x96) it is not,
-// and the planner refuses symmetric shift there, whose stride is block_kv / block_q (planner/schedule_plan.cpp).
+// maxima; every backward tile keeps it. block_kv need not be a multiple of block_q: at d = 192 (64x96) and 256
+// (64x80) it is not, and the planner refuses symmetric shift there, whose stride is block_kv / block_q
+// (planner/schedule_plan.cpp).
 static_assert(
     [] {
       for (int head_dim : kBackwardHeadDims) {

@@ -67,7 +67,7 @@ int max_wave_size(int num_heads, int units_per_head, int num_ctas) {
 }
 
 std::string check_shift(const TiledProblem& p, int num_ctas) {
-  // The advice names symmetric shift only where the tiles admit it (not at d = 192's 64x96).
+  // The advice names symmetric shift only where the tiles admit it (not at d = 192's 64x96 or d = 256's 64x80).
   const bool symmetric_fits = symmetric_shift_tile_refusal(p).empty();
   if (p.windowed()) {
     return symmetric_fits ? "shift needs the full mask (use symmetric-shift or shortest-first for a sliding window)"

@@ -33,8 +33,8 @@ struct PlanResult {
 };
 
 // Why symmetric shift cannot run on `problem`'s tiles, or empty: its consecutive key/value tiles' causal ranges must
-// start block_kv / block_q query tiles apart, a whole number (false at d = 192's 64x96 tiles). Dense and varlen
-// plans refuse with this one message.
+// start block_kv / block_q query tiles apart, a whole number (false at d = 192's 64x96 and d = 256's 64x80 tiles).
+// Dense and varlen plans refuse with this one message.
 std::string symmetric_shift_tile_refusal(const TiledProblem& problem);
 
 // The plan of `schedule` for `problem` on `num_sms` persistent CTAs. kAuto, or a value outside the enum, is

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/backward_plan.hpp"
@@ -77,11 +78,11 @@ TEST(PlanBackward, PlansWhatThePlannerPlansForTheDevicesSmCount) {
   }
 }
 
-// At d = 192 and 256 the backward plans on the key split's and head_dim split's tiles (64x96 and 64x64), every
-// schedule the planner takes for the shape, with the workspace of those tiles (the dQ accumulators of 64-row tiles,
-// the split accumulators of 96- or 64-row ones).
+// At d = 192 and 256 the backward plans on the key split's tiles (64x96 and 64x80), every schedule the planner takes
+// for the shape, with the workspace of those tiles (the dQ accumulators of 64-row tiles, the split accumulators of 96-
+// or 80-row ones).
 TEST(PlanBackward, PlansHeadDims192And256OnTheirTiles) {
-  for (const auto& [head_dim, block_kv] : {std::pair<int64_t, int>{192, 96}, std::pair<int64_t, int>{256, 64}}) {
+  for (const auto& [head_dim, block_kv] : {std::pair<int64_t, int>{192, 96}, std::pair<int64_t, int>{256, 80}}) {
     for (AttentionShape shape : {causal_shape(), full_shape()}) {
       shape.head_dim = head_dim;
       shape.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -105,7 +106,7 @@ TEST(PlanBackward, PlansHeadDims192And256OnTheirTiles) {
 }
 
 // A causal shape at `head_dim` that meets every precondition of symmetric shift but the tiles' (seqlen_q >= seqlen_k,
-// one query head per job, waves no taller than their rectangles at d = 256's tiles).
+// one query head per job, waves no taller than their rectangles at d = 128's 64x128 tiles).
 AttentionShape symmetric_shift_shape(int64_t head_dim) {
   AttentionShape shape = causal_shape();
   shape.head_dim = head_dim;
@@ -115,10 +116,11 @@ AttentionShape symmetric_shift_shape(int64_t head_dim) {
   return shape;
 }
 
-// auto at d = 192 runs a schedule the planner proves on the 64x96 tiles: shortest-first (descending with folded GQA
-// groups) under the causal mask, shift under the full one up to 64 key/value tiles per head, shortest-first under a
-// window and on varlen batches whose lengths may fall short of the maxima; never symmetric shift.
-TEST(PlanBackward, AutoAtHeadDim192PicksWhatTheTilesAdmit) {
+// auto at d = 192 and 256 runs a schedule the planner proves on the 64x96 and 64x80 tiles: shortest-first
+// (descending with folded GQA groups) under the causal mask, shift under the full one up to 64 key/value tiles per
+// head, shortest-first under a window and on varlen batches whose lengths may fall short of the maxima; never
+// symmetric shift.
+TEST(PlanBackward, AutoAtHeadDims192And256PicksWhatTheTilesAdmit) {
   struct Expectation {
     const char* name;
     bool causal;
@@ -128,7 +130,7 @@ TEST(PlanBackward, AutoAtHeadDim192PicksWhatTheTilesAdmit) {
   };
   const Expectation cases[] = {
       {"causal", true, 2, 2, -1, false, true, Schedule::kShortestFirst},
-      {"causal_gqa", true, 128, 32, -1, false, true, Schedule::kDescending},  // 704 jobs: groups not split
+      {"causal_gqa", true, 128, 32, -1, false, true, Schedule::kDescending},  // 704 or 832 jobs: groups not split
       {"full", false, 2, 2, -1, false, true, Schedule::kShift},
       {"causal_window", true, 2, 2, 300, false, true, Schedule::kShortestFirst},
       {"full_window", false, 2, 2, 300, false, true, Schedule::kShortestFirst},
@@ -137,19 +139,21 @@ TEST(PlanBackward, AutoAtHeadDim192PicksWhatTheTilesAdmit) {
       {"varlen_full_shorter", false, 2, 2, -1, true, false, Schedule::kShortestFirst},
       {"varlen_window", true, 2, 2, 300, true, true, Schedule::kShortestFirst},
   };
-  for (const Expectation& c : cases) {
-    SCOPED_TRACE(c.name);
-    AttentionShape shape = symmetric_shift_shape(192);
-    shape.causal = c.causal;
-    shape.heads_q = c.heads_q;
-    shape.heads_kv = c.heads_kv;
-    shape.window_left = c.window_left;
-    BackwardPlan plan;
-    const Status status = c.varlen ? plan_varlen_backward(shape, true, c.fill, Schedule::kAuto, 0, h200(), &plan)
-                                   : plan_backward(shape, Schedule::kAuto, h200(), &plan);
-    ASSERT_TRUE(status.ok()) << status.to_string();
-    EXPECT_EQ(plan.schedule(), c.schedule) << schedule_name(plan.schedule());
-    EXPECT_EQ(BackwardPlanAccess::data(plan)->schedule_plan.problem.block_kv, 96);
+  for (const auto& [head_dim, block_kv] : {std::pair<int64_t, int>{192, 96}, std::pair<int64_t, int>{256, 80}}) {
+    for (const Expectation& c : cases) {
+      SCOPED_TRACE(std::string(c.name) + " head_dim " + std::to_string(head_dim));
+      AttentionShape shape = symmetric_shift_shape(head_dim);
+      shape.causal = c.causal;
+      shape.heads_q = c.heads_q;
+      shape.heads_kv = c.heads_kv;
+      shape.window_left = c.window_left;
+      BackwardPlan plan;
+      const Status status = c.varlen ? plan_varlen_backward(shape, true, c.fill, Schedule::kAuto, 0, h200(), &plan)
+                                     : plan_backward(shape, Schedule::kAuto, h200(), &plan);
+      ASSERT_TRUE(status.ok()) << status.to_string();
+      EXPECT_EQ(plan.schedule(), c.schedule) << schedule_name(plan.schedule());
+      EXPECT_EQ(BackwardPlanAccess::data(plan)->schedule_plan.problem.block_kv, block_kv);
+    }
   }
 }
 
@@ -286,32 +290,40 @@ TEST(PlanBackwardRefuses, AScheduleWhosePreconditionsFail) {
   expect_untouched(plan);
 }
 
-// Symmetric shift's stride is block_kv / block_q query tiles: at d = 192's 64x96 tiles the planner refuses it with the
-// rule and the tiles, dense and varlen, where d = 256's 64x64 tiles plan it.
-TEST(PlanBackwardRefuses, SymmetricShiftAtHeadDim192WithTheRule) {
+// Symmetric shift's stride is block_kv / block_q query tiles: at d = 192's 64x96 and d = 256's 64x80 tiles the
+// planner refuses it with the rule and the tiles, dense and varlen, where d = 128's 64x128 tiles plan it.
+TEST(PlanBackwardRefuses, SymmetricShiftAtHeadDims192And256WithTheRule) {
   BackwardPlan plan;
-  ASSERT_TRUE(plan_backward(symmetric_shift_shape(256), Schedule::kSymmetricShift, h200(), &plan).ok());
-  const std::string expected =
-      "schedule 'symmetric-shift' cannot run this shape: symmetric-shift needs block_kv to be a multiple of block_q, "
-      "and the backward's tiles at this head dim are 64x96 (block_q x block_kv): consecutive key/value tiles' causal "
-      "ranges would not start a whole number of query tiles apart; use shortest-first or descending (auto picks one)";
-  plan = sentinel_plan();
-  const Status dense = plan_backward(symmetric_shift_shape(192), Schedule::kSymmetricShift, h200(), &plan);
-  EXPECT_EQ(dense.code(), StatusCode::kScheduleRejected);
-  EXPECT_EQ(dense.message(), expected);
-  expect_untouched(plan);
-  const Status varlen = plan_varlen_backward(symmetric_shift_shape(192), /*keys_within_queries=*/true,
-                                             /*lengths_fill_maxima=*/true, Schedule::kSymmetricShift, 0, h200(), &plan);
-  EXPECT_EQ(varlen.code(), StatusCode::kScheduleRejected);
-  EXPECT_NE(varlen.message().find("cannot run this varlen batch: symmetric-shift needs block_kv to be a multiple of "
-                                  "block_q, and the backward's tiles at this head dim are 64x96"),
-            std::string::npos)
-      << varlen.message();
-  expect_untouched(plan);
-  // Shift's advice for the causal mask names the schedules these tiles admit.
-  const Status shift = plan_backward(symmetric_shift_shape(192), Schedule::kShift, h200(), &plan);
-  EXPECT_EQ(shift.message(), "schedule 'shift' cannot run this shape: shift needs the full mask (use shortest-first or "
-                             "descending for causal)");
+  ASSERT_TRUE(plan_backward(symmetric_shift_shape(128), Schedule::kSymmetricShift, h200(), &plan).ok());
+  using Tiles = std::pair<int64_t, std::string>;  // head dim, its tiles
+  for (const auto& [head_dim, tiles] : {Tiles{192, "64x96"}, Tiles{256, "64x80"}}) {
+    SCOPED_TRACE(head_dim);
+    const std::string expected =
+        "schedule 'symmetric-shift' cannot run this shape: symmetric-shift needs block_kv to be a multiple of "
+        "block_q, and the backward's tiles at this head dim are " +
+        tiles +
+        " (block_q x block_kv): consecutive key/value tiles' causal ranges would not start a whole number of query "
+        "tiles apart; use shortest-first or descending (auto picks one)";
+    plan = sentinel_plan();
+    const Status dense = plan_backward(symmetric_shift_shape(head_dim), Schedule::kSymmetricShift, h200(), &plan);
+    EXPECT_EQ(dense.code(), StatusCode::kScheduleRejected);
+    EXPECT_EQ(dense.message(), expected);
+    expect_untouched(plan);
+    const Status varlen =
+        plan_varlen_backward(symmetric_shift_shape(head_dim), /*keys_within_queries=*/true,
+                             /*lengths_fill_maxima=*/true, Schedule::kSymmetricShift, 0, h200(), &plan);
+    EXPECT_EQ(varlen.code(), StatusCode::kScheduleRejected);
+    EXPECT_NE(varlen.message().find("cannot run this varlen batch: symmetric-shift needs block_kv to be a multiple of "
+                                    "block_q, and the backward's tiles at this head dim are " +
+                                    tiles),
+              std::string::npos)
+        << varlen.message();
+    expect_untouched(plan);
+    // Shift's advice for the causal mask names the schedules these tiles admit.
+    const Status shift = plan_backward(symmetric_shift_shape(head_dim), Schedule::kShift, h200(), &plan);
+    EXPECT_EQ(shift.message(), "schedule 'shift' cannot run this shape: shift needs the full mask (use shortest-first "
+                               "or descending for causal)");
+  }
 }
 
 // With a GPU the current device's plan is the one its DeviceInfo gives; without one, the device check's status.

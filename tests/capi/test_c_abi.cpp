@@ -18,6 +18,7 @@
 #include <cstring>
 #include <regex>
 #include <string>
+#include <utility>
 
 #include "dash_c.h"
 #include "rejected_shapes.hpp"
@@ -392,38 +393,43 @@ TEST(CBackwardPlanCreate, RefusesAScheduleWhosePreconditionsFail) {
   EXPECT_EQ(created.plan, kUntouchedPlan);
 }
 
-// At d = 192 the backward's tiles are 64x96: symmetric shift is refused with the rule, dense and varlen, and auto
-// plans shortest-first for the same causal shape.
-TEST(CBackwardPlanCreate, RefusesSymmetricShiftAtHeadDim192WithTheRule) {
-  AttentionShape shape = testing::valid_workspace_shape();
-  shape.head_dim = 192;
-  shape.softmax_scale = 1.0f / std::sqrt(192.0f);
-  shape.heads_q = shape.heads_kv = 2;
-  shape.seqlen_q = shape.seqlen_k = 1000;
-  const dash_shape c_shape = to_c(shape);
-  const dash_device device = h200();
-  const CreateResult created = try_create(&c_shape, "symmetric-shift", &device);
-  EXPECT_EQ(created.result.code, DASH_STATUS_SCHEDULE_REJECTED);
-  EXPECT_EQ(created.result.message,
-            "schedule 'symmetric-shift' cannot run this shape: symmetric-shift needs block_kv to be a multiple of "
-            "block_q, and the backward's tiles at this head dim are 64x96 (block_q x block_kv): consecutive key/value "
-            "tiles' causal ranges would not start a whole number of query tiles apart; use shortest-first or "
-            "descending (auto picks one)");
-  EXPECT_EQ(created.plan, kUntouchedPlan);
-  dash_backward_plan* plan = kUntouchedPlan;
-  const Result varlen = call([&](char* m, size_t n) {
-    return dash_backward_plan_create_varlen(&c_shape, 1, 1, "symmetric-shift", 0, &device, &plan, m, n);
-  });
-  EXPECT_EQ(varlen.code, DASH_STATUS_SCHEDULE_REJECTED);
-  EXPECT_NE(varlen.message.find("symmetric-shift needs block_kv to be a multiple of block_q"), std::string::npos)
-      << varlen.message;
-  EXPECT_EQ(plan, kUntouchedPlan);
-  dash_backward_plan* chosen = create_plan(shape, "auto");
-  const char* name = nullptr;
-  const Result r = call([&](char* m, size_t n) { return dash_backward_plan_schedule(chosen, &name, m, n); });
-  ASSERT_EQ(r.code, DASH_STATUS_OK) << r.message;
-  EXPECT_STREQ(name, "shortest-first");
-  dash_backward_plan_destroy(chosen);
+// At d = 192 and 256 the backward's tiles are 64x96 and 64x80: symmetric shift is refused with the rule, dense and
+// varlen, and auto plans shortest-first for the same causal shape.
+TEST(CBackwardPlanCreate, RefusesSymmetricShiftAtHeadDims192And256WithTheRule) {
+  using Tiles = std::pair<int64_t, std::string>;  // head dim, its tiles
+  for (const auto& [head_dim, tiles] : {Tiles{192, "64x96"}, Tiles{256, "64x80"}}) {
+    SCOPED_TRACE(head_dim);
+    AttentionShape shape = testing::valid_workspace_shape();
+    shape.head_dim = head_dim;
+    shape.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    shape.heads_q = shape.heads_kv = 2;
+    shape.seqlen_q = shape.seqlen_k = 1000;
+    const dash_shape c_shape = to_c(shape);
+    const dash_device device = h200();
+    const CreateResult created = try_create(&c_shape, "symmetric-shift", &device);
+    EXPECT_EQ(created.result.code, DASH_STATUS_SCHEDULE_REJECTED);
+    EXPECT_EQ(created.result.message,
+              "schedule 'symmetric-shift' cannot run this shape: symmetric-shift needs block_kv to be a multiple of "
+              "block_q, and the backward's tiles at this head dim are " +
+                  tiles +
+                  " (block_q x block_kv): consecutive key/value tiles' causal ranges would not start a whole number "
+                  "of query tiles apart; use shortest-first or descending (auto picks one)");
+    EXPECT_EQ(created.plan, kUntouchedPlan);
+    dash_backward_plan* plan = kUntouchedPlan;
+    const Result varlen = call([&](char* m, size_t n) {
+      return dash_backward_plan_create_varlen(&c_shape, 1, 1, "symmetric-shift", 0, &device, &plan, m, n);
+    });
+    EXPECT_EQ(varlen.code, DASH_STATUS_SCHEDULE_REJECTED);
+    EXPECT_NE(varlen.message.find("symmetric-shift needs block_kv to be a multiple of block_q"), std::string::npos)
+        << varlen.message;
+    EXPECT_EQ(plan, kUntouchedPlan);
+    dash_backward_plan* chosen = create_plan(shape, "auto");
+    const char* name = nullptr;
+    const Result r = call([&](char* m, size_t n) { return dash_backward_plan_schedule(chosen, &name, m, n); });
+    ASSERT_EQ(r.code, DASH_STATUS_OK) << r.message;
+    EXPECT_STREQ(name, "shortest-first");
+    dash_backward_plan_destroy(chosen);
+  }
 }
 
 // NULL plans for the current device: without a usable one, dash_check_device's answer.

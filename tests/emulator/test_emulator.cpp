@@ -107,9 +107,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DeterministicSchedules, testing::ValuesIn(kCase
                          [](const testing::TestParamInfo<Case>& param) { return std::string(param.param.name); });
 
 // The windows of the GPU tests (kernels/test_sm90_variants.cpp) at the kernels' own tiles (backward_tile_shape of
-// head dims 64, 128 and 192: 128x128, 64x128 and the head_dim split's 64x96), with the schedules the API runs under a
-// window: rows that see no key, keys that no row sees (key/value tiles whose jobs have no step), seqlen_q != seqlen_k
-// both ways with GQA, the diagonal alone.
+// head dims 64, 128, 192 and 256: 128x128, 64x128 and the key split's 64x96 and 64x80), with the schedules the API
+// runs under a window: rows that see no key, keys that no row sees (key/value tiles whose jobs have no step),
+// seqlen_q != seqlen_k both ways with GQA, the diagonal alone.
 TEST(Emulator, TheGpuTestsWindowsAtTheKernelsTiles) {
   const Case cases[] = {
       {"rows_without_keys", 1, 2, 2, 400, 100, false, 4, 0, {20, 5}},
@@ -118,7 +118,7 @@ TEST(Emulator, TheGpuTestsWindowsAtTheKernelsTiles) {
       {"two_sided_sq_lt_sk_gqa", 1, 4, 2, 300, 777, false, 5, 0, {200, 30}},
       {"diagonal", 1, 2, 2, 257, 257, false, 3, 0, {0, 0}},
   };
-  for (const int head_dim : {64, 128, 192}) {
+  for (const int head_dim : {64, 128, 192, 256}) {
     for (const Case& c : cases) {
       SCOPED_TRACE(std::string(c.name) + " at the tiles of head dim " + std::to_string(head_dim));
       const AttentionShape shape = shape_of(c);
@@ -148,57 +148,71 @@ TEST(Emulator, TheGpuTestsWindowsAtTheKernelsTiles) {
   }
 }
 
-// d = 192's 64x96 tiles, whose block_kv is not a multiple of block_q: every schedule the planner accepts, and the one
-// auto picks, keeps its bits over timings and matches the float64 reference on ragged lengths (1, 63, 95, 97, 191,
-// 1000: inside one tile, one short of or past either tile), seqlen_q != seqlen_k both ways, GQA, the causal mask, a
-// causal and a two-sided window; symmetric shift is refused by name wherever the mask would otherwise admit it.
-TEST(Emulator, EveryAcceptedScheduleAtTheTilesOfHeadDim192) {
-  const TileShape tiles = backward_tile_shape(192);
-  ASSERT_EQ(tiles.block_q, 64);
-  ASSERT_EQ(tiles.block_kv, 96);
-  const int lengths[][2] = {{1, 1}, {63, 95}, {97, 63}, {95, 97}, {191, 191}, {1000, 1000}, {1000, 191}, {97, 1000}};
+// d = 192's 64x96 and d = 256's 64x80 tiles, whose block_kv is not a multiple of block_q: every schedule the planner
+// accepts, and the one auto picks, keeps its bits over timings and matches the float64 reference on ragged lengths
+// (inside one tile, one short of or past either tile: 1, 63, 95, 97, 191 at 64x96 and 1, 63, 79, 81, 159 at 64x80;
+// 1000, 11 or 13 key/value tiles, an odd count), seqlen_q != seqlen_k both ways, GQA, the causal mask, a causal and a
+// two-sided window; symmetric shift is refused by name wherever the mask would otherwise admit it.
+TEST(Emulator, EveryAcceptedScheduleAtTheTilesOfHeadDims192And256) {
+  struct Tiles {
+    int head_dim, block_kv;
+    int lengths[8][2];
+  };
+  const Tiles cases[] = {
+      {192, 96, {{1, 1}, {63, 95}, {97, 63}, {95, 97}, {191, 191}, {1000, 1000}, {1000, 191}, {97, 1000}}},
+      {256, 80, {{1, 1}, {63, 79}, {81, 63}, {79, 81}, {159, 159}, {1000, 1000}, {1000, 159}, {81, 1000}}},
+  };
   const SlidingWindow masks[] = {{-1, -1}, {150, -1}, {70, 40}};
-  int emulated = 0;
-  int shift_emulated = 0;
-  int refused_symmetric = 0;
-  for (const auto& [seqlen_q, seqlen_k] : lengths) {
-    for (const bool causal : {false, true}) {
-      for (const SlidingWindow& window : masks) {
-        const Case c{"hd192", 1, 4, 2, seqlen_q, seqlen_k, causal, 7, 0, window};
-        const AttentionShape shape = shape_of(c);
-        const TiledProblem problem = make_emulator_problem(shape, tiles, 0, window);
-        const EmulatorInputs inputs = make_emulator_inputs(shape, /*seed=*/19, window);
-        const Schedule chosen = choose_schedule(problem, c.sms);
-        for (Schedule schedule : kAllSchedules) {
-          if (schedule == Schedule::kAuto || schedule == Schedule::kNondeterministic) continue;
-          SCOPED_TRACE(std::string(schedule_name(schedule)) + " sq " + std::to_string(seqlen_q) + " sk " +
-                       std::to_string(seqlen_k) + (causal ? " causal" : " full") + " window " +
-                       std::to_string(window.left) + "," + std::to_string(window.right));
-          const PlanResult planned = make_schedule_plan(problem, schedule, c.sms);
-          if (schedule == chosen) ASSERT_TRUE(planned.ok()) << "auto picked a refused schedule: " << planned.rejected;
-          if (schedule == Schedule::kSymmetricShift && problem.causal) {
-            EXPECT_NE(planned.rejected.find("symmetric-shift needs block_kv to be a multiple of block_q"),
-                      std::string::npos)
-                << planned.rejected;
-            ++refused_symmetric;
+  for (const Tiles& t : cases) {
+    const TileShape tiles = backward_tile_shape(t.head_dim);
+    ASSERT_EQ(tiles.block_q, 64);
+    ASSERT_EQ(tiles.block_kv, t.block_kv);
+    int emulated = 0;
+    int shift_emulated = 0;
+    int refused_symmetric = 0;
+    for (const auto& [seqlen_q, seqlen_k] : t.lengths) {
+      for (const bool causal : {false, true}) {
+        for (const SlidingWindow& window : masks) {
+          const Case c{"uneven_tiles", 1, 4, 2, seqlen_q, seqlen_k, causal, 7, 0, window};
+          const AttentionShape shape = shape_of(c);
+          const TiledProblem problem = make_emulator_problem(shape, tiles, 0, window);
+          const EmulatorInputs inputs = make_emulator_inputs(shape, /*seed=*/19, window);
+          const Schedule chosen = choose_schedule(problem, c.sms);
+          for (Schedule schedule : kAllSchedules) {
+            if (schedule == Schedule::kAuto || schedule == Schedule::kNondeterministic) continue;
+            SCOPED_TRACE(std::string(schedule_name(schedule)) + " head_dim " + std::to_string(t.head_dim) + " sq " +
+                         std::to_string(seqlen_q) + " sk " + std::to_string(seqlen_k) +
+                         (causal ? " causal" : " full") + " window " + std::to_string(window.left) + "," +
+                         std::to_string(window.right));
+            const PlanResult planned = make_schedule_plan(problem, schedule, c.sms);
+            if (schedule == chosen) {
+              ASSERT_TRUE(planned.ok()) << "auto picked a refused schedule: " << planned.rejected;
+            }
+            if (schedule == Schedule::kSymmetricShift && problem.causal) {
+              EXPECT_NE(planned.rejected.find("symmetric-shift needs block_kv to be a multiple of block_q"),
+                        std::string::npos)
+                  << planned.rejected;
+              ++refused_symmetric;
+            }
+            if (!planned.ok()) continue;
+            const EmulationResult r = emulate(inputs, planned.plan, options(5));
+            ASSERT_TRUE(r.completed) << r.error;
+            EXPECT_TRUE(r.bitwise_identical);
+            EXPECT_LT(r.max_rel_error(), kFloat32Tolerance)
+                << "dq " << r.error_vs_reference.dq << " dk " << r.error_vs_reference.dk << " dv "
+                << r.error_vs_reference.dv;
+            ++emulated;
+            shift_emulated += schedule == Schedule::kShift;
           }
-          if (!planned.ok()) continue;
-          const EmulationResult r = emulate(inputs, planned.plan, options(5));
-          ASSERT_TRUE(r.completed) << r.error;
-          EXPECT_TRUE(r.bitwise_identical);
-          EXPECT_LT(r.max_rel_error(), kFloat32Tolerance)
-              << "dq " << r.error_vs_reference.dq << " dk " << r.error_vs_reference.dk << " dv "
-              << r.error_vs_reference.dv;
-          ++emulated;
-          shift_emulated += schedule == Schedule::kShift;
         }
       }
     }
+    // Ascending, descending and shortest-first everywhere; shift on the full masks whose query tiles outnumber a
+    // wave.
+    EXPECT_GT(emulated, 3 * 8 * 2 * 3) << "head_dim " << t.head_dim;
+    EXPECT_GT(shift_emulated, 0) << "head_dim " << t.head_dim;
+    EXPECT_GT(refused_symmetric, 0) << "head_dim " << t.head_dim;
   }
-  // Ascending, descending and shortest-first everywhere; shift on the full masks whose query tiles outnumber a wave.
-  EXPECT_GT(emulated, 3 * 8 * 2 * 3);
-  EXPECT_GT(shift_emulated, 0);
-  EXPECT_GT(refused_symmetric, 0);
 }
 
 // Softcap (Gemma 2's cap of the scaled scores, here at 0.5, where scores of about +-1 bend hard): every deterministic

@@ -95,57 +95,71 @@ TEST_P(VarlenSchedules, AdversarialLengthsAreBitwiseIdenticalAndMatchTheReferenc
 INSTANTIATE_TEST_SUITE_P(Masks, VarlenSchedules, testing::Values(false, true),
                          [](const testing::TestParamInfo<bool>& param) { return param.param ? "causal" : "full"; });
 
-// d = 192's 64x96 tiles (block_kv not a multiple of block_q) on ragged vectors (empty, 1, 63, 95, 97, 191, 1000, keys
-// within and past the queries): every schedule the varlen planner admits, and auto under either hint, is proven for
-// every length and keeps its bits across timings; symmetric shift is refused by name.
-TEST(VarlenEmulator, RaggedLengthsAtTheTilesOfHeadDim192) {
-  const TileShape tiles = backward_tile_shape(192);
-  ASSERT_EQ(tiles.block_kv % tiles.block_q, 32);
-  const std::vector<SequenceLengths> within{{1, 1}, {63, 63}, {95, 95}, {97, 97}, {191, 191}, {1000, 1000}, {0, 0},
-                                            {1000, 97}, {191, 63}};
-  const std::vector<SequenceLengths> past{{1, 95}, {63, 1000}, {97, 191}, {1000, 1}, {0, 97}};
-  std::set<Schedule> emulated;
-  for (const bool causal : {false, true}) {
-    for (const SlidingWindow window : {SlidingWindow{}, SlidingWindow{130, -1}}) {
-      for (const bool promise : {true, false}) {
-        const std::vector<SequenceLengths>& lengths = promise ? within : past;
-        AttentionShape shape = max_shape(static_cast<int>(lengths.size()), causal);
-        shape.seqlen_q = shape.seqlen_k = 1000;
-        const TiledProblem problem = make_emulator_problem(shape, tiles, /*group_splits=*/2, window);
-        const EmulatorInputs inputs = make_varlen_emulator_inputs(shape, lengths, /*seed=*/7, window);
-        for (const Schedule schedule : kAllSchedules) {
-          if (schedule == Schedule::kNondeterministic) continue;
-          for (const bool fill : {true, false}) {
-            if (schedule != Schedule::kAuto && !fill) continue;  // the hint only steers auto
-            SCOPED_TRACE(std::string(schedule_name(schedule)) + (causal ? " causal" : " full") + " window " +
-                         std::to_string(window.left) + (promise ? " keys within queries" : " keys past queries") +
-                         (fill ? "" : ", lengths below the maxima"));
-            const VarlenPlanResult planned = plan_varlen_schedule(problem, promise, fill, schedule, 9);
-            if (schedule == Schedule::kAuto) {
-              ASSERT_TRUE(planned.ok()) << planned.rejected;
-              EXPECT_NE(planned.plan.plan.kind, Schedule::kSymmetricShift);
+// d = 192's 64x96 and d = 256's 64x80 tiles (block_kv not a multiple of block_q) on ragged vectors (empty, 1, inside
+// one tile, one short of or past either tile, 1000, keys within and past the queries): every schedule the varlen
+// planner admits, and auto under either hint, is proven for every length and keeps its bits across timings; symmetric
+// shift is refused by name.
+TEST(VarlenEmulator, RaggedLengthsAtTheTilesOfHeadDims192And256) {
+  struct Tiles {
+    int head_dim;
+    std::vector<SequenceLengths> within, past;
+  };
+  const Tiles cases[] = {
+      {192,
+       {{1, 1}, {63, 63}, {95, 95}, {97, 97}, {191, 191}, {1000, 1000}, {0, 0}, {1000, 97}, {191, 63}},
+       {{1, 95}, {63, 1000}, {97, 191}, {1000, 1}, {0, 97}}},
+      {256,
+       {{1, 1}, {63, 63}, {79, 79}, {81, 81}, {159, 159}, {1000, 1000}, {0, 0}, {1000, 81}, {159, 63}},
+       {{1, 79}, {63, 1000}, {81, 159}, {1000, 1}, {0, 81}}},
+  };
+  for (const Tiles& t : cases) {
+    const TileShape tiles = backward_tile_shape(t.head_dim);
+    ASSERT_NE(tiles.block_kv % tiles.block_q, 0) << "head_dim " << t.head_dim;
+    std::set<Schedule> emulated;
+    for (const bool causal : {false, true}) {
+      for (const SlidingWindow window : {SlidingWindow{}, SlidingWindow{130, -1}}) {
+        for (const bool promise : {true, false}) {
+          const std::vector<SequenceLengths>& lengths = promise ? t.within : t.past;
+          AttentionShape shape = max_shape(static_cast<int>(lengths.size()), causal);
+          shape.seqlen_q = shape.seqlen_k = 1000;
+          const TiledProblem problem = make_emulator_problem(shape, tiles, /*group_splits=*/2, window);
+          const EmulatorInputs inputs = make_varlen_emulator_inputs(shape, lengths, /*seed=*/7, window);
+          for (const Schedule schedule : kAllSchedules) {
+            if (schedule == Schedule::kNondeterministic) continue;
+            for (const bool fill : {true, false}) {
+              if (schedule != Schedule::kAuto && !fill) continue;  // the hint only steers auto
+              SCOPED_TRACE(std::string(schedule_name(schedule)) + " head_dim " + std::to_string(t.head_dim) +
+                           (causal ? " causal" : " full") + " window " + std::to_string(window.left) +
+                           (promise ? " keys within queries" : " keys past queries") +
+                           (fill ? "" : ", lengths below the maxima"));
+              const VarlenPlanResult planned = plan_varlen_schedule(problem, promise, fill, schedule, 9);
+              if (schedule == Schedule::kAuto) {
+                ASSERT_TRUE(planned.ok()) << planned.rejected;
+                EXPECT_NE(planned.plan.plan.kind, Schedule::kSymmetricShift);
+              }
+              if (schedule == Schedule::kSymmetricShift && causal && promise && window.left < 0) {
+                EXPECT_NE(planned.rejected.find("symmetric-shift needs block_kv to be a multiple of block_q"),
+                          std::string::npos)
+                    << planned.rejected;
+              }
+              if (!planned.ok()) continue;
+              ASSERT_TRUE(prove_varlen_plan(planned.plan).ok()) << prove_varlen_plan(planned.plan).summary;
+              const EmulationResult r = emulate_varlen(inputs, planned.plan, options(5));
+              ASSERT_TRUE(r.completed) << r.error;
+              EXPECT_TRUE(r.bitwise_identical);
+              EXPECT_LT(r.max_rel_error(), kFloat32Tolerance)
+                  << "dq " << r.error_vs_reference.dq << " dk " << r.error_vs_reference.dk << " dv "
+                  << r.error_vs_reference.dv;
+              emulated.insert(planned.plan.plan.kind);
             }
-            if (schedule == Schedule::kSymmetricShift && causal && promise && window.left < 0) {
-              EXPECT_NE(planned.rejected.find("symmetric-shift needs block_kv to be a multiple of block_q"),
-                        std::string::npos)
-                  << planned.rejected;
-            }
-            if (!planned.ok()) continue;
-            ASSERT_TRUE(prove_varlen_plan(planned.plan).ok()) << prove_varlen_plan(planned.plan).summary;
-            const EmulationResult r = emulate_varlen(inputs, planned.plan, options(5));
-            ASSERT_TRUE(r.completed) << r.error;
-            EXPECT_TRUE(r.bitwise_identical);
-            EXPECT_LT(r.max_rel_error(), kFloat32Tolerance)
-                << "dq " << r.error_vs_reference.dq << " dk " << r.error_vs_reference.dk << " dv "
-                << r.error_vs_reference.dv;
-            emulated.insert(planned.plan.plan.kind);
           }
         }
       }
     }
+    EXPECT_EQ(emulated, (std::set<Schedule>{Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
+                                            Schedule::kShift}))
+        << "head_dim " << t.head_dim;
   }
-  EXPECT_EQ(emulated, (std::set<Schedule>{Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
-                                          Schedule::kShift}));
 }
 
 // The dynamic schedules take any lengths: keys past queries, under the causal mask and a sliding window.

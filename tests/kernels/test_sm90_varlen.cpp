@@ -6,13 +6,13 @@
 //   wide tiles), full, causal (bottom-right aligned per sequence) and sliding windows, GQA and MQA, and softcap alone,
 //   with causal, with a window and on the long batch (the softcap instances' varlen kernels), at every head dim:
 //   64 and 128 on the row-split backward, 96 on its 64 x 48 dQ partials, 192 and 256 on the narrower forward key
-//   tiles (128x112, 128x80) and the key-split and head_dim-split backward. Outputs start poisoned (NaN): every element
+//   tiles (128x112, 128x80) and the key-split backward (64x96, 64x80). Outputs start poisoned (NaN): every element
 //   of every sequence must be written, the padding rows after the last sequence must come out cleared (0, LSE -inf),
 //   and a second run repeats the bits.
 // - Sm90Varlen, backward: every schedule the varlen planner admits for the batch (ascending, descending,
 //   shortest-first and nondeterministic always; shift and symmetric shift where the batch keeps the promise
-//   seqlen_k <= seqlen_q), each on poisoned gradients: every element of every sequence written and matching the
-//   reference, padding rows cleared to 0.
+//   seqlen_k <= seqlen_q, symmetric shift not at 192 and 256), each on poisoned gradients: every element of every
+//   sequence written and matching the reference, padding rows cleared to 0.
 // - Sm90VarlenContract: offsets that break cu_seqlens' contract neither hang a kernel nor take it outside the
 //   tensors (the kernels clamp each sequence; memcheck runs it in scripts/gpu_run.sh).
 // - Sm90VarlenDeterminism: every deterministic schedule's backward 100 times on adversarial lengths, bit for bit,

@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "planner/dag.hpp"
@@ -374,28 +375,31 @@ TEST(DagVersusSimulation, ShortestFirstNeverStallsOnACausalBand) {
   }
 }
 
-// The same where block_kv is not a multiple of block_q (2x3 tiles, d = 192's 64x96 in small units): the bands' first
-// query tiles then rise by 1 and 2 in turn rather than by a fixed slope, but still strictly, which is all the
-// argument needs (tile k + 1 reaches v at least one step before tile k), so auto's choice under a window holds there.
+// The same where block_kv is not a multiple of block_q (2x3 and 4x5 tiles, d = 192's 64x96 and d = 256's 64x80 in
+// small units): the bands' first query tiles then rise by 1 and 2 in turn (2x3) or by 1, 1, 1 and 2 (4x5) rather than
+// by a fixed slope, but still strictly, which is all the argument needs (tile k + 1 reaches v at least one step before
+// tile k), so auto's choice under a window holds there.
 TEST(DagVersusSimulation, ShortestFirstNeverStallsOnACausalBandOfUnevenTiles) {
-  std::mt19937 rng(31);
-  std::uniform_int_distribution<int> heads(1, 4), kv_tiles(1, 16), sms(1, 30), extra(0, 5);
   const CostModel costs{1.0, 0.25, 0.0};
-  for (int iter = 0; iter < 200; ++iter) {
-    TiledProblem p = abstract_problem(heads(rng), 1, 1, true);
-    p.block_q = 2;
-    p.block_kv = 3;
-    p.seqlen_k = 3 * kv_tiles(rng) - iter % 3;
-    p.seqlen_q = p.seqlen_k + extra(rng);  // seqlen_q >= seqlen_k: every band starts after the previous one's
-    p.group_size = 1 + iter % 2;
-    p.window = {std::uniform_int_distribution<int>(0, 2 * p.seqlen_k)(rng), kNoWindowBound};
-    const ExpandedSchedule s = expand_schedule(must_plan(p, Schedule::kShortestFirst, sms(rng)));
-    ASSERT_EQ(validate_schedule(s).summary(), "valid") << "iter " << iter;
-    const SimulationResult sim = simulate(s, costs);
-    ASSERT_TRUE(sim.completed) << sim.stuck;
-    const DagAnalysis dag = analyze_dag(s, sim.cta_jobs, costs);
-    EXPECT_EQ(dag.lemma_violations, 0) << "iter " << iter;
-    EXPECT_DOUBLE_EQ(dag.critical_path, sim.makespan) << "iter " << iter;
+  for (const auto& [block_q, block_kv] : {std::pair<int, int>{2, 3}, std::pair<int, int>{4, 5}}) {
+    std::mt19937 rng(31);
+    std::uniform_int_distribution<int> heads(1, 4), kv_tiles(1, 16), sms(1, 30), extra(0, 5);
+    for (int iter = 0; iter < 200; ++iter) {
+      TiledProblem p = abstract_problem(heads(rng), 1, 1, true);
+      p.block_q = block_q;
+      p.block_kv = block_kv;
+      p.seqlen_k = block_kv * kv_tiles(rng) - iter % block_kv;
+      p.seqlen_q = p.seqlen_k + extra(rng);  // seqlen_q >= seqlen_k: every band starts after the previous one's
+      p.group_size = 1 + iter % 2;
+      p.window = {std::uniform_int_distribution<int>(0, 2 * p.seqlen_k)(rng), kNoWindowBound};
+      const ExpandedSchedule s = expand_schedule(must_plan(p, Schedule::kShortestFirst, sms(rng)));
+      ASSERT_EQ(validate_schedule(s).summary(), "valid") << block_q << "x" << block_kv << " iter " << iter;
+      const SimulationResult sim = simulate(s, costs);
+      ASSERT_TRUE(sim.completed) << sim.stuck;
+      const DagAnalysis dag = analyze_dag(s, sim.cta_jobs, costs);
+      EXPECT_EQ(dag.lemma_violations, 0) << block_q << "x" << block_kv << " iter " << iter;
+      EXPECT_DOUBLE_EQ(dag.critical_path, sim.makespan) << block_q << "x" << block_kv << " iter " << iter;
+    }
   }
 }
 

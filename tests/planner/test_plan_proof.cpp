@@ -296,17 +296,18 @@ TEST(PlanProof, StaircaseUnderStaticDispatchIsValidByTheStreamedValidator) {
 
 // The key/value-order schedules' structural proof holds whatever the lengths (kv_order_proof.hpp, "Any
 // lengths"): every plan of them, for every pair of sequence lengths from one row to past three tiles (the tiles of
-// head dims 64, 128 and 192, whose 64x96 has block_kv not a multiple of block_q; every remainder class of
-// interest), under the full and causal masks and sliding windows, with GQA split or not, is proven by structure,
-// and the expanding validator agrees. This is what lets a packed batch (varlen) plan each sequence's jobs from the
-// maximum length alone.
+// head dims 64, 128, 192 and 256, whose 64x96 and 64x80 have block_kv not a multiple of block_q; every remainder
+// class of interest), under the full and causal masks and sliding windows, with GQA split or not, is proven by
+// structure, and the expanding validator agrees. This is what lets a packed batch (varlen) plan each sequence's jobs
+// from the maximum length alone.
 TEST(PlanProof, KeyValueOrderPlansOfEveryLengthAreProvenByStructure) {
-  const int lengths[] = {1, 2, 63, 64, 65, 95, 96, 97, 127, 128, 129, 191, 192, 255, 256, 257, 300, 383, 384, 385, 450};
+  const int lengths[] = {1,   2,   63,  64,  65,  79,  80,  81,  95,  96,  97,  127, 128, 129, 159, 160,
+                         161, 191, 192, 255, 256, 257, 300, 383, 384, 385, 450};
   const SlidingWindow windows[] = {{-1, -1}, {0, 0}, {1, -1}, {-1, 1}, {64, 0}, {100, 50}, {0, 200}, {300, -1}};
   const Schedule kv_order[] = {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
                                Schedule::kNondeterministic};
   int proven = 0;
-  for (int head_dim : {64, 128, 192}) {
+  for (int head_dim : {64, 128, 192, 256}) {
     for (int group : {1, 4}) {
       for (int seqlen_q : lengths) {
         for (int seqlen_k : lengths) {
@@ -328,56 +329,64 @@ TEST(PlanProof, KeyValueOrderPlansOfEveryLengthAreProvenByStructure) {
       }
     }
   }
-  EXPECT_EQ(proven, 3 * 2 * 21 * 21 * 2 * 8 * 4);
+  EXPECT_EQ(proven, 4 * 2 * 27 * 27 * 2 * 8 * 4);
 }
 
-// d = 192's 64x96 tiles, whose block_kv is not a multiple of block_q: the causal bands' first query tiles step by 1 and
-// 2 in turn, not by a fixed stride. Every plan the planner makes of every schedule, on ragged lengths (inside one
-// tile, one short of or past either tile), seqlen_q != seqlen_k both ways, GQA split or not, full, causal and windowed
-// masks and small SM counts, is proven by prove_plan, the enumeration (by_structure off) and the expanding validator
-// alike; the key/value-order schedules and shift by structure. Symmetric shift is refused by name under the causal
-// mask, and auto's choice is always planned.
-TEST(PlanProof, EveryPlanAtTheTilesOfHeadDim192IsProven) {
-  const TileShape tiles = backward_tile_shape(192);
-  ASSERT_EQ(tiles.block_q, 64);
-  ASSERT_EQ(tiles.block_kv, 96);
-  const int lengths[] = {1, 63, 95, 97, 191, 1000};
+// d = 192's 64x96 and d = 256's 64x80 tiles, whose block_kv is not a multiple of block_q: the causal bands' first
+// query tiles step by 1 and 2 in turn, not by a fixed stride. Every plan the planner makes of every schedule, on
+// ragged lengths (inside one tile, one short of or past either tile; 1000 gives 11 or 13 key/value tiles, an odd
+// count), seqlen_q != seqlen_k both ways, GQA split or not, full, causal and windowed masks and small SM counts, is
+// proven by prove_plan, the enumeration (by_structure off) and the expanding validator alike; the key/value-order
+// schedules and shift by structure. Symmetric shift is refused by name under the causal mask, and auto's choice is
+// always planned.
+TEST(PlanProof, EveryPlanAtTheTilesOfHeadDims192And256IsProven) {
+  struct Tiles {
+    int head_dim, block_kv;
+    int lengths[6];
+  };
+  const Tiles cases[] = {{192, 96, {1, 63, 95, 97, 191, 1000}}, {256, 80, {1, 63, 79, 81, 159, 1000}}};
   const SlidingWindow windows[] = {{-1, -1}, {0, 0}, {130, -1}, {100, 50}};
-  std::map<Schedule, int> proven;
-  for (int group : {1, 4}) {
-    for (int seqlen_q : lengths) {
-      for (int seqlen_k : lengths) {
-        for (bool causal : {false, true}) {
-          for (const SlidingWindow& window : windows) {
-            const AttentionShape shape = make_shape(2, 2, group, seqlen_q, seqlen_k, 192, causal);
-            const TiledProblem problem = make_tiled_problem(shape, window, group == 1 ? 1 : 2);
-            ASSERT_EQ(problem.block_kv, 96);
-            for (const int sms : {5, 132}) {
-              ASSERT_TRUE(plan_schedule(problem, Schedule::kAuto, sms).ok()) << "auto, " << sms << " SMs";
-              for (Schedule schedule : kSchedules) {
-                const PlanResult planned = make_schedule_plan(problem, schedule, sms);
-                if (schedule == Schedule::kSymmetricShift && problem.causal) {
-                  EXPECT_NE(planned.rejected.find("symmetric-shift needs block_kv to be a multiple of block_q"),
-                            std::string::npos)
-                      << planned.rejected;
+  for (const Tiles& t : cases) {
+    SCOPED_TRACE("head_dim " + std::to_string(t.head_dim));
+    const TileShape tiles = backward_tile_shape(t.head_dim);
+    ASSERT_EQ(tiles.block_q, 64);
+    ASSERT_EQ(tiles.block_kv, t.block_kv);
+    std::map<Schedule, int> proven;
+    for (int group : {1, 4}) {
+      for (int seqlen_q : t.lengths) {
+        for (int seqlen_k : t.lengths) {
+          for (bool causal : {false, true}) {
+            for (const SlidingWindow& window : windows) {
+              const AttentionShape shape = make_shape(2, 2, group, seqlen_q, seqlen_k, t.head_dim, causal);
+              const TiledProblem problem = make_tiled_problem(shape, window, group == 1 ? 1 : 2);
+              ASSERT_EQ(problem.block_kv, t.block_kv);
+              for (const int sms : {5, 132}) {
+                ASSERT_TRUE(plan_schedule(problem, Schedule::kAuto, sms).ok()) << "auto, " << sms << " SMs";
+                for (Schedule schedule : kSchedules) {
+                  const PlanResult planned = make_schedule_plan(problem, schedule, sms);
+                  if (schedule == Schedule::kSymmetricShift && problem.causal) {
+                    EXPECT_NE(planned.rejected.find("symmetric-shift needs block_kv to be a multiple of block_q"),
+                              std::string::npos)
+                        << planned.rejected;
+                  }
+                  if (!planned.ok()) continue;
+                  const PlanProof proof = prove_plan(planned.plan);
+                  ASSERT_EQ(proof.summary, "valid") << describe(planned.plan);
+                  EXPECT_TRUE(proof.stats.by_structure) << describe(planned.plan);
+                  ASSERT_EQ(prove_plan(planned.plan, in_chunks(2)).summary, "valid") << describe(planned.plan);
+                  ASSERT_EQ(full_report(planned.plan), "valid") << describe(planned.plan);
+                  ++proven[schedule];
                 }
-                if (!planned.ok()) continue;
-                const PlanProof proof = prove_plan(planned.plan);
-                ASSERT_EQ(proof.summary, "valid") << describe(planned.plan);
-                EXPECT_TRUE(proof.stats.by_structure) << describe(planned.plan);
-                ASSERT_EQ(prove_plan(planned.plan, in_chunks(2)).summary, "valid") << describe(planned.plan);
-                ASSERT_EQ(full_report(planned.plan), "valid") << describe(planned.plan);
-                ++proven[schedule];
               }
             }
           }
         }
       }
     }
+    EXPECT_EQ(proven.count(Schedule::kSymmetricShift), 0U);
+    EXPECT_GT(proven[Schedule::kShift], 0);
+    EXPECT_EQ(proven[Schedule::kAscending], 2 * 6 * 6 * 2 * 4 * 2);
   }
-  EXPECT_EQ(proven.count(Schedule::kSymmetricShift), 0U);
-  EXPECT_GT(proven[Schedule::kShift], 0);
-  EXPECT_EQ(proven[Schedule::kAscending], 2 * 6 * 6 * 2 * 4 * 2);
 }
 
 TEST(PlanProof, PlanWithoutCtasIsRejected) {

@@ -178,8 +178,8 @@ std::vector<std::vector<SequenceLengths>> adversarial(int sequences, int max_len
   return vectors;
 }
 
-// Every head dim's tiles, d = 192's 64x96 among them (block_kv not a multiple of block_q), where the planner refuses
-// symmetric shift by name.
+// Every head dim's tiles, d = 192's 64x96 and d = 256's 64x80 among them (block_kv not a multiple of block_q), where
+// the planner refuses symmetric shift by name.
 TEST(Varlen, AdversarialLengthsAtKernelTilesAreValid) {
   for (const int head_dim : {64, 128, 192, 256}) {
     const TileShape tiles = backward_tile_shape(head_dim);
@@ -222,23 +222,27 @@ TEST(Varlen, RefusesWhatIsNotProvenForEveryLength) {
   const TiledProblem tall_q = problem(2, 1, 1, 1, 512, 512, false, TileShape{64, 32});
   EXPECT_NE(plan_varlen_schedule(tall_q, true, true, Schedule::kShift, 4).rejected.find("block_q <= block_kv"),
             std::string::npos);
-  // Tiles whose block_kv is not a multiple of block_q (d = 192's 64x96): symmetric shift is refused with the rule,
-  // and auto never picks it.
-  const TiledProblem uneven = problem(2, 1, 1, 1, 1000, 1000, true, TileShape{64, 96});
-  EXPECT_NE(plan_varlen_schedule(uneven, true, true, Schedule::kSymmetricShift, 4)
-                .rejected.find("symmetric-shift needs block_kv to be a multiple of block_q, and the backward's tiles "
-                               "at this head dim are 64x96"),
-            std::string::npos);
+  // Tiles whose block_kv is not a multiple of block_q (d = 192's 64x96, d = 256's 64x80): symmetric shift is refused
+  // with the rule, and auto never picks it.
   const VarlenPlan by_hand{make_schedule_plan(problem(2, 1, 1, 1, 1000, 1000, true, TileShape{64, 128}),
                                               Schedule::kSymmetricShift, 4)
                                .plan,
                            true};
-  VarlenPlan uneven_by_hand = by_hand;
-  uneven_by_hand.plan.problem.block_kv = 96;
-  EXPECT_NE(prove_varlen_plan(uneven_by_hand).summary.find("multiple of block_q"), std::string::npos);
-  for (const bool promise : {false, true}) {
-    EXPECT_EQ(plan_varlen_schedule(uneven, promise, true, Schedule::kAuto, 4).plan.plan.kind,
-              Schedule::kShortestFirst);
+  for (const int block_kv : {96, 80}) {
+    SCOPED_TRACE(block_kv);
+    const TiledProblem uneven = problem(2, 1, 1, 1, 1000, 1000, true, TileShape{64, block_kv});
+    EXPECT_NE(plan_varlen_schedule(uneven, true, true, Schedule::kSymmetricShift, 4)
+                  .rejected.find("symmetric-shift needs block_kv to be a multiple of block_q, and the backward's "
+                                 "tiles at this head dim are 64x" +
+                                 std::to_string(block_kv)),
+              std::string::npos);
+    VarlenPlan uneven_by_hand = by_hand;
+    uneven_by_hand.plan.problem.block_kv = block_kv;
+    EXPECT_NE(prove_varlen_plan(uneven_by_hand).summary.find("multiple of block_q"), std::string::npos);
+    for (const bool promise : {false, true}) {
+      EXPECT_EQ(plan_varlen_schedule(uneven, promise, true, Schedule::kAuto, 4).plan.plan.kind,
+                Schedule::kShortestFirst);
+    }
   }
   // auto falls back to ascending where its choice (shift, full mask) is refused without the promise.
   EXPECT_EQ(plan_varlen_schedule(full, false, true, Schedule::kAuto, 4).plan.plan.kind, Schedule::kAscending);

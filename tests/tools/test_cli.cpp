@@ -240,8 +240,8 @@ TEST(Cli, PlanRefusesAHeadDimTheLibraryRefuses) {
                            "192, 256}, got 80"));
 }
 
-// plan models the backward, which the library has at every supported head dim (at 192 and 256 since the
-// head_dim-split kernels, on their 64x96 and 64x64 tiles).
+// plan models the backward, which the library has at every supported head dim (at 192 and 256 on the key split's
+// 64x96 and 64x80 tiles).
 TEST(Cli, PlanTakesEveryBackwardHeadDim) {
   for (const char* head_dim : {"96", "192", "256"}) {
     const Output out = run(std::string("plan --batch 2 --heads 8 --seqlen 1024 --head-dim ") + head_dim);
@@ -887,63 +887,80 @@ TEST(Cli, ProveEverySchedule) {
   EXPECT_NE(one.text.find("\nshift "), std::string::npos) << "auto runs shift on short full-mask heads: " << one.text;
 }
 
-// The backward's tiles at d = 192 (64x96) and 256 (64x64) plan and prove under every schedule they admit: all at
-// 64x64, all but symmetric shift at 64x96, whose block_kv is not a multiple of block_q (the line names the rule).
+// The backward's tiles at d = 192 (64x96) and 256 (64x80) plan and prove under every schedule they admit: all but
+// symmetric shift, whose stride needs block_kv a multiple of block_q (the line names the rule).
 TEST(Cli, ProveTakesHeadDims192And256) {
-  using Expected = std::pair<const char*, int>;  // head dim, schedules proven
-  for (const auto& [head_dim, expected] : {Expected{"192", 4}, Expected{"256", 5}}) {
+  using Expected = std::pair<const char*, const char*>;  // head dim, its tiles
+  for (const auto& [head_dim, tiles] : {Expected{"192", "64x96"}, Expected{"256", "64x80"}}) {
     const Output out = run(
         std::string("prove --batch 2 --heads 8 --heads-kv 4 --seqlen 1000 --causal --sms 13 --reference --head-dim ") +
         head_dim);
     ASSERT_EQ(out.status, 0) << head_dim << ": " << out.text;
     std::istringstream lines(out.text);
     int proven = 0;
+    int refused_symmetric = 0;
     for (std::string line; std::getline(lines, line);) {
       if (line.find("  valid") != std::string::npos) ++proven;
       EXPECT_EQ(line.find("disagrees"), std::string::npos) << line;
-      if (line.rfind("symmetric-shift ", 0) == 0 && expected == 4) {
-        EXPECT_NE(line.find("not planned: symmetric-shift needs block_kv to be a multiple of block_q, and the "
-                            "backward's tiles at this head dim are 64x96"),
+      if (line.rfind("symmetric-shift ", 0) == 0) {
+        EXPECT_NE(line.find(std::string("not planned: symmetric-shift needs block_kv to be a multiple of block_q, and "
+                                        "the backward's tiles at this head dim are ") +
+                            tiles),
                   std::string::npos)
             << line;
+        ++refused_symmetric;
       }
     }
-    EXPECT_EQ(proven, expected) << head_dim << ": " << out.text;
+    EXPECT_EQ(proven, 4) << head_dim << ": " << out.text;
+    EXPECT_EQ(refused_symmetric, 1) << head_dim << ": " << out.text;
   }
 }
 
-// At d = 192 plan refuses symmetric shift with the rule (exit 1, the planner's message on stderr) and names the
-// schedules the tiles admit; auto picks shortest-first. emulate runs every accepted schedule on a ragged varlen batch
-// at the 64x96 tiles with the same bits in every run.
-TEST(Cli, HeadDim192RefusesSymmetricShiftAndEmulatesTheOthers) {
-  const std::string shape = "--head-dim 192 --heads 2 --seqlen 1000 --causal ";
-  const Output refused = run("plan " + shape + "--schedule symmetric-shift", /*want_stderr=*/true);
-  EXPECT_EQ(refused.status, 1) << refused.text;
-  EXPECT_NE(refused.text.find("dash-attn plan: symmetric-shift: symmetric-shift needs block_kv to be a multiple of "
-                              "block_q, and the backward's tiles at this head dim are 64x96 (block_q x block_kv)"),
-            std::string::npos)
-      << refused.text;
-  const Output every = run("plan " + shape);
-  ASSERT_EQ(every.status, 0) << every.text;
-  EXPECT_NE(every.text.find("tiles:   block_q 64, block_kv 96; 11 key/value x 16 query tiles"), std::string::npos)
-      << every.text;
-  EXPECT_NE(every.text.find("auto picks:  shortest-first"), std::string::npos) << every.text;
-  EXPECT_NE(every.text.find("use shortest-first or descending for causal"), std::string::npos) << every.text;
-  for (const char* mask : {"--causal", "--window-left 100"}) {
-    SCOPED_TRACE(mask);
-    const Output out = run(std::string("emulate --head-dim 192 --heads 2 --sms 7 --keys-within-queries --json ") +
-                           "--runs 3 --max-delay-us 20 --cu-seqlens 0,1,64,159,256,447 " + mask);
-    ASSERT_EQ(out.status, 0) << out.text;
-    const Json report = parse_json(out.text);
-    EXPECT_TRUE(report["ok"].boolean);
-    for (const char* name : {"ascending", "descending", "shortest-first"}) {
-      SCOPED_TRACE(name);
-      const Json& s = find_schedule(report, name);
-      EXPECT_TRUE(s["valid"].boolean) << s["reason"].string;
-      EXPECT_TRUE(s["bitwise_identical"].boolean);
-      EXPECT_TRUE(s["within_tolerance"].boolean);
+// At d = 192 and 256 plan refuses symmetric shift with the rule (exit 1, the planner's message on stderr) and names
+// the schedules the tiles admit; auto picks shortest-first. emulate runs every accepted schedule on a ragged varlen
+// batch at the 64x96 and 64x80 tiles (lengths 1, 63 and one short of, one past and one short of two key tiles) with
+// the same bits in every run.
+TEST(Cli, HeadDims192And256RefuseSymmetricShiftAndEmulateTheOthers) {
+  struct Expected {
+    const char* head_dim;
+    const char* tiles;
+    const char* tile_counts;
+    const char* cu_seqlens;
+  };
+  for (const Expected& e :
+       {Expected{"192", "64x96", "block_q 64, block_kv 96; 11 key/value x 16 query tiles", "0,1,64,159,256,447"},
+        Expected{"256", "64x80", "block_q 64, block_kv 80; 13 key/value x 16 query tiles", "0,1,64,143,224,383"}}) {
+    SCOPED_TRACE(e.head_dim);
+    const std::string shape = std::string("--head-dim ") + e.head_dim + " --heads 2 --seqlen 1000 --causal ";
+    const Output refused = run("plan " + shape + "--schedule symmetric-shift", /*want_stderr=*/true);
+    EXPECT_EQ(refused.status, 1) << refused.text;
+    EXPECT_NE(refused.text.find(std::string("dash-attn plan: symmetric-shift: symmetric-shift needs block_kv to be a "
+                                            "multiple of block_q, and the backward's tiles at this head dim are ") +
+                                e.tiles + " (block_q x block_kv)"),
+              std::string::npos)
+        << refused.text;
+    const Output every = run("plan " + shape);
+    ASSERT_EQ(every.status, 0) << every.text;
+    EXPECT_NE(every.text.find(std::string("tiles:   ") + e.tile_counts), std::string::npos) << every.text;
+    EXPECT_NE(every.text.find("auto picks:  shortest-first"), std::string::npos) << every.text;
+    EXPECT_NE(every.text.find("use shortest-first or descending for causal"), std::string::npos) << every.text;
+    for (const char* mask : {"--causal", "--window-left 100"}) {
+      SCOPED_TRACE(mask);
+      const Output out = run(std::string("emulate --head-dim ") + e.head_dim +
+                             " --heads 2 --sms 7 --keys-within-queries --json --runs 3 --max-delay-us 20 " +
+                             "--cu-seqlens " + e.cu_seqlens + " " + mask);
+      ASSERT_EQ(out.status, 0) << out.text;
+      const Json report = parse_json(out.text);
+      EXPECT_TRUE(report["ok"].boolean);
+      for (const char* name : {"ascending", "descending", "shortest-first"}) {
+        SCOPED_TRACE(name);
+        const Json& s = find_schedule(report, name);
+        EXPECT_TRUE(s["valid"].boolean) << s["reason"].string;
+        EXPECT_TRUE(s["bitwise_identical"].boolean);
+        EXPECT_TRUE(s["within_tolerance"].boolean);
+      }
+      EXPECT_FALSE(find_schedule(report, "symmetric-shift")["valid"].boolean);
     }
-    EXPECT_FALSE(find_schedule(report, "symmetric-shift")["valid"].boolean);
   }
 }
 
