@@ -145,8 +145,8 @@ TYPED_TEST(ValidateBoth, AcceptsFp16) {
   EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape))));
 }
 
-// The backward's head dims (kBackwardHeadDims) are every supported one since the head_dim-split kernels at 192 and
-// 256; ValidateBackward refuses the others (RefusesHeadDimsWithoutABackwardKernel).
+// The backward's head dims (kBackwardHeadDims) are every supported one since the backward kernels at 192 and 256;
+// ValidateBackward refuses the others (RefusesHeadDimsWithoutABackwardKernel).
 TYPED_TEST(ValidateBoth, AcceptsEverySupportedHeadDim) {
   const std::span<const int> head_dims =
       std::is_same_v<TypeParam, BackwardArgs> ? std::span<const int>(kBackwardHeadDims) : kSupportedHeadDims;
@@ -536,7 +536,7 @@ TEST(ValidateBackward, AcceptsEverySchedule) {
   }
 }
 
-// 192 and 256, refused until their backward kernels (the head_dim split), are taken like the others (their plans:
+// 192 and 256, refused until they had backward kernels (now the key split's), are taken like the others (their plans:
 // api/test_backward_plan.cpp).
 TEST(ValidateBackward, AcceptsHeadDims192And256) {
   for (int64_t head_dim : {192, 256}) {
