@@ -106,7 +106,7 @@ def flash_attn_func(
     sm_margin (as in FlashAttention-3) leaves that many SMs to other work, such as communication kernels that run
     at the same time: the kernels' persistent grids use at most the device's SM count - sm_margin SMs, and the
     backward is planned for that many. 0 <= sm_margin < SM count. The bits of the ascending, descending and
-    shortest-first schedules do not depend on it; those of "shift" and "symmetric-shift" (which "auto" may pick)
+    shortest-first schedules do not depend on it; those of "shift" (which "auto" may pick) and "symmetric-shift"
     are those of a device with that many SMs, so a run must use the same margin to reproduce another's bits.
 
     Returns out (batch, seqlen_q, heads_q, head_dim); with return_attn_probs=True, (out, softmax_lse, S_dmask)

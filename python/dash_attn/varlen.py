@@ -557,7 +557,7 @@ def flash_attn_varlen_func(
     kernels).
 
     Passing one tensor as both cu_seqlens_q and cu_seqlens_k (self-attention) promises seqlen_k <= seqlen_q per
-    sequence, which lets schedule="auto" pick the shift schedules; schedule="shift" or "symmetric-shift" without it
+    sequence, which lets schedule="auto" pick shift; schedule="shift" or "symmetric-shift" without it
     is refused, naming the rule. deterministic and schedule are flash_attn_func's: every schedule but
     "nondeterministic" (deterministic=False) gives bitwise identical gradients from run to run.
 
