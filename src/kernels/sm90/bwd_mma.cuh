@@ -299,8 +299,8 @@ struct BackwardMma {
         // dQ's first column block, then dK^T, which runs while the block is stored and the others (d = 256) computed.
         Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
         static_assert(size<2>(tdQrdQ) == Config::kdQColumnBlocks, "one accumulator block per dQ column block");
-        Tensor tdQrdQ0 = accumulator_block(tdQrdQ, 0);
-        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), operand_b_block(tdQrKt, 0), tdQrdQ0);
+        Tensor tdQrdQ0 = mode_block<2>(tdQrdQ, 0);
+        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), mode_block<1>(tdQrKt, 0), tdQrdQ0);
         warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
         if constexpr (!Config::kSharesPdS) {
           warpgroup_wait<2>();  // dV^T done: dO's stage is free
@@ -311,8 +311,8 @@ struct BackwardMma {
         // The other blocks (d = 256) one at a time, each stored before the next is computed.
         for_each(make_int_sequence<Config::kdQColumnBlocks>{}, [&](auto block) {
           if constexpr (decltype(block)::value > 0) {
-            Tensor tdQrdQb = accumulator_block(tdQrdQ, block);
-            warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), operand_b_block(tdQrKt, block), tdQrdQb);
+            Tensor tdQrdQb = mode_block<2>(tdQrdQ, block);
+            warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), mode_block<1>(tdQrKt, block), tdQrdQb);
             warpgroup_wait<0>();
             store_dq(smem, tdQrdQb, warp_group, thread, steps, block);
           }

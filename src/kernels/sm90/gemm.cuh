@@ -54,16 +54,18 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, const TensorA& a, 
   if constexpr (kAInRegisters) warpgroup_fence_operand(const_cast<TensorA&>(a));
 }
 
-// Column block n of a warpgroup GEMM's B operand (MMA, N, K) or accumulator (MMA, M, N): the same tensor with that
-// mode cut to block n alone. warpgroup_gemm over such blocks computes only those columns and fences only their
-// accumulator registers, so a caller that stores each block before computing the next keeps one block live.
-template <class TensorB>
-__device__ __forceinline__ auto operand_b_block(const TensorB& b, int n) {
-  return make_tensor(b(_, n, _).data(), make_layout(layout<0>(b), Layout<_1>{}, layout<2>(b)));
-}
-template <class TensorC>
-__device__ __forceinline__ auto accumulator_block(TensorC& c, int n) {
-  return make_tensor(c(_, _, n).data(), make_layout(layout<0>(c), layout<1>(c), Layout<_1>{}));
+// Block i of mode kMode (1 or 2) of a warpgroup GEMM's operand (MMA, M, K) or (MMA, N, K) or accumulator
+// (MMA, M, N): the same tensor with that mode cut to block i alone. warpgroup_gemm over such blocks computes only
+// those rows or columns and fences only their accumulator registers, so a caller that stores each block of an
+// accumulator before computing the next keeps one block live.
+template <int kMode, class T>
+__device__ __forceinline__ auto mode_block(T&& t, int i) {
+  static_assert(kMode == 1 || kMode == 2, "modes 1 and 2 are the GEMM's rows or columns");
+  if constexpr (kMode == 1) {
+    return make_tensor(t(_, i, _).data(), make_layout(layout<0>(t), Layout<_1>{}, layout<2>(t)));
+  } else {
+    return make_tensor(t(_, _, i).data(), make_layout(layout<0>(t), layout<1>(t), Layout<_1>{}));
+  }
 }
 
 // The warpgroup index of MMA thread `thread`, made warp-uniform. The compiler cannot prove that
