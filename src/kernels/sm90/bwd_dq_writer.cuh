@@ -1,4 +1,4 @@
-// Backward producer, warp 1: sums each step's dQ partial into the fp32 dQ accumulator in global
+// Backward producer, warp 1 (one lane, bwd_kernel.cuh says why): sums each step's dQ partial into the fp32 dQ accumulator in global
 // memory, in the order the schedule fixes. It is the only role that ever waits on another CTA, so
 // the MMA warpgroups stall on an ordering wait only when the single dQ buffer is still occupied.
 //
@@ -26,7 +26,6 @@ struct BackwardDqWriter {
   using SharedStorage = typename Config::SharedStorage;
 
   __device__ static void run(const Params& p, SharedStorage& smem) {
-    const bool leader = lane_index() == 0;
     constexpr int kTileFloats = Config::kBlockM * Config::kHeadDim;
     constexpr int kPartialBytes = Config::kdQPartialFloats * sizeof(float);
     int steps = 0;
@@ -37,33 +36,30 @@ struct BackwardDqWriter {
         for (auto& partial : smem.dq_stages) partial.consumer_wait(steps, "dq_full");
         // Read only now: the record is published before the step's data, which dq_full comes after.
         const StepRecord step = smem.steps[steps % Config::kStepRing];
-        if (leader) {
-          float* tile = p.buffers.dq_accum + static_cast<int64_t>(step.dq_index) * kTileFloats;
-          int* semaphore = p.buffers.dq_semaphores + step.dq_index;
-          if (step.rank != kUnordered && !wait_semaphore(semaphore, step.rank, p.buffers.order_abandoned, p.wait_bound_ns)) {
-            abandon_order(p, step, semaphore);
-          }
-          for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
-            float* dst = tile + wg * Config::kdQPartialFloats;
-            const float* src = smem.dq.data() + wg * Config::kdQPartialFloats;
-            if (step.rank == 0) {
-              bulk_store(dst, src, kPartialBytes);
-            } else {
-              bulk_reduce_add_f32(dst, src, kPartialBytes);
-            }
-          }
-          bulk_commit_group();
-          bulk_wait_read_all();
-          for (auto& partial : smem.dq_stages) partial.consumer_release(steps);
-          if (step.rank != kUnordered) {
-            bulk_wait_complete_all();
-            release_semaphore(semaphore);
+        float* tile = p.buffers.dq_accum + static_cast<int64_t>(step.dq_index) * kTileFloats;
+        int* semaphore = p.buffers.dq_semaphores + step.dq_index;
+        if (step.rank != kUnordered && !wait_semaphore(semaphore, step.rank, p.buffers.order_abandoned, p.wait_bound_ns)) {
+          abandon_order(p, step, semaphore);
+        }
+        for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
+          float* dst = tile + wg * Config::kdQPartialFloats;
+          const float* src = smem.dq.data() + wg * Config::kdQPartialFloats;
+          if (step.rank == 0) {
+            bulk_store(dst, src, kPartialBytes);
+          } else {
+            bulk_reduce_add_f32(dst, src, kPartialBytes);
           }
         }
-        __syncwarp();
+        bulk_commit_group();
+        bulk_wait_read_all();
+        for (auto& partial : smem.dq_stages) partial.consumer_release(steps);
+        if (step.rank != kUnordered) {
+          bulk_wait_complete_all();
+          release_semaphore(semaphore);
+        }
       }
     }
-    if (leader) bulk_wait_complete_all();
+    bulk_wait_complete_all();
   }
 
  private:

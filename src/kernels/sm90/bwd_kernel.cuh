@@ -14,13 +14,15 @@ namespace dash::sm90 {
 
 template <class Config>
 __device__ void init_backward_barriers(typename Config::SharedStorage& smem) {
-  constexpr int kWriterThreads = 32;
+  // The loader and the dQ writer are one thread each. A thread that waits on a full barrier without arriving on its
+  // empty barrier (as the writer's other 31 lanes did) does not hold the producer back: once the next use of the
+  // stage completes the barrier again, the phase it waits for has come round unfinished, and it waits forever.
   constexpr int kLoaderThreads = 1;
-  constexpr int kWriterLeaders = 1;  // the dQ writer's lane 0 frees the partial buffers
+  constexpr int kWriterThreads = 1;
   smem.step_rings.init(kLoaderThreads, Config::kMmaThreads);
   smem.kv_stages.init(kLoaderThreads, Config::kMmaThreads);
   smem.jobs.init(Config::kMmaThreads + kWriterThreads);
-  for (auto& partial : smem.dq_stages) partial.init(Config::kWarpGroupThreads, kWriterLeaders);
+  for (auto& partial : smem.dq_stages) partial.init(Config::kWarpGroupThreads, kWriterThreads);
   cutlass::arch::fence_barrier_init();
 }
 
@@ -34,8 +36,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   run_warp_roles<Config>(
       [&] {
+        if (lane_index() != 0) return;
         const int warp = warp_index();
-        if (warp == 0 && lane_index() == 0) BackwardLoader<Config>::run(params, smem);
+        if (warp == 0) BackwardLoader<Config>::run(params, smem);
         if (warp == 1) BackwardDqWriter<Config>::run(params, smem);
       },
       [&](int thread) { BackwardMma<Config>::run(params, smem, thread); });

@@ -9,7 +9,11 @@
 // barrier, reads the stage and arrives on the empty barrier.
 //
 // Invariants: the producer and every consumer visit the same positions in the same order; the full
-// barrier expects `producer_arrivals` arrivals per phase and the empty barrier `consumer_arrivals`.
+// barrier expects `producer_arrivals` arrivals per phase and the empty barrier `consumer_arrivals`; every
+// thread that waits on a full barrier is one of the consumer arrivals on its empty barrier (and every thread
+// that waits on an empty barrier one of the producer arrivals on the full one). A parity wait tells only
+// whether the phase is even or odd, so a waiter that does not hold the other side back can be lapped: the
+// barrier completes its phase and the next, and the waiter waits forever for a phase it missed.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
