@@ -86,8 +86,12 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   static constexpr int kBlockN = backward_tile_shape(kHeadDim).block_kv;
   // d = 192 and 256: the warpgroups split the 64x96 or 64x80 tile's keys (file comment).
   static constexpr bool kSplitsKeys = backward_splits_keys(kHeadDim);
-  // Query pipeline depth: one stage at d = 256, where a second (32 KiB of Q) would need 250 KiB.
-  static constexpr int kStages = kHeadDim > 192 ? 1 : 2;
+  // Query pipeline depth: two stages everywhere. At d = 256 the second fits because the dQ partials go to the dQ
+  // writer by column blocks through a ring of two (kdQBufferStages), 32 KiB where a whole partial pair took 64; with
+  // one Q stage the next step's Q could load only once dK^T was done, and the MMA warpgroups waited on it for 12.6% of
+  // their stall samples (Nsight Compute, d = 256, 4096 tokens, full, 2026-12-03). Both changes together: backward
+  // 1.055-1.066x at d = 256 (docs/PERF.md, fifteenth session).
+  static constexpr int kStages = 2;
   // dO pipeline depth: one stage at d = 192 too, where a second (24 KiB) would need 240 KiB.
   static constexpr int kdOStages = kSplitsKeys ? 1 : kStages;
   static constexpr int kStepRing = 8;       // step records in flight; must exceed kStages + 1 (bwd_loader.cuh)
@@ -147,6 +151,16 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, dQAtomShape, GMMA::Major::MN, GMMA::Major::MN>(), dQWarpGroups{}));
   static constexpr int kdQPartialFloats = kBlockM * kHeadDim / kMmaWarpGroups;  // one warpgroup's dQ partial
+  // The hand-off to the dQ writer goes by column blocks (a block of each warpgroup's partial per position of the dq
+  // ring), kdQBufferStages blocks in flight: at d = 256 the writer reduces the first blocks while the MMA warpgroups
+  // compute the next, where the whole partials (one stage) made them wait for the writer to drain the previous
+  // step's for 19% of their stall samples (Nsight Compute, as above). Elsewhere one block, one stage: the whole
+  // partial. At d = 192 three blocks of 32 columns through the same ring ran 0.90-0.93x (fifteenth session): its
+  // 96-column dQ GEMM split into three N = 32 GEMMs costs more than the earlier hand-off gives back.
+  static constexpr int kdQBlockFloats = kdQPartialFloats / kdQColumnBlocks;  // one warpgroup's block
+  static constexpr int kdQBufferStages = kdQColumnBlocks > 1 ? 2 : 1;
+  // Position of column block `block` of step `steps`'s dQ partials in the dq ring.
+  __device__ static int dq_position(int steps, int block) { return steps * kdQColumnBlocks + block; }
 
   // Shared memory. Q, dO, K, V are K-major (head_dim contiguous) as TMA writes them; the MN-major B
   // operands are transposed views of the same bytes. Rows take the widest swizzle that divides them (gemm.cuh);
@@ -184,14 +198,16 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutdO>> dout;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutdS>> ds;  // and P in the key split
-    alignas(128) array_aligned<float, kBlockM * kHeadDim> dq;  // dQ partials, per warpgroup, fragment order
+    // dQ partials' blocks: (stage, warpgroup, the block in fragment order).
+    alignas(128) array_aligned<float, kdQBufferStages * kMmaWarpGroups * kdQBlockFloats> dq;
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dpsum[kdOStages][kBlockM];
     StepRecord steps[kStepRing];
     RecordRing<JobRecordType, kJobSlots> jobs;  // loader -> MMA warpgroups and dQ writer
     StepRings<kStages, kdOStages> step_rings;   // loader -> MMA warpgroups: Q, LSE, dO, dpsum (per step)
     PipelineRing<1> kv_stages;                  // loader -> MMA warpgroups: K, V (per job)
-    PipelineRing<1> dq_stages[kMmaWarpGroups];  // MMA warpgroup -> dQ writer: its dQ partial (per step)
+    PipelineRing<kdQBufferStages> dq_stages[kMmaWarpGroups];  // MMA warpgroup -> dQ writer: its dQ partial's
+                                                              // column blocks (per step)
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");

@@ -1,13 +1,13 @@
-// Backward producer, warp 1 (one lane, bwd_kernel.cuh says why): sums each step's dQ partial into the fp32 dQ accumulator in global
-// memory, in the order the schedule fixes. It is the only role that ever waits on another CTA, so
-// the MMA warpgroups stall on an ordering wait only when the single dQ buffer is still occupied.
+// Backward producer, warp 1 (one lane, bwd_kernel.cuh says why): sums each step's dQ partial into the fp32 dQ
+// accumulator in global memory, in the order the schedule fixes. It is the only role that ever waits on another CTA,
+// so the MMA warpgroups stall on an ordering wait only when every stage of the dQ ring is still occupied.
 //
-// Per step: wait until both MMA warpgroups' partials are in shared memory; wait until the dQ tile's
-// semaphore equals this contribution's rank; bulk reduce-add both partials (rank 0, the first of the
-// fixed order, stores them instead, so the accumulator needs no zeroing); free the buffers once the
-// copy engine has read them; wait until the writes have completed in global memory; release the
-// semaphore (rank + 1). Nondeterministic contributions (kUnordered) skip the two semaphore steps and
-// add into an accumulator the preprocess zeroed.
+// Per step: wait until both MMA warpgroups' partials (or their first column blocks, Config::kdQColumnBlocks) are in
+// shared memory; wait until the dQ tile's semaphore equals this contribution's rank; bulk reduce-add both partials
+// (rank 0, the first of the fixed order, stores them instead, so the accumulator needs no zeroing), block by block
+// as they come; free each block's buffer once the copy engine has read it; wait until the writes have completed in
+// global memory; release the semaphore (rank + 1). Nondeterministic contributions (kUnordered) skip the two
+// semaphore steps and add into an accumulator the preprocess zeroed.
 //
 // A wait that outlives p.wait_bound_ns (CTAs of a static schedule kept off their SMs by other kernels) gives up the
 // order for the rest of the launch: the first one records what it waited for (WaitTimeoutRecord, read by the host),
@@ -27,32 +27,43 @@ struct BackwardDqWriter {
 
   __device__ static void run(const Params& p, SharedStorage& smem) {
     constexpr int kTileFloats = Config::kBlockM * Config::kHeadDim;
-    constexpr int kPartialBytes = Config::kdQPartialFloats * sizeof(float);
+    constexpr int kBlockBytes = Config::kdQBlockFloats * sizeof(float);
     int steps = 0;
     for (int jobs = 0;; ++jobs) {
       const int num_steps = smem.jobs.take(jobs).num_steps;
       if (num_steps == kEndOfWork) break;
       for (int s = 0; s < num_steps; ++s, ++steps) {
-        for (auto& partial : smem.dq_stages) partial.consumer_wait(steps, "dq_full");
-        // Read only now: the record is published before the step's data, which dq_full comes after.
-        const StepRecord step = smem.steps[steps % Config::kStepRing];
-        float* tile = p.buffers.dq_accum + static_cast<int64_t>(step.dq_index) * kTileFloats;
-        int* semaphore = p.buffers.dq_semaphores + step.dq_index;
-        if (step.rank != kUnordered && !wait_semaphore(semaphore, step.rank, p.buffers.order_abandoned, p.wait_bound_ns)) {
-          abandon_order(p, step, semaphore);
-        }
-        for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
-          float* dst = tile + wg * Config::kdQPartialFloats;
-          const float* src = smem.dq.data() + wg * Config::kdQPartialFloats;
-          if (step.rank == 0) {
-            bulk_store(dst, src, kPartialBytes);
-          } else {
-            bulk_reduce_add_f32(dst, src, kPartialBytes);
+        StepRecord step{};
+        float* tile = nullptr;
+        int* semaphore = nullptr;
+        for (int block = 0; block < Config::kdQColumnBlocks; ++block) {
+          const int position = Config::dq_position(steps, block);
+          int stage = 0;
+          for (auto& partial : smem.dq_stages) stage = partial.consumer_wait(position, "dq_full");
+          if (block == 0) {
+            // Read only now: the record is published before the step's data, which dq_full comes after.
+            step = smem.steps[steps % Config::kStepRing];
+            tile = p.buffers.dq_accum + static_cast<int64_t>(step.dq_index) * kTileFloats;
+            semaphore = p.buffers.dq_semaphores + step.dq_index;
+            // The tile is this step's from its first block's reduce to its last block's completion.
+            if (step.rank != kUnordered &&
+                !wait_semaphore(semaphore, step.rank, p.buffers.order_abandoned, p.wait_bound_ns)) {
+              abandon_order(p, step, semaphore);
+            }
           }
+          for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
+            float* dst = tile + wg * Config::kdQPartialFloats + block * Config::kdQBlockFloats;
+            const float* src = smem.dq.data() + (stage * Config::kMmaWarpGroups + wg) * Config::kdQBlockFloats;
+            if (step.rank == 0) {
+              bulk_store(dst, src, kBlockBytes);
+            } else {
+              bulk_reduce_add_f32(dst, src, kBlockBytes);
+            }
+          }
+          bulk_commit_group();
+          bulk_wait_read_all();
+          for (auto& partial : smem.dq_stages) partial.consumer_release(position);
         }
-        bulk_commit_group();
-        bulk_wait_read_all();
-        for (auto& partial : smem.dq_stages) partial.consumer_release(steps);
         if (step.rank != kUnordered) {
           bulk_wait_complete_all();
           release_semaphore(semaphore);

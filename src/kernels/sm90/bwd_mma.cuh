@@ -126,7 +126,7 @@ struct BackwardMma {
         warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, dout_stage), tdPrdP);
         // The previous step's dQ partial is handed over only now: its stores drained while the GEMMs
         // above were issued, so the fence before the hand-over no longer stalls on them.
-        if (s > 0) commit_dq(smem, warp_group, steps - 1);
+        if (s > 0) commit_dq(smem, warp_group, Config::dq_position(steps - 1, Config::kdQColumnBlocks - 1));
 
         warpgroup_wait<1>();
         // P^T, in place of S^T. Only tiles crossing the causal diagonal, a sliding window's bounds or the key
@@ -156,13 +156,15 @@ struct BackwardMma {
         warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ);
         warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
         warpgroup_wait<1>();  // dV and dQ done; dK may still run
-        store_dq(smem, tdQrdQ, warp_group, thread, steps);
+        store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
         warpgroup_wait<0>();
         smem.step_rings.release_dout(steps);
         smem.step_rings.release_q(steps);
       }
       // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
-      if (job.num_steps > 0) commit_dq(smem, warp_group, steps - 1);
+      if (job.num_steps > 0) {
+        commit_dq(smem, warp_group, Config::dq_position(steps - 1, Config::kdQColumnBlocks - 1));
+      }
       smem.kv_stages.consumer_release(jobs);
       store_dkv(p, smem, job, tdKrdK, tdVrdV, thread);
     }
@@ -251,8 +253,8 @@ struct BackwardMma {
         Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
         warpgroup_gemm<true>(mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS);
         warpgroup_gemm<true>(mma_sdp, tSrdO(_, _, _, dout_stage), tSrV, tdPrdP);
-        // The previous step's dQ partial is handed over only now, as in run_rows.
-        if (s > 0) commit_dq(smem, warp_group, steps - 1);
+        // The previous step's (last block of its) dQ partial is handed over only now, as in run_rows.
+        if (s > 0) commit_dq(smem, warp_group, Config::dq_position(steps - 1, Config::kdQColumnBlocks - 1));
 
         warpgroup_wait<1>();
         // P in place of S, masked only where the tile crosses a mask's ends (run_rows says why this way).
@@ -293,37 +295,43 @@ struct BackwardMma {
         fence_shared_for_async_proxy();
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
 
-        if constexpr (!Config::kSharesPdS) {
-          warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, kP), tdVrdV);
-        }
-        // dQ's first column block, then dK^T, which runs while the block is stored and the others (d = 256) computed.
         Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
-        static_assert(size<2>(tdQrdQ) == Config::kdQColumnBlocks, "one accumulator block per dQ column block");
-        Tensor tdQrdQ0 = mode_block<2>(tdQrdQ, 0);
-        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), mode_block<1>(tdQrKt, 0), tdQrdQ0);
-        warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
-        if constexpr (!Config::kSharesPdS) {
+        if constexpr (Config::kdQColumnBlocks == 1) {
+          // dV^T, dQ, then dK^T, which runs while dQ is stored.
+          static_assert(!Config::kSharesPdS, "P has a buffer of its own, so dV^T starts only now");
+          warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, kP), tdVrdV);
+          warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), tdQrKt, tdQrdQ);
+          warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
           warpgroup_wait<2>();  // dV^T done: dO's stage is free
           smem.step_rings.release_dout(steps);
-        }
-        warpgroup_wait<1>();  // dQ's first block done; dK^T may still run
-        store_dq(smem, tdQrdQ0, warp_group, thread, steps, 0);
-        // The other blocks (d = 256) one at a time, each stored before the next is computed.
-        for_each(make_int_sequence<Config::kdQColumnBlocks>{}, [&](auto block) {
-          if constexpr (decltype(block)::value > 0) {
+          warpgroup_wait<1>();  // dQ done; dK^T may still run
+          store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
+        } else {
+          // d = 256: dQ by column blocks, each handed to the dQ writer on its own, so that the writer reduces the
+          // first while the others are computed, and only one block's registers are live. dK^T runs beside the first.
+          for_each(make_int_sequence<Config::kdQColumnBlocks>{}, [&](auto block) {
             Tensor tdQrdQb = mode_block<2>(tdQrdQ, block);
             warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), mode_block<1>(tdQrKt, block), tdQrdQb);
-            warpgroup_wait<0>();
-            store_dq(smem, tdQrdQb, warp_group, thread, steps, block);
-          }
-        });
+            if constexpr (decltype(block)::value == 0) {
+              warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
+              warpgroup_wait<1>();  // the block is done; dK^T may still run
+            } else {
+              // The previous block, whose stores drained while this GEMM was issued.
+              commit_dq(smem, warp_group, Config::dq_position(steps, block - 1));
+              warpgroup_wait<0>();
+            }
+            store_dq(smem, tdQrdQb, warp_group, thread, Config::dq_position(steps, block));
+          });
+        }
         // All of this step's GEMMs are complete before Q's stage is released and before the warpgroup reaches the
         // next step's kDsFreeBarrier, after which the other warpgroup overwrites P and dS.
         warpgroup_wait<0>();
         smem.step_rings.release_q(steps);
       }
       // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
-      if (job.num_steps > 0) commit_dq(smem, warp_group, steps - 1);
+      if (job.num_steps > 0) {
+        commit_dq(smem, warp_group, Config::dq_position(steps - 1, Config::kdQColumnBlocks - 1));
+      }
       smem.kv_stages.consumer_release(jobs);
       store_dkv(p, smem, job, tdKrdK, tdVrdV, thread);
     }
@@ -490,17 +498,17 @@ struct BackwardMma {
     return ds;
   }
 
-  // Writes column block `block` of this warpgroup's dQ partial of step `steps` (all of it where the partial is one
-  // block) to its shared-memory buffer in fragment order (each thread's values as consecutive float4s, the blocks'
-  // one after the other), which the postprocess kernel undoes with the same tiled MMA. The first block waits until
-  // the dQ writer has read the previous partial; the writer sees this one only after commit_dq.
+  // Writes a column block of this warpgroup's dQ partial (all of it where the partial is one block), position
+  // `position` of its dq ring (Config::dq_position), to the ring's stage in fragment order (each thread's values as
+  // consecutive float4s), which the postprocess kernel undoes with the same tiled MMA. The stage is free once the dQ
+  // writer has read the position kdQBufferStages before; the writer sees this one only after commit_dq.
   template <class Fragment>
-  __device__ static void store_dq(SharedStorage& smem, const Fragment& dq, int warp_group, int thread, int steps,
-                                  int block = 0) {
-    if (block == 0) smem.dq_stages[warp_group].producer_acquire(steps, "dq_empty");
+  __device__ static void store_dq(SharedStorage& smem, const Fragment& dq, int warp_group, int thread, int position) {
+    const int stage = smem.dq_stages[warp_group].producer_acquire(position, "dq_empty");
     constexpr int kVectors = decltype(size(dq))::value / 4;
-    float4* dst = reinterpret_cast<float4*>(smem.dq.data() + warp_group * Config::kdQPartialFloats) +
-                  block * kVectors * Config::kWarpGroupThreads;
+    static_assert(kVectors * 4 * Config::kWarpGroupThreads == Config::kdQBlockFloats, "a block per position");
+    float4* dst = reinterpret_cast<float4*>(smem.dq.data() +
+                                            (stage * Config::kMmaWarpGroups + warp_group) * Config::kdQBlockFloats);
     const int lane = thread % Config::kWarpGroupThreads;
     CUTE_UNROLL
     for (int i = 0; i < kVectors; ++i) {
@@ -508,11 +516,10 @@ struct BackwardMma {
     }
   }
 
-  // Hands the partial store_dq wrote for step `steps` to the dQ writer, whose bulk copy reads it
-  // through the async proxy.
-  __device__ static void commit_dq(SharedStorage& smem, int warp_group, int steps) {
+  // Hands the block store_dq wrote at `position` to the dQ writer, whose bulk copy reads it through the async proxy.
+  __device__ static void commit_dq(SharedStorage& smem, int warp_group, int position) {
     fence_shared_for_async_proxy();
-    smem.dq_stages[warp_group].producer_commit(steps);
+    smem.dq_stages[warp_group].producer_commit(position);
   }
 
   // dK * scale and dV for the job's rows: to dK/dV through shared memory (straight from the fragments and transposed
