@@ -3,7 +3,8 @@
 # (parity waits, arrival counts) and named barriers as the kernel does, round-robin, until all finish or none can
 # move. Session 14's result: every job mix tried finishes; the two negative controls at the end (no deferred commit of
 # a step's last dQ block; a writer that never frees a block) deadlock, so the model can see one. The GPU hang of that
-# branch is then not in this protocol; see docs/PERF.md (fourteenth session).
+# branch is then not in this protocol; see docs/PERF.md (fourteenth session). Session 15 found it outside the model's
+# actors: the dQ writer's other 31 lanes (session15/dq_writer_lanes_model.py, docs/PERF.md fifteenth session).
 import itertools
 class MBar:
     def __init__(s, count): s.count=count; s.pending=0; s.done=0
