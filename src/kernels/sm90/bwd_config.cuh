@@ -161,6 +161,8 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   static constexpr int kdQBufferStages = kdQColumnBlocks > 1 ? 2 : 1;
   // Position of column block `block` of step `steps`'s dQ partials in the dq ring.
   __device__ static int dq_position(int steps, int block) { return steps * kdQColumnBlocks + block; }
+  // Position of the last column block of step `steps`'s dQ partials.
+  __device__ static int dq_last_position(int steps) { return dq_position(steps, kdQColumnBlocks - 1); }
 
   // Shared memory. Q, dO, K, V are K-major (head_dim contiguous) as TMA writes them; the MN-major B
   // operands are transposed views of the same bytes. Rows take the widest swizzle that divides them (gemm.cuh);

@@ -5,9 +5,10 @@
 // Per step: wait until both MMA warpgroups' partials (or their first column blocks, Config::kdQColumnBlocks) are in
 // shared memory; wait until the dQ tile's semaphore equals this contribution's rank; bulk reduce-add both partials
 // (rank 0, the first of the fixed order, stores them instead, so the accumulator needs no zeroing), block by block
-// as they come; free each block's buffer once the copy engine has read it; wait until the writes have completed in
-// global memory; release the semaphore (rank + 1). Nondeterministic contributions (kUnordered) skip the two
-// semaphore steps and add into an accumulator the preprocess zeroed.
+// as they come, each block's copies issued before the previous block's buffers are awaited; free each block's buffer
+// once the copy engine has read it; wait until the writes have completed in global memory; release the semaphore
+// (rank + 1). Nondeterministic contributions (kUnordered) skip the two semaphore steps and add into an accumulator
+// the preprocess zeroed.
 //
 // A wait that outlives p.wait_bound_ns (CTAs of a static schedule kept off their SMs by other kernels) gives up the
 // order for the rest of the launch: the first one records what it waited for (WaitTimeoutRecord, read by the host),
@@ -61,9 +62,18 @@ struct BackwardDqWriter {
             }
           }
           bulk_commit_group();
-          bulk_wait_read_all();
-          for (auto& partial : smem.dq_stages) partial.consumer_release(position);
+          // The previous block's buffers are free once the copy engine has read them. Waiting for that only now,
+          // with this block's copies issued behind them, overlaps the two reads; waiting before issuing this block
+          // serialized them (d = 256 backward 1.04x with the automatic schedule, 1.03x nondeterministic; sixteenth
+          // session in docs/PERF.md). The MMA warpgroups cannot need the previous block's stage before this block
+          // is full: they hand it over before storing the block after it.
+          if (block > 0) {
+            bulk_wait_read<1>();
+            for (auto& partial : smem.dq_stages) partial.consumer_release(position - 1);
+          }
         }
+        bulk_wait_read_all();
+        for (auto& partial : smem.dq_stages) partial.consumer_release(Config::dq_last_position(steps));
         if (step.rank != kUnordered) {
           bulk_wait_complete_all();
           release_semaphore(semaphore);

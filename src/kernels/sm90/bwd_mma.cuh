@@ -126,7 +126,7 @@ struct BackwardMma {
         warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, dout_stage), tdPrdP);
         // The previous step's dQ partial is handed over only now: its stores drained while the GEMMs
         // above were issued, so the fence before the hand-over no longer stalls on them.
-        if (s > 0) commit_dq(smem, warp_group, Config::dq_position(steps - 1, Config::kdQColumnBlocks - 1));
+        if (s > 0) commit_dq(smem, warp_group, Config::dq_last_position(steps - 1));
 
         warpgroup_wait<1>();
         // P^T, in place of S^T. Only tiles crossing the causal diagonal, a sliding window's bounds or the key
@@ -163,7 +163,7 @@ struct BackwardMma {
       }
       // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
       if (job.num_steps > 0) {
-        commit_dq(smem, warp_group, Config::dq_position(steps - 1, Config::kdQColumnBlocks - 1));
+        commit_dq(smem, warp_group, Config::dq_last_position(steps - 1));
       }
       smem.kv_stages.consumer_release(jobs);
       store_dkv(p, smem, job, tdKrdK, tdVrdV, thread);
@@ -254,7 +254,7 @@ struct BackwardMma {
         warpgroup_gemm<true>(mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS);
         warpgroup_gemm<true>(mma_sdp, tSrdO(_, _, _, dout_stage), tSrV, tdPrdP);
         // The previous step's (last block of its) dQ partial is handed over only now, as in run_rows.
-        if (s > 0) commit_dq(smem, warp_group, Config::dq_position(steps - 1, Config::kdQColumnBlocks - 1));
+        if (s > 0) commit_dq(smem, warp_group, Config::dq_last_position(steps - 1));
 
         warpgroup_wait<1>();
         // P in place of S, masked only where the tile crosses a mask's ends (run_rows says why this way).
@@ -330,7 +330,7 @@ struct BackwardMma {
       }
       // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
       if (job.num_steps > 0) {
-        commit_dq(smem, warp_group, Config::dq_position(steps - 1, Config::kdQColumnBlocks - 1));
+        commit_dq(smem, warp_group, Config::dq_last_position(steps - 1));
       }
       smem.kv_stages.consumer_release(jobs);
       store_dkv(p, smem, job, tdKrdK, tdVrdV, thread);

@@ -104,11 +104,13 @@ __device__ __forceinline__ void bulk_store(float* gmem, const float* smem, int b
 
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
-// Waits until the shared-memory sources of all committed bulk groups have been read (the buffers
-// may be reused); their global writes may still be in flight.
-__device__ __forceinline__ void bulk_wait_read_all() {
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+// Waits until the shared-memory sources of all committed bulk groups but the newest kPending have been
+// read (those buffers may be reused); their global writes may still be in flight.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
 }
+__device__ __forceinline__ void bulk_wait_read_all() { bulk_wait_read<0>(); }
 
 // Waits until all committed bulk groups have completed, global writes included. A semaphore may be
 // released only after this: waiting for the reads alone would let the next contributor's add overtake.
