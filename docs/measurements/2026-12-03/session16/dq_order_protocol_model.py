@@ -1,5 +1,6 @@
-# Protocol model of `dq_adds_from_registers_untested.patch` (branch wip/dq-adds-from-registers; d = 192 and 256: the MMA warpgroups add their dQ blocks from
-# registers; the dQ writer keeps their order through DqOrder, src/kernels/sm90/pipeline.cuh). Several CTAs, each a dQ
+# Protocol model of `dq_adds_from_registers_untested.patch` (branch wip/dq-adds-from-registers; d = 192 and 256:
+# the MMA warpgroups add their dQ blocks from registers; the dQ writer keeps their order through DqOrder,
+# src/kernels/sm90/pipeline.cuh). Several CTAs, each a dQ
 # writer and a few MMA threads (each its own actor, so that one can lag behind the others), run a shift schedule
 # (CTA c's step n adds to dQ tile (c + n) % tiles with rank n) whose tiles are summed in rank order through global
 # semaphores. A random scheduler steps the actors until all finish or none can move. Checked on every run:
