@@ -432,7 +432,9 @@ TEST_P(Sm90DeterminismControl, NondeterministicScheduleIsCaught) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, Sm90DeterminismControl, ::testing::Values(64, 96, 128, 192, 256),
-                         [](const ::testing::TestParamInfo<int>& info) { return "hdim" + std::to_string(info.param); });
+                         [](const ::testing::TestParamInfo<int>& head_dim) {
+                           return "hdim" + std::to_string(head_dim.param);
+                         });
 
 // --- bad input on a real device -------------------------------------------------------------------
 
