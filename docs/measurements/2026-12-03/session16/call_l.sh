@@ -1,7 +1,8 @@
 #!/bin/bash
 # GPU call L (for session 17): branch wip/dq-adds-from-registers (.gpu/rd: d = 192 and 256, dQ added from the MMA
-# warpgroups' registers, ordered by DqOrder) against 299d65c (.gpu/m1) and ad4a8fe at 256 (.gpu/pw): the tests that
-# can hang or break first (with a cuda-gdb dump if the first one hangs), A/B, FA3, Nsight Compute.
+# warpgroups' registers, ordered by DqOrder; .gpu/rd2: the same with dO in two stages) against 299d65c (.gpu/m1) and
+# ad4a8fe at 256 (.gpu/pw): the tests that can hang or break first (with a cuda-gdb dump if the first one hangs),
+# A/B, FA3, Nsight Compute.
 set -u
 T0=$(date +%s); left() { echo $(( 570 - ($(date +%s) - T0) )); }
 R=$OUT/r; mkdir -p $R
@@ -17,11 +18,13 @@ if kill -0 $PID 2>/dev/null; then
   head -c 4000 $R/gdb.txt >> $R/log.txt; cat $R/log.txt; cd $OUT && tar czf r.tgz r; exit 0
 fi
 wait $PID; echo "first rc=$? at $(( $(date +%s) - T0 )) s" >> $R/log.txt
-timeout 170 .gpu/rd/test_sm90 --gtest_filter='*hdim256*:*hdim192*:HeadDims/Sm90DeterminismControl.*' > $R/test_rd.txt 2>&1; echo "test_rd rc=$? at $(( $(date +%s) - T0 )) s" >> $R/log.txt
-grep -c "^\[       OK" $R/test_rd.txt >> $R/log.txt; grep "FAILED\|Failure" $R/test_rd.txt | head -20 >> $R/log.txt; tail -2 $R/test_rd.txt >> $R/log.txt
-PYTHONPATH=$PWD/python timeout 100 python python/benchmarks/ab_libraries.py .gpu/m1/libdash_attn_c.so .gpu/pw/libdash_attn_c.so .gpu/rd/libdash_attn_c.so --rounds 1 --schedules auto,shift,nondeterministic --compare-args "--grid wide --head-dims 256 --seqlens 1024,4096,16384" --out $R/ab256 > $R/ab256.txt 2>&1; echo "ab256 rc=$? at $(( $(date +%s) - T0 )) s" >> $R/log.txt
+for v in rd rd2; do
+  timeout 100 .gpu/$v/test_sm90 --gtest_filter='Shapes/Sm90Correctness.Backward*hdim256*:Shapes/Sm90Correctness.Backward*hdim192*:Shapes/Sm90Determinism.*hdim256*:Shapes/Sm90Determinism.*hdim192*:HeadDims/Sm90DeterminismControl.*' > $R/test_$v.txt 2>&1; echo "test_$v rc=$? at $(( $(date +%s) - T0 )) s" >> $R/log.txt
+  grep -c "^\[       OK" $R/test_$v.txt >> $R/log.txt; grep "FAILED\|Failure" $R/test_$v.txt | head -10 >> $R/log.txt; tail -1 $R/test_$v.txt >> $R/log.txt
+done
+PYTHONPATH=$PWD/python timeout 100 python python/benchmarks/ab_libraries.py .gpu/m1/libdash_attn_c.so .gpu/pw/libdash_attn_c.so .gpu/rd/libdash_attn_c.so .gpu/rd2/libdash_attn_c.so --rounds 1 --schedules auto,shift,nondeterministic --compare-args "--grid wide --head-dims 256 --seqlens 1024,4096,16384" --out $R/ab256 > $R/ab256.txt 2>&1; echo "ab256 rc=$? at $(( $(date +%s) - T0 )) s" >> $R/log.txt
 grep "geometric" $R/ab256.txt >> $R/log.txt
-PYTHONPATH=$PWD/python timeout 80 python python/benchmarks/ab_libraries.py .gpu/m1/libdash_attn_c.so .gpu/rd/libdash_attn_c.so --rounds 1 --schedules auto,shift,nondeterministic --compare-args "--grid wide --head-dims 192 --seqlens 1024,4096,16384" --out $R/ab192 > $R/ab192.txt 2>&1; echo "ab192 rc=$? at $(( $(date +%s) - T0 )) s" >> $R/log.txt
+PYTHONPATH=$PWD/python timeout 80 python python/benchmarks/ab_libraries.py .gpu/m1/libdash_attn_c.so .gpu/rd/libdash_attn_c.so .gpu/rd2/libdash_attn_c.so --rounds 1 --schedules auto,shift,nondeterministic --compare-args "--grid wide --head-dims 192 --seqlens 1024,4096,16384" --out $R/ab192 > $R/ab192.txt 2>&1; echo "ab192 rc=$? at $(( $(date +%s) - T0 )) s" >> $R/log.txt
 grep "geometric" $R/ab192.txt >> $R/log.txt
 wait
 export PYTHONPATH=$PWD/python:/tmp/peers/fa3up/hopper
