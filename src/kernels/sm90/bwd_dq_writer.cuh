@@ -29,6 +29,10 @@ struct BackwardDqWriter {
   __device__ static void run(const Params& p, SharedStorage& smem) {
     constexpr int kTileFloats = Config::kBlockM * Config::kHeadDim;
     constexpr int kBlockBytes = Config::kdQBlockFloats * sizeof(float);
+    // Frees column block `position`'s stage of the dq ring, both MMA warpgroups' buffers.
+    auto free_block = [&](int position) {
+      for (auto& partial : smem.dq_stages) partial.consumer_release(position);
+    };
     int steps = 0;
     for (int jobs = 0;; ++jobs) {
       const int num_steps = smem.jobs.take(jobs).num_steps;
@@ -69,11 +73,11 @@ struct BackwardDqWriter {
           // is full: they hand it over before storing the block after it.
           if (block > 0) {
             bulk_wait_read<1>();
-            for (auto& partial : smem.dq_stages) partial.consumer_release(position - 1);
+            free_block(position - 1);
           }
         }
         bulk_wait_read_all();
-        for (auto& partial : smem.dq_stages) partial.consumer_release(Config::dq_last_position(steps));
+        free_block(Config::dq_last_position(steps));
         if (step.rank != kUnordered) {
           bulk_wait_complete_all();
           release_semaphore(semaphore);
