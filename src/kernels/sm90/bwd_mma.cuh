@@ -96,78 +96,55 @@ struct BackwardMma {
     // (key row, query column) of each S^T element this thread holds.
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
 
-    // The plan's mask: causal and the canonical sliding window (the planner's make_tiled_problem); in the varlen
-    // kernels each job runs its sequence's (job_mask).
-    const MaskShape plan_mask = p.plan.problem.mask();
     // Whether a window bounds the keys on the left: tested first in each step's mask decision, so that the full
     // and causal masks' steps do not compute the left end. Read from the kernel's parameters at each step rather
     // than kept in a register, which the d = 64 step loop spilled (one local load per step).
     const auto left_bounded = [&p] { return p.plan.problem.window.left >= 0; };
-    int steps = 0;
-    for (int jobs = 0;; ++jobs) {
-      const typename Config::JobRecordType job = smem.jobs.take(jobs);
-      if (job.num_steps == kEndOfWork) break;
-      const MaskShape mask = job_mask(job, plan_mask);
+    const auto run_step = [&](const JobStep& step, const MaskShape& mask, int kv_row0, auto& tdKrdK, auto& tdVrdV) {
+      const auto [s, steps, stage, dout_stage, q_row0] = step;
 
-      Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
-      Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<Config::kHeadDim>>{});
-      clear(tdVrdV);
-      clear(tdKrdK);
-      smem.kv_stages.consumer_wait(jobs, "kv_full");
-      const int kv_row0 = job.kv_tile * kBlockN;
-      for (int s = 0; s < job.num_steps; ++s, ++steps) {
-        const int stage = smem.step_rings.wait_q(steps);
-        const int dout_stage = smem.step_rings.wait_dout(steps);
-        const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
+      Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+      warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, dout_stage), tdPrdP);
+      // The previous step's dQ partial is handed over only now: its stores drained while the GEMMs
+      // above were issued, so the fence before the hand-over no longer stalls on them.
+      if (s > 0) commit_dq(smem, warp_group, Config::dq_last_position(steps - 1));
 
-        Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-        Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-        warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-        warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, dout_stage), tdPrdP);
-        // The previous step's dQ partial is handed over only now: its stores drained while the GEMMs
-        // above were issued, so the fence before the hand-over no longer stalls on them.
-        if (s > 0) commit_dq(smem, warp_group, Config::dq_last_position(steps - 1));
+      warpgroup_wait<1>();
+      // P^T, in place of S^T. Only tiles crossing the causal diagonal, a sliding window's bounds or the key
+      // tail need the mask: visible_keys and first_visible_key grow with the row, so the tile's first row
+      // bounds the right ends and its last row the left ends (0 without a left bound; rows past seqlen_q
+      // have P = 0 anyway). The branch is uniform over the CTA, so each loop stays branch-free.
+      // The left ends are tested only under a left window bound, in a path of its own, so that the full and
+      // causal masks' masked steps run what they did before windows.
+      Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
+      step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
+      // dS^T = P^T o (dP^T - dpsum). P^T and dS^T go straight to the MMA element type, so their fp32
+      // copies die element by element and the register peak stays low.
+      warpgroup_wait<0>();
+      Tensor tdVrP = make_operand_a_for<Element>(tSrS);
+      Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
+      compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tdVrP, tSrS),
+                 operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage],
+                 p);
+      // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows. Stored
+      // before the dV GEMM is issued, so the stores drain under its issue instead of stalling the fence.
+      copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
+      warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, dout_stage), tdVrdV);
+      fence_shared_for_async_proxy();
+      cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
 
-        warpgroup_wait<1>();
-        // P^T, in place of S^T. Only tiles crossing the causal diagonal, a sliding window's bounds or the key
-        // tail need the mask: visible_keys and first_visible_key grow with the row, so the tile's first row
-        // bounds the right ends and its last row the left ends (0 without a left bound; rows past seqlen_q
-        // have P = 0 anyway). The branch is uniform over the CTA, so each loop stays branch-free.
-        // The left ends are tested only under a left window bound, in a path of its own, so that the full and
-        // causal masks' masked steps run what they did before windows.
-        Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
-        step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
-        // dS^T = P^T o (dP^T - dpsum). P^T and dS^T go straight to the MMA element type, so their fp32
-        // copies die element by element and the register peak stays low.
-        warpgroup_wait<0>();
-        Tensor tdVrP = make_operand_a_for<Element>(tSrS);
-        Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
-        compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tdVrP, tSrS),
-                   operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage],
-                   p);
-        // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows. Stored
-        // before the dV GEMM is issued, so the stores drain under its issue instead of stalling the fence.
-        copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
-        warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, dout_stage), tdVrdV);
-        fence_shared_for_async_proxy();
-        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
-
-        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
-        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ);
-        warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
-        warpgroup_wait<1>();  // dV and dQ done; dK may still run
-        store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
-        warpgroup_wait<0>();
-        smem.step_rings.release_dout(steps);
-        smem.step_rings.release_q(steps);
-      }
-      // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
-      if (job.num_steps > 0) {
-        commit_dq(smem, warp_group, Config::dq_last_position(steps - 1));
-      }
-      smem.kv_stages.consumer_release(jobs);
-      store_dkv(p, smem, job, tdKrdK, tdVrdV, thread);
-    }
+      Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
+      warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ);
+      warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
+      warpgroup_wait<1>();  // dV and dQ done; dK may still run
+      store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
+      warpgroup_wait<0>();
+      smem.step_rings.release_dout(steps);
+      smem.step_rings.release_q(steps);
+    };
+    run_jobs(p, smem, mma_dkv, warp_group, thread, run_step);
   }
 
   // d = 192 and 256: both MMA warpgroups work on the 64x96 or 64x80 tile; warpgroup w computes S and dP for its n
@@ -228,16 +205,118 @@ struct BackwardMma {
     // (query row, key) of each S element this thread holds: its warpgroup's keys.
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
 
-    // The plan's mask and the left bound's test, as in run_rows.
-    const MaskShape plan_mask = p.plan.problem.mask();
+    // The left bound's test, as in run_rows.
     const auto left_bounded = [&p] { return p.plan.problem.window.left >= 0; };
+    // dV^T and dK^T of the warpgroup's keys (run_jobs): 72 + 72 fp32 registers per thread at d = 192, 80 + 80 at 256.
+    const auto run_step = [&](const JobStep& step, const MaskShape& mask, int kv_row0, auto& tdKrdK, auto& tdVrdV) {
+      const auto [s, steps, stage, dout_stage, q_row0] = step;
+
+      Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      warpgroup_gemm<true>(mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS);
+      warpgroup_gemm<true>(mma_sdp, tSrdO(_, _, _, dout_stage), tSrV, tdPrdP);
+      // The previous step's (last block of its) dQ partial is handed over only now, as in run_rows.
+      if (s > 0) commit_dq(smem, warp_group, Config::dq_last_position(steps - 1));
+
+      warpgroup_wait<1>();
+      // P in place of S, masked only where the tile crosses a mask's ends (run_rows says why this way).
+      Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
+      step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
+      Tensor tPrP = make_tensor<Element>(tSrS.layout());
+      Tensor tdSrdS = make_tensor<Element>(tdPrdP.layout());
+      constexpr auto kP = Int<Config::kKeySplitP>{};
+      constexpr auto kdS = Int<Config::kKeySplitdS>{};
+      if constexpr (Config::kSharesPdS) {
+        // P goes out and dV^T starts while dP's GEMM still runs, so that P's 16-bit copy is dead before dS is
+        // computed: with dK^T's and dV^T's 160 registers, S's and dP's 40 and both 16-bit copies live at once,
+        // ptxas spilled accumulators and serialized every wgmma.
+        convert_to_operand<Element>(tSrS, tPrP);
+        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
+        copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdS(_, _, _, kP));
+        // The generic-proxy stores before wgmma's async-proxy reads; dV^T reads only this warpgroup's columns.
+        fence_shared_for_async_proxy();
+        cutlass::arch::NamedBarrier::sync(Config::kWarpGroupThreads, Config::kWarpGroupBarrierBase + warp_group);
+        warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, kP), tdVrdV);
+        warpgroup_wait<1>();  // dP done; dV^T may still run
+        compute_ds<false>(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
+                          operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage],
+                          smem.lse_log2[stage], p);
+        warpgroup_wait<0>();  // dV^T done: dO's stage and this warpgroup's columns of P are free
+        smem.step_rings.release_dout(steps);
+        copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, kdS));
+      } else {
+        warpgroup_wait<0>();
+        compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
+                   operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage],
+                   p);
+        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
+        copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdS(_, _, _, kP));
+        copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, kdS));
+      }
+      // The generic-proxy stores before wgmma's async-proxy reads, then both warpgroups' columns are complete.
+      fence_shared_for_async_proxy();
+      cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
+
+      Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
+      if constexpr (Config::kdQColumnBlocks == 1) {
+        // dV^T, dQ, then dK^T, which runs while dQ is stored.
+        static_assert(!Config::kSharesPdS, "P has a buffer of its own, so dV^T starts only now");
+        warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, kP), tdVrdV);
+        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), tdQrKt, tdQrdQ);
+        warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
+        warpgroup_wait<2>();  // dV^T done: dO's stage is free
+        smem.step_rings.release_dout(steps);
+        warpgroup_wait<1>();  // dQ done; dK^T may still run
+        store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
+      } else {
+        // d = 256: dQ by column blocks, each handed to the dQ writer on its own, so that the writer reduces the
+        // first while the others are computed, and only one block's registers are live. dK^T runs beside the first.
+        for_each(make_int_sequence<Config::kdQColumnBlocks>{}, [&](auto block) {
+          Tensor tdQrdQb = mode_block<2>(tdQrdQ, block);
+          warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), mode_block<1>(tdQrKt, block), tdQrdQb);
+          if constexpr (decltype(block)::value == 0) {
+            warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
+            warpgroup_wait<1>();  // the block is done; dK^T may still run
+          } else {
+            // The previous block, whose stores drained while this GEMM was issued.
+            commit_dq(smem, warp_group, Config::dq_position(steps, block - 1));
+            warpgroup_wait<0>();
+          }
+          store_dq(smem, tdQrdQb, warp_group, thread, Config::dq_position(steps, block));
+        });
+      }
+      // All of this step's GEMMs are complete before Q's stage is released and before the warpgroup reaches the
+      // next step's kDsFreeBarrier, after which the other warpgroup overwrites P and dS.
+      warpgroup_wait<0>();
+      smem.step_rings.release_q(steps);
+    };
+    run_jobs(p, smem, mma_dkv, warp_group, thread, run_step);
+  }
+
+  // One step of a job, as run_jobs hands it to a layout's step body.
+  struct JobStep {
+    int index;       // within the job: 0 for its first
+    int count;       // steps of the CTA before it: its place in the step ring and the dq ring
+    int q_stage;     // Q's and the LSE's stage
+    int dout_stage;  // dO's and dpsum's stage
+    int q_row0;      // the first query row of its tile
+  };
+
+  // The job loop of both layouts: each job the loader publishes gets fresh dK and dV accumulators
+  // (Config::dKVAccumulatorShape), waits for its K and V, runs `step_body(step, mask, kv_row0, tdKrdK, tdVrdV)` on
+  // each of its steps once their Q and dO are in, hands its last dQ partial over (each step body hands over the
+  // previous step's), frees K and V and writes dK and dV. The mask is the plan's (causal and the canonical sliding
+  // window, the planner's make_tiled_problem) or in the varlen kernels the job's sequence's (job_mask).
+  template <class TiledMmadKV, class StepBody>
+  __device__ static void run_jobs(const Params& p, SharedStorage& smem, const TiledMmadKV& mma_dkv, int warp_group,
+                                  int thread, StepBody&& step_body) {
+    const MaskShape plan_mask = p.plan.problem.mask();
     int steps = 0;
     for (int jobs = 0;; ++jobs) {
       const typename Config::JobRecordType job = smem.jobs.take(jobs);
       if (job.num_steps == kEndOfWork) break;
       const MaskShape mask = job_mask(job, plan_mask);
 
-      // dV^T and dK^T of the warpgroup's keys: 72 + 72 fp32 registers per thread at d = 192, 80 + 80 at 256.
       Tensor tdVrdV = partition_fragment_C(mma_dkv, typename Config::dKVAccumulatorShape{});
       Tensor tdKrdK = partition_fragment_C(mma_dkv, typename Config::dKVAccumulatorShape{});
       clear(tdVrdV);
@@ -245,88 +324,10 @@ struct BackwardMma {
       smem.kv_stages.consumer_wait(jobs, "kv_full");
       const int kv_row0 = job.kv_tile * kBlockN;
       for (int s = 0; s < job.num_steps; ++s, ++steps) {
-        const int stage = smem.step_rings.wait_q(steps);
+        const int q_stage = smem.step_rings.wait_q(steps);
         const int dout_stage = smem.step_rings.wait_dout(steps);
         const int q_row0 = smem.steps[steps % Config::kStepRing].q_tile * kBlockM;
-
-        Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
-        Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
-        warpgroup_gemm<true>(mma_sdp, tSrQ(_, _, _, stage), tSrK, tSrS);
-        warpgroup_gemm<true>(mma_sdp, tSrdO(_, _, _, dout_stage), tSrV, tdPrdP);
-        // The previous step's (last block of its) dQ partial is handed over only now, as in run_rows.
-        if (s > 0) commit_dq(smem, warp_group, Config::dq_last_position(steps - 1));
-
-        warpgroup_wait<1>();
-        // P in place of S, masked only where the tile crosses a mask's ends (run_rows says why this way).
-        Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
-        step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
-        Tensor tPrP = make_tensor<Element>(tSrS.layout());
-        Tensor tdSrdS = make_tensor<Element>(tdPrdP.layout());
-        constexpr auto kP = Int<Config::kKeySplitP>{};
-        constexpr auto kdS = Int<Config::kKeySplitdS>{};
-        if constexpr (Config::kSharesPdS) {
-          // P goes out and dV^T starts while dP's GEMM still runs, so that P's 16-bit copy is dead before dS is
-          // computed: with dK^T's and dV^T's 160 registers, S's and dP's 40 and both 16-bit copies live at once,
-          // ptxas spilled accumulators and serialized every wgmma.
-          convert_to_operand<Element>(tSrS, tPrP);
-          cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
-          copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdS(_, _, _, kP));
-          // The generic-proxy stores before wgmma's async-proxy reads; dV^T reads only this warpgroup's columns.
-          fence_shared_for_async_proxy();
-          cutlass::arch::NamedBarrier::sync(Config::kWarpGroupThreads, Config::kWarpGroupBarrierBase + warp_group);
-          warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, kP), tdVrdV);
-          warpgroup_wait<1>();  // dP done; dV^T may still run
-          compute_ds<false>(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
-                            operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage],
-                            smem.lse_log2[stage], p);
-          warpgroup_wait<0>();  // dV^T done: dO's stage and this warpgroup's columns of P are free
-          smem.step_rings.release_dout(steps);
-          copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, kdS));
-        } else {
-          warpgroup_wait<0>();
-          compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
-                     operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage],
-                     p);
-          cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
-          copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdS(_, _, _, kP));
-          copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, kdS));
-        }
-        // The generic-proxy stores before wgmma's async-proxy reads, then both warpgroups' columns are complete.
-        fence_shared_for_async_proxy();
-        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
-
-        Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
-        if constexpr (Config::kdQColumnBlocks == 1) {
-          // dV^T, dQ, then dK^T, which runs while dQ is stored.
-          static_assert(!Config::kSharesPdS, "P has a buffer of its own, so dV^T starts only now");
-          warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, kP), tdVrdV);
-          warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), tdQrKt, tdQrdQ);
-          warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
-          warpgroup_wait<2>();  // dV^T done: dO's stage is free
-          smem.step_rings.release_dout(steps);
-          warpgroup_wait<1>();  // dQ done; dK^T may still run
-          store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
-        } else {
-          // d = 256: dQ by column blocks, each handed to the dQ writer on its own, so that the writer reduces the
-          // first while the others are computed, and only one block's registers are live. dK^T runs beside the first.
-          for_each(make_int_sequence<Config::kdQColumnBlocks>{}, [&](auto block) {
-            Tensor tdQrdQb = mode_block<2>(tdQrdQ, block);
-            warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), mode_block<1>(tdQrKt, block), tdQrdQb);
-            if constexpr (decltype(block)::value == 0) {
-              warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
-              warpgroup_wait<1>();  // the block is done; dK^T may still run
-            } else {
-              // The previous block, whose stores drained while this GEMM was issued.
-              commit_dq(smem, warp_group, Config::dq_position(steps, block - 1));
-              warpgroup_wait<0>();
-            }
-            store_dq(smem, tdQrdQb, warp_group, thread, Config::dq_position(steps, block));
-          });
-        }
-        // All of this step's GEMMs are complete before Q's stage is released and before the warpgroup reaches the
-        // next step's kDsFreeBarrier, after which the other warpgroup overwrites P and dS.
-        warpgroup_wait<0>();
-        smem.step_rings.release_q(steps);
+        step_body(JobStep{s, steps, q_stage, dout_stage, q_row0}, mask, kv_row0, tdKrdK, tdVrdV);
       }
       // The job's last partial goes out before the epilogue: other CTAs may wait on its dQ tile.
       if (job.num_steps > 0) {
