@@ -7,17 +7,10 @@ set -u
 T0=$(date +%s); left() { echo $(( 570 - ($(date +%s) - T0) )); }
 R=$OUT/r; mkdir -p $R
 (cd .peers && MAX_JOBS=12 PEERS_DIR=/tmp/peers bash build_wide.sh fa3 > $R/fa3_build.txt 2>&1; echo "fa3 build rc=$? at $(( $(date +%s) - T0 )) s" >> $R/log.txt) &
-F='Shapes/Sm90Correctness.BackwardMatchesReferenceForEverySchedule/hdim192_bf16_B2_Sq256_Sk256_Hq4_Hkv4_*'
-.gpu/w3/test_sm90 --gtest_filter="$F" > $R/first.txt 2>&1 &
-PID=$!
-for i in $(seq 40); do kill -0 $PID 2>/dev/null || break; sleep 1; done
-if kill -0 $PID 2>/dev/null; then
-  echo "first: still running after 40 s, attaching cuda-gdb" >> $R/log.txt
-  GDB=$(which cuda-gdb || echo /usr/local/cuda/bin/cuda-gdb)
-  timeout 100 $GDB -p $PID -batch -ex "set pagination off" -x .gpu/gdb_warps.py > $R/gdb.txt 2>&1; kill -9 $PID
-  head -c 4000 $R/gdb.txt >> $R/log.txt; cat $R/log.txt; cd $OUT && tar czf r.tgz r; exit 0
-fi
-wait $PID; echo "first rc=$? at $(( $(date +%s) - T0 )) s" >> $R/log.txt
+scripts/run_or_dump_warps.sh 40 $R/gdb.txt .gpu/w3/test_sm90 \
+  --gtest_filter='Shapes/Sm90Correctness.BackwardMatchesReferenceForEverySchedule/hdim192_bf16_B2_Sq256_Sk256_Hq4_Hkv4_*' > $R/first.txt 2>&1
+rc=$?; echo "first rc=$rc at $(( $(date +%s) - T0 )) s" >> $R/log.txt
+[ $rc = 124 ] && { head -c 4000 $R/gdb.txt >> $R/log.txt; cat $R/log.txt; cd $OUT && tar czf r.tgz r; exit 0; }
 timeout 150 .gpu/w3/test_sm90 --gtest_filter='*hdim192*:HeadDims/Sm90DeterminismControl.*:Sm90VariantDeterminismControl.*' > $R/test_w3.txt 2>&1; echo "test_w3 rc=$? at $(( $(date +%s) - T0 )) s" >> $R/log.txt
 grep -c "^\[       OK" $R/test_w3.txt >> $R/log.txt; grep "FAILED\|Failure" $R/test_w3.txt | head -10 >> $R/log.txt; tail -1 $R/test_w3.txt >> $R/log.txt
 PYTHONPATH=$PWD/python timeout 90 python python/benchmarks/ab_libraries.py .gpu/m1/libdash_attn_c.so .gpu/w3/libdash_attn_c.so --rounds 2 --schedules auto,shift,nondeterministic --compare-args "--grid wide --head-dims 192 --seqlens 1024,4096,16384" --out $R/ab192 > $R/ab192.txt 2>&1; echo "ab192 rc=$? at $(( $(date +%s) - T0 )) s" >> $R/log.txt
