@@ -1,5 +1,5 @@
 """One forward or backward call of one implementation inside a cudaProfilerStart/Stop range, for `ncu
---profile-from-start off` (scripts/ncu_attention.sh runs it for DASH and FlashAttention-3 at one shape).
+--profile-from-start off` (scripts/dev/ncu_attention.sh runs it for DASH and FlashAttention-3 at one shape).
 
 The shape follows compare.py's paper grid: 16384 tokens (batch = 16384 / seqlen), heads = 2048 / head_dim unless
 given, bf16. The pass runs three times before the profiled call (the backward after one forward), so the profiled

@@ -8,7 +8,7 @@ batch 3, heads 7, seqlen 1950 (a full-mask warp shuffle that only some lanes rea
 shapes at random, biased towards ragged lengths, and for each one runs the forward twice, the backward of
 every schedule (twice for the deterministic ones), and compares every result with a float32 reference and,
 bit for bit, with its repeat. test_random_sweep.py runs a fixed-seed subset and every seqlen remainder mod
-128 through the same functions; scripts/gpu_run.sh's `sweep` step runs 300 shapes with a new seed each time.
+128 through the same functions; scripts/dev/gpu_run.sh's `sweep` step runs 300 shapes with a new seed each time.
 Needs PyTorch, a Hopper GPU and libdash_attn_c.so (python/README.md); PYTHONPATH=python for a CMake build.
 
 Invariants:

@@ -14,7 +14,7 @@
 //   seqlen_k <= seqlen_q, symmetric shift not at 192 and 256), each on poisoned gradients: every element of every
 //   sequence written and matching the reference, padding rows cleared to 0.
 // - Sm90VarlenContract: offsets that break cu_seqlens' contract neither hang a kernel nor take it outside the
-//   tensors (the kernels clamp each sequence; memcheck runs it in scripts/gpu_run.sh).
+//   tensors (the kernels clamp each sequence; memcheck runs it in scripts/dev/gpu_run.sh).
 // - Sm90VarlenDeterminism: every deterministic schedule's backward 100 times on adversarial lengths, bit for bit,
 //   with a forward competing for the SMs every other run (one case with softcap), and the negative control
 //   (Sm90VarlenDeterminismControl: the nondeterministic schedule must differ at least once in the same comparison).
@@ -206,7 +206,7 @@ TEST_P(Sm90Varlen, BackwardOfEveryScheduleThePlanAdmitsMatchesEverySequencesRefe
 // Offsets that break the contract (decreasing, negative, past the totals, lengths past the maxima, keys past the
 // queries under the promise): the kernels clamp every sequence (packed_sequence), so the forward and every
 // schedule's backward finish (the watchdog turns a hang into a failure) and write nothing outside the tensors
-// (compute-sanitizer's memcheck runs this test in scripts/gpu_run.sh).
+// (compute-sanitizer's memcheck runs this test in scripts/dev/gpu_run.sh).
 TEST(Sm90VarlenContract, OffsetsThatBreakItNeitherHangNorLeaveTheTensors) {
   const Instance inst{128, DType::kBF16};
   const VarlenCase c{"lying", {{300, 300}, {129, 129}, {200, 200}}, 4, 2, true, -1, -1, {1, 1}, 0.0f, 1.0f};

@@ -5,12 +5,12 @@
 # stall samples (the source page), so that a session's first GPU call shows where DASH's kernel body loses to
 # FA3's. Clocks are left as they are (--clock-control none), as in every DASH measurement.
 #
-# usage: scripts/ncu_attention.sh {forward,backward} OUT_DIR HEAD_DIM SEQLEN {causal,full} [IMPL ...]
+# usage: scripts/dev/ncu_attention.sh {forward,backward} OUT_DIR HEAD_DIM SEQLEN {causal,full} [IMPL ...]
 #        IMPL: dash-det dash-nondet fa3-det fa3-nondet cudnn (cudnn: PyTorch SDPA's cuDNN forward; default: all four for the backward, dash-det and
 #        fa3-det for the forward, where the flag changes nothing); fa3-* need flash_attn_interface, e.g.
 #        PYTHONPATH=$PWD/python:/tmp/peers/fa3up/hopper after ../shared/peers/build_peers.sh fa3
 # Writes OUT_DIR/<impl>.ncu-rep, <impl>_details.txt, <impl>_source.csv (the SASS source page, which
-# scripts/ncu_step_phases.py breaks into the step's phases) and <impl>_top_sass.txt, and prints the summaries.
+# scripts/dev/ncu_step_phases.py breaks into the step's phases) and <impl>_top_sass.txt, and prints the summaries.
 set -uo pipefail
 pass=$1 out=$2 head_dim=$3 seqlen=$4 mask=$5
 shift 5
@@ -21,7 +21,7 @@ case $pass in
 esac
 impls=("$@")
 ((${#impls[@]})) || impls=("${default_impls[@]}")
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$out"
 
 main_kernel() {  # the filter on the demangled name of an implementation's main kernel of the pass (FA3's
@@ -72,6 +72,6 @@ for r in sorted(body, key=count, reverse=True)[:25]:
     print(f"{100 * count(r) / total:5.1f}%  {r[address]:>8}  {r[source].strip()[:110]}")
 EOF
   head -8 "$out/${impl}_top_sass.txt"
-  # Which execution counts hold the step loop; then scripts/ncu_step_phases.py --counts shows its phases.
-  python3 "$repo/scripts/ncu_step_phases.py" "$out/${impl}_source.csv" | head -1
+  # Which execution counts hold the step loop; then scripts/dev/ncu_step_phases.py --counts shows its phases.
+  python3 "$repo/scripts/dev/ncu_step_phases.py" "$out/${impl}_source.csv" | head -1
 done

@@ -1,5 +1,5 @@
 # cuda-gdb batch script: prints every resident warp's state and PC on every SM, so that a kernel that hangs shows
-# where each of its warp roles waits. Used by scripts/run_or_dump_warps.sh; SM ids past the GPU's count are skipped.
+# where each of its warp roles waits. Used by scripts/dev/run_or_dump_warps.sh; SM ids past the GPU's count are skipped.
 import gdb
 
 MAX_SMS = 256

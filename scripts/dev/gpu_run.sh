@@ -4,7 +4,7 @@
 # `dash-attn check`, and the forward/backward benchmarks on the paper's grid (with PyTorch SDPA
 # anchors measured in the same run when PyTorch is present), the PyTorch tests, the randomized sweep, the
 # same-run comparison with FlashAttention-3 and cuDNN, and the binary wheel's GPU test.
-#   usage: scripts/gpu_run.sh BIN_DIR OUT_DIR [tests|sanitize|check|bench|profile|python|sweep|compare|wheel ...]
+#   usage: scripts/dev/gpu_run.sh BIN_DIR OUT_DIR [tests|sanitize|check|bench|profile|python|sweep|compare|wheel ...]
 #          (default: the first seven; compare and wheel only when asked for)
 # BIN_DIR holds test_sm90, dash-attn and libdash_attn_c.so (and, for `wheel`, one dash_attn-*.whl).
 # `compare` runs python/benchmarks/compare.py with FA3 from $DASH_PEERS_BUILD/fa3up/hopper (default
@@ -18,7 +18,7 @@ out=$(realpath "$2")
 shift 2
 steps=("$@")
 ((${#steps[@]})) || steps=(tests sanitize check bench profile python sweep)
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 summary() { grep -E "$2" "$1" | cut -c1-200 | head -"${3:-40}"; }

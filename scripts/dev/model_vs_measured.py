@@ -5,7 +5,7 @@ whose measured backward times differ by more than --tie (a relative difference; 
 run-to-run noise), checks whether `dash-attn plan` with the given cost model orders them the same way.
 Prints the share of pairs ordered right and lists the wrong ones. No GPU needed.
 
-usage: scripts/model_vs_measured.py --dash-attn build/dash-attn --csv A.csv [--csv B.csv]
+usage: scripts/dev/model_vs_measured.py --dash-attn build/dash-attn --csv A.csv [--csv B.csv]
                                     [--jitter 0.2] [--job-overhead 0] [--reduce-cost 0.25] [--tie 0.03]
 Several CSVs are averaged per (shape, schedule). `auto` is left out: it is one of the others.
 """

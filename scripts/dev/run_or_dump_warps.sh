@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs a command that launches GPU kernels; if it is still running after SECONDS, attaches cuda-gdb, writes every
-# resident warp's PC to DUMP (scripts/cuda_gdb_warps.py), kills the command and exits 124. Otherwise exits with the
+# resident warp's PC to DUMP (scripts/dev/cuda_gdb_warps.py), kills the command and exits 124. Otherwise exits with the
 # command's status. For the first test of a kernel change that could hang, so that a hang costs seconds and leaves
 # where each warp waited instead of a timed-out call.
 #
-#   scripts/run_or_dump_warps.sh SECONDS DUMP command [args...]
+#   scripts/dev/run_or_dump_warps.sh SECONDS DUMP command [args...]
 set -u
 if [ $# -lt 3 ]; then
   echo "usage: $0 SECONDS DUMP command [args...]" >&2

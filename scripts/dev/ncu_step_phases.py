@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where one step of a backward kernel's MMA warps spends its time, from an Nsight Compute source page.
 
-Reads the SASS source page that scripts/ncu_attention.sh exports (`<impl>_source.csv`) and prints, in address
+Reads the SASS source page that scripts/dev/ncu_attention.sh exports (`<impl>_source.csv`) and prints, in address
 order, the instructions of the step loop: those executed once per MMA warp and step. Synchronisation points
 (waits on mbarriers, named barriers, wgmma waits, fences, arrives) and every instruction holding at least
 --min-share of the stall samples are printed on their own line, with their two largest stall reasons; the runs
@@ -14,7 +14,7 @@ The step loop is told apart by execution count: `Instructions Executed` of a ste
 --counts (the most frequent counts are printed first to choose from), e.g. 1064960,1032192 for DASH at hd64
 causal 8192 (133,120 CTA steps x 8 MMA warps, of which 4,096 x 8 take the masked path).
 
-usage: scripts/ncu_step_phases.py SOURCE_CSV [--counts N,N,...] [--min-share 0.6]
+usage: scripts/dev/ncu_step_phases.py SOURCE_CSV [--counts N,N,...] [--min-share 0.6]
 """
 
 from __future__ import annotations
