@@ -131,7 +131,7 @@ def implementations(impls: list[str], schedules: list[str], window: tuple[int, i
                     if deterministic and q.shape[-1] > FA3_DETERMINISTIC_MAX_HEAD_DIM:
                         raise NotImplementedError(
                             f"FA3's deterministic backward stops at head dim {FA3_DETERMINISTIC_MAX_HEAD_DIM} "
-                            "(at 256 it killed the process, 2026-12-02)")
+                            "(at 256 it killed the process)")
                     out = fa3(q, k, v, causal=causal, deterministic=deterministic, window_size=window,
                               softcap=softcap)
                     return out[0] if isinstance(out, tuple) else out

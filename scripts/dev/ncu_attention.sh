@@ -2,7 +2,7 @@
 # Nsight Compute profile of one forward or backward call of DASH and FlashAttention-3 at one shape
 # (deterministic and not, for the backward), on a Hopper GPU: for each, the main kernel's duration,
 # throughput, warp-state and memory sections (ncu's details page) and its SASS instructions ranked by warp
-# stall samples (the source page), so that a session's first GPU call shows where DASH's kernel body loses to
+# stall samples (the source page), so that a first GPU call shows where DASH's kernel body loses to
 # FA3's. Clocks are left as they are (--clock-control none), as in every DASH measurement.
 #
 # usage: scripts/dev/ncu_attention.sh {forward,backward} OUT_DIR HEAD_DIM SEQLEN {causal,full} [IMPL ...]

@@ -168,7 +168,7 @@ PlanResult make_schedule_plan(const TiledProblem& problem, Schedule schedule, in
   return result;
 }
 
-// From measurements of these kernels on an H200 (docs/PERF.md, 2026-12-01, commit e1dd9f0: the paper's
+// From measurements of these kernels on an H200 (docs/HISTORY.md, commit e1dd9f0: the paper's
 // grid and the LLaMA3-8B / Qwen2.5-7B GQA rows, python/benchmarks/compare.py):
 //  - causal, query-head groups folded into the jobs (GQA): descending, 8-48% faster than shortest-first
 //    and symmetric shift on every GQA row;

@@ -56,7 +56,7 @@ HeadProblem sequence_of_head(const TiledProblem& max_problem, const std::vector<
 
 }  // namespace
 
-// From measurements of these kernels on an H200 (2026-12-02; bf16, 16384 tokens, 2048 / head_dim heads): under the
+// From measurements of these kernels on an H200 (docs/HISTORY.md; bf16, 16384 tokens, 2048 / head_dim heads): under the
 // full mask, shift beat shortest-first by up to 15% on sequences all at the maxima, but on lengths uniform in
 // [S/2, 3S/2] shortest-first beat shift by 7-15% (hd128, S 1024: 338 against 298 TFLOPS; hd128, S 2048: 432 against
 // 376; hd64, S 1024: 318 against 283). Under the causal mask choose_auto already picks shortest-first (without

@@ -7,7 +7,7 @@
 // the CTAs: the last wave holds the shortest tiles of the last group, not a mix of one head's long and
 // another's short ones. A list-scheduling model of the grid put head-by-head order 3-6% behind at 2k-8k
 // tokens; measured (same-run A/B on the H200, bf16, paper grid, fd2049d's order against 7c08e11's,
-// docs/PERF.md, 2026-12-02), the grouped order gave +4.5-7.5% at d = 128, 2048-16384 tokens. The group bound
+// docs/HISTORY.md), the grouped order gave +4.5-7.5% at d = 128, 2048-16384 tokens. The group bound
 // keeps the K and V that the CTAs read at one time within L2: a group's key/value heads fit kForwardL2Budget
 // (forward_heads_per_group). Under a full mask every tile is equally long, and groups of one head keep each
 // head's K and V shared by the CTAs that run its tiles at once (grouping lost 1-7% there at d = 128, 512-2048
@@ -39,7 +39,7 @@ struct ForwardTile {
 // Bytes of K and V that the CTAs of one head group may read at one time: about a quarter of the H200's 60 MiB
 // L2, which leaves the rest to Q, O, the other group's tail and the L2's split into two partitions. FA3 sizes its
 // head sections the same way. Nsight Compute at d = 128, causal, 1024 tokens put DASH's L2 hit rate at 51% with
-// 32 MiB against FA3's 61%; same-run A/B on the H200 (bf16, the paper grid and GQA rows, 2026-12-02, docs/PERF.md):
+// 32 MiB against FA3's 61%; same-run A/B on the H200 (bf16, the paper grid and GQA rows, docs/HISTORY.md):
 // 16 MiB against 32, causal rows +1 to +4.6% (GQA rows -1 to +4.3%), 1.012x in geometric mean over all rows.
 inline constexpr int64_t kForwardL2Budget = int64_t{16} << 20;
 

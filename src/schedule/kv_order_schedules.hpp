@@ -60,7 +60,7 @@ struct ShortestFirstSchedule {
 
 // dQ added without order (rank kUnordered), visiting like the dynamic schedule auto runs for the shape:
 // under the causal mask, descending with folded GQA heads and shortest-first otherwise; ascending under
-// the full mask; shortest-first under a sliding window. Measured (H200, 2026-12-01, docs/PERF.md):
+// the full mask; shortest-first under a sliding window. Measured (H200, docs/HISTORY.md):
 // descending made it 1.01-1.23x faster on the GQA rows than its former ascending visits, and deterministic
 // shortest-first ran 1.03-1.08x faster than nondeterministic ascending at hd64 causal 512-1024 and hd128
 // causal 1024-2048 in the same runs.

@@ -35,7 +35,7 @@ DASH_HOST_DEVICE constexpr bool has_backward_kernel(int head_dim) {
 // d = 192 and 80 + 80 at 256, beside S and dP (24 + 24, 20 + 20) or its 64 x 96 or 64 x 128 dQ partial (48, 64).
 // Against the 64x64 head_dim split these head dims had before, the wider tiles cut the dQ partials reduced into
 // global memory per FLOP by 1.5x and 1.25x: at 64x64 the MMA warpgroups waited on the dQ writer's hand-off for
-// 32% of their stall samples at d = 192 (Nsight Compute, docs/PERF.md, 2026-12-02).
+// 32% of their stall samples at d = 192 (Nsight Compute, docs/HISTORY.md).
 DASH_HOST_DEVICE constexpr bool backward_splits_keys(int head_dim) { return head_dim >= 192; }
 
 DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
@@ -57,18 +57,18 @@ DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
 // overlap with each warpgroup's softmax. The taller tile pays where the sequence is long enough that the work
 // it adds past the causal diagonal and past seqlen_q is small. Same-run A/B on the H200, d = 64, bf16, the
 // paper grid (16384 tokens per batch, hidden 2048; fd2049d's kernel at every length against 7c08e11,
-// docs/PERF.md, 2026-12-02): full mask +6-9% from 2048 tokens, -4 to -5% at 512-1024; causal +2-4% from 8192
+// docs/HISTORY.md): full mask +6-9% from 2048 tokens, -4 to -5% at 512-1024; causal +2-4% from 8192
 // tokens, -4 to -28% below (at 512 the 192-row tiles compute 35% more of the masked triangle).
 //
 // At d = 128 under a full mask, key/value tiles are 176 keys wide instead (128x176): the per-tile work that
 // does not grow with the keys (rescaling O's 64 registers per thread, the row max and sum shuffles, the
-// barriers) is spread over 1.375x the keys. Nsight Compute on the H200 (2026-12-02, d = 128, full, 16384
+// barriers) is spread over 1.375x the keys. Nsight Compute on the H200 (d = 128, full, 16384
 // tokens): FA3's step loop at 128x176 issues 3.3 instructions per key and thread, DASH's at 128x128 3.7, and
 // DASH's at 128x176 3.4 (unmasked path, scripts/sass_report.sh). The wide tiles store O without a staging
 // tile (kernels/sm90/fwd_config.cuh: none fits beside Q, K and V), which costs more than the loop saves
 // when a tile visits few key/value tiles. Same-run A/B on the H200, d = 128, full, bf16, the paper grid
-// (2026-12-02, docs/PERF.md): against 128x128, -3% at 512 keys, +3.7-4.1% at 1024-2048, +3-13% from 4096.
-// At 1024 keys (six wide tiles a query tile) two later same-run A/Bs (ninth session, docs/PERF.md) found the
+// (docs/HISTORY.md): against 128x128, -3% at 512 keys, +3.7-4.1% at 1024-2048, +3-13% from 4096.
+// At 1024 keys (six wide tiles a query tile) two later same-run A/Bs (docs/HISTORY.md) found the
 // opposite, 128x128 4.8% and 5.2% faster, so the wide tiles start at 2048 keys.
 // The causal mask keeps 128 keys: wider tiles would compute more of the masked triangle.
 //

@@ -89,8 +89,8 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // Query pipeline depth: two stages everywhere. At d = 256 the second fits because the dQ partials go to the dQ
   // writer by column blocks through a ring of two (kdQBufferStages), 32 KiB where a whole partial pair took 64; with
   // one Q stage the next step's Q could load only once dK^T was done, and the MMA warpgroups waited on it for 12.6% of
-  // their stall samples (Nsight Compute, d = 256, 4096 tokens, full, 2026-12-03). Both changes together: backward
-  // 1.055-1.066x at d = 256 (docs/PERF.md, fifteenth session).
+  // their stall samples (Nsight Compute, d = 256, 4096 tokens, full). Both changes together: backward
+  // 1.055-1.066x at d = 256 (docs/HISTORY.md).
   static constexpr int kStages = 2;
   // dO pipeline depth: one stage at d = 192 too, where a second (24 KiB) would need 240 KiB.
   static constexpr int kdOStages = kSplitsKeys ? 1 : kStages;
@@ -155,7 +155,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // ring), kdQBufferStages blocks in flight: at d = 256 the writer reduces the first blocks while the MMA warpgroups
   // compute the next, where the whole partials (one stage) made them wait for the writer to drain the previous
   // step's for 19% of their stall samples (Nsight Compute, as above). Elsewhere one block, one stage: the whole
-  // partial. At d = 192 three blocks of 32 columns through the same ring ran 0.90-0.93x (fifteenth session): its
+  // partial. At d = 192 three blocks of 32 columns through the same ring ran 0.90-0.93x (docs/HISTORY.md): its
   // 96-column dQ GEMM split into three N = 32 GEMMs costs more than the earlier hand-off gives back.
   static constexpr int kdQBlockFloats = kdQPartialFloats / kdQColumnBlocks;  // one warpgroup's block
   static constexpr int kdQBufferStages = kdQColumnBlocks > 1 ? 2 : 1;

@@ -68,8 +68,8 @@ struct BackwardDqWriter {
           bulk_commit_group();
           // The previous block's buffers are free once the copy engine has read them. Waiting for that only now,
           // with this block's copies issued behind them, overlaps the two reads; waiting before issuing this block
-          // serialized them (d = 256 backward 1.04x with the automatic schedule, 1.03x nondeterministic; sixteenth
-          // session in docs/PERF.md). The MMA warpgroups cannot need the previous block's stage before this block
+          // serialized them (d = 256 backward 1.04x with the automatic schedule, 1.03x nondeterministic;
+          // docs/HISTORY.md). The MMA warpgroups cannot need the previous block's stage before this block
           // is full: they hand it over before storing the block after it.
           if (block > 0) {
             bulk_wait_read<1>();

@@ -45,7 +45,7 @@ struct BackwardMma {
   static constexpr int kBlockN = Config::kBlockN;
   // The S^T values each MMA thread holds per step, and how many of their slopes fit beside S^T, dP^T, dK and dV: 32
   // (16 registers) at d = 96 to 256 spill nothing, while at d = 64 the 128x128 tile's 64 (32 registers) spilled 92
-  // loads and 88 stores per step (SASS, 2026-12-02), so there compute_ds takes tanh back from P instead.
+  // loads and 88 stores per step (scripts/sass_report.sh), so there compute_ds takes tanh back from P instead.
   static constexpr int kScoresPerThread = kBlockN * kBlockM / Config::kMmaThreads;
   static constexpr int kMaxKeptSlopes = 32;
   static constexpr bool kKeepsSlope = Config::kSoftcap && kScoresPerThread <= kMaxKeptSlopes;

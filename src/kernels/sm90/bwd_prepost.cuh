@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kPrepostThreads) backward_preprocess_kernel(co
 // shared memory so that both sides of it are coalesced: each thread reads its fragment-order float4s,
 // writes the scaled, converted pairs to their (row, column) there, and after the barrier every thread
 // stores 16-byte row segments. Writing the pairs straight to global memory scatters 4-byte stores over 8
-// rows per instruction, half-filled sectors that made this kernel 3.6x slower (ncu, 2026-12-01).
+// rows per instruction, half-filled sectors that made this kernel 3.6x slower (Nsight Compute).
 template <class Config>
 __global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kernel(const PrepostParams p) {
   using Element = typename Config::Element;

@@ -98,7 +98,7 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   // O leaves through a staging tile and a TMA store where shared memory allows it, and otherwise straight from the
   // accumulator fragment (128x176 at d = 128: Q, K and V take 208 KiB). Staging it in the V ring instead, as FA3
   // does, made the next tile's first V wait for the epilogue and all MMA warpgroups meet before it: 3-10% slower
-  // at 1024-16384 keys (A/B, 2026-12-02, docs/PERF.md). Each MMA warpgroup stages its own 64 rows in the 128-byte
+  // at 1024-16384 keys (A/B, docs/HISTORY.md). Each MMA warpgroup stages its own 64 rows in the 128-byte
   // swizzled layout (64-byte at d = 96) that its TMA store reads.
   using SmemLayoutO =
       decltype(tile_to_shape(SwizzleAtom{}, Shape<Int<kMmaWarpGroupRows>, HeadDim, Int<kMmaWarpGroups>>{}));

@@ -109,7 +109,7 @@ int launch_forward_tile_shape(const kernels::ForwardParams& params, TileShape ti
 // Under a sliding window the tiles stay the head dim's base tiles (128x128 up to d = 128): the tall and wide tiles
 // were measured on the full and causal masks only (tile_config.hpp), and would compute more of a narrow band's
 // masked corners. A left bound takes kernels of their own (fwd_config.cuh): testing it at run time in the others'
-// masked steps cost 3-4% at 512-1024 causal tokens (same-run A/B on the H200, 2026-12-02, docs/PERF.md), and
+// masked steps cost 3-4% at 512-1024 causal tokens (same-run A/B on the H200, docs/HISTORY.md), and
 // branching between two sets of step loops in one kernel made the d = 128 kernels spill.
 //
 // A varlen batch's tiles are chosen by its mean lengths (the packed rows over the sequences, known on the host

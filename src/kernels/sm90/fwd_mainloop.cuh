@@ -93,7 +93,7 @@ struct ForwardMainloop {
         // One key/value tile of the pipelined loop, its softmax masked or not at compile time. The unmasked
         // tiles and those crossing a mask boundary run in loops of their own, each with one path, rather
         // than one loop that branches per tile: 8% faster in geometric mean over the grid, up to 16% (A/B,
-        // 2026-12-02, docs/PERF.md), although the executed path's instruction count barely changes.
+        // docs/HISTORY.md), although the executed path's instruction count barely changes.
         const auto step = [&](int j, auto masked) {
           const int k_stage = smem.k_stages.consumer_wait(kv_loads + j, "k_full");
           turns.wait();
