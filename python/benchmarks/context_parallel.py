@@ -13,7 +13,7 @@ the time. "single, same tokens/GPU" runs every rank alone on seqlen / world_size
 per-GPU rate the kernels reach on the local size, which context parallelism pays communication and block merging
 against. "single, all tokens" (rank 0, the others idle) is the step time context parallelism divides; speedup is
 its time over the context-parallel time. When flash_attn_interface imports (FA3's hopper/ directory on the
-Python path, e.g. from ../shared/peers), each mode also runs on FA3's kernels, deterministic and not
+Python path), each mode also runs on FA3's kernels, deterministic and not
 (parallel.FlashAttention3LocalAttention): the comparison with ring attention made of FA3. Prints a Markdown table
 and writes an optional CSV.
 """

@@ -2,7 +2,7 @@
 layer (RMSNorm, fused QKV projection, optional RoPE, causal GQA attention, output projection, RMSNorm,
 SwiGLU MLP) shaped like LLaMA3-8B and Qwen2.5-7B, at batch 1 in bf16, for each attention implementation
 in the same run: dash_attn deterministic, dash_attn nondeterministic, FlashAttention-3 deterministic and
-nondeterministic when flash_attn_interface imports (../shared/peers builds it), and PyTorch SDPA's cuDNN and
+nondeterministic when flash_attn_interface imports (FA3's hopper/ built from source), and PyTorch SDPA's cuDNN and
 flash backends. Kernel-level speedups matter to a user only in proportion to attention's share of the step;
 this measures that share.
 
@@ -122,7 +122,7 @@ def sdpa(backend: SDPBackend, native_gqa: bool) -> Attention:
 
 
 def fa3(flash_attn_func_v3: Callable, deterministic: bool) -> Attention:
-    """FlashAttention-3 (flash_attn_interface, e.g. built by ../shared/peers), which takes GQA natively."""
+    """FlashAttention-3 (flash_attn_interface, built from FA3's hopper/), which takes GQA natively."""
 
     def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         out = flash_attn_func_v3(q, k, v, causal=True, deterministic=deterministic)

@@ -179,7 +179,7 @@ class TorchLocalAttention:
 
 class FlashAttention3LocalAttention:
     """FlashAttention-3's kernels as the local kernel (flash_attn_interface, from Dao-AILab/flash-attention's
-    hopper/ directory, e.g. as ../shared/peers builds it): its forward returns the LSE the contract asks for
+    hopper/ directory, built from source): its forward returns the LSE the contract asks for
     ((batch, heads_q, seqlen_q), fp32, natural log), and its backward takes the caller's out and LSE, so the
     same ring and all-to-all run on FA3 for comparison. deterministic selects FA3's deterministic backward;
     sm_margin is FA3's, which leaves SMs free as DASH's does. FA3 takes GQA natively.
