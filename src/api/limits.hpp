@@ -6,28 +6,31 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
+#include "api/supported.hpp"
 #include "schedule/tile_config.hpp"
 
 namespace dash {
 
-// Head dims the kernels are written for (a build may instantiate a subset, see DASH_HEAD_DIMS).
-inline constexpr std::array<int, 5> kSupportedHeadDims = {64, 96, 128, 192, 256};
+// kSupportedHeadDims and kSupportedDTypes, what the kernels are written for, come from cmake/Supported.cmake through
+// the generated api/supported.hpp (a build may instantiate a subset, see DASH_HEAD_DIMS and DASH_DTYPES).
 
 // Head dims with a backward kernel as well (has_backward_kernel, schedule/tile_config.hpp): a backward, its plan and
-// its workspace size are refused at the others. Every supported head dim has one (d = 192 and 256 since their
-// split-warpgroup kernels); the list stays apart so that a head dim could gain its forward first.
-inline constexpr std::array<int, 5> kBackwardHeadDims = {64, 96, 128, 192, 256};
-static_assert(
-    [] {
-      for (int head_dim : kSupportedHeadDims) {
-        const bool listed = std::ranges::find(kBackwardHeadDims, head_dim) != kBackwardHeadDims.end();
-        if (listed != has_backward_kernel(head_dim)) return false;
-      }
-      return true;
-    }(),
-    "kBackwardHeadDims must list exactly the supported head dims that have a backward kernel");
+// its workspace size are refused at the others. Every supported head dim has one; the backward's rule stays apart
+// so that a head dim could gain its forward first.
+inline constexpr auto kBackwardHeadDims = [] {
+  constexpr auto count = std::ranges::count_if(kSupportedHeadDims, [](int head_dim) {
+    return has_backward_kernel(head_dim);
+  });
+  std::array<int, static_cast<size_t>(count)> head_dims{};
+  size_t next = 0;
+  for (int head_dim : kSupportedHeadDims) {
+    if (has_backward_kernel(head_dim)) head_dims[next++] = head_dim;
+  }
+  return head_dims;
+}();
 
 // Both supported element types (bf16, fp16) are 2 bytes wide.
 inline constexpr int64_t kElementBytes = 2;

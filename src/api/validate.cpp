@@ -298,8 +298,10 @@ Status validate(const AttentionShape& shape) {
     return not_supported(cat("shape.head_dim must be one of {", supported, "}, got ", shape.head_dim));
   }
   // A DType cast from an out-of-range int must not reach the kernel dispatch.
-  if (shape.dtype != DType::kBF16 && shape.dtype != DType::kFP16) {
-    return not_supported(cat("shape.dtype must be bf16 or fp16, got DType(", static_cast<int>(shape.dtype), ")"));
+  if (std::ranges::find(kSupportedDTypes, shape.dtype) == kSupportedDTypes.end()) {
+    std::string supported;
+    for (DType dtype : kSupportedDTypes) supported += cat(supported.empty() ? "" : " or ", dtype_name(dtype));
+    return not_supported(cat("shape.dtype must be ", supported, ", got DType(", static_cast<int>(shape.dtype), ")"));
   }
   if (shape.heads_q % shape.heads_kv != 0) {
     return invalid(cat("shape.heads_q must be a multiple of shape.heads_kv (each key/value head serves a whole group ",
