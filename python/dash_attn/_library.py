@@ -52,8 +52,8 @@ DTYPE_BF16 = 0
 DTYPE_FP16 = 1
 DTYPE_NAMES = {DTYPE_BF16: "bf16", DTYPE_FP16: "fp16"}
 
-# The head dims the kernels are written for (kSupportedHeadDims in src/api/limits.hpp); a build compiles kernels
-# for a subset of these and the dtypes (kernel_available() tells which).
+# The head dims the kernels are written for: Python's view of cmake/Supported.cmake, which CTest's repository_check
+# compares with it; a build compiles kernels for a subset of these and the dtypes (kernel_available() tells which).
 HEAD_DIMS = (64, 96, 128, 192, 256)
 # The head dims with a backward as well (kBackwardHeadDims): every supported one (192 and 256 since their
 # split-warpgroup backward kernels); a backward at any other raises the library's not-supported error.

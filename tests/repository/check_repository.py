@@ -6,6 +6,8 @@
    (`scope="session"`) is the one allowed use of the word.
 2. No document or binding states a C ABI version other than DASH_C_ABI_VERSION in src/capi/dash_c.h. A version
    number may appear in the documents only as history ("since ABI version 5"); Python's ABI_VERSION must match.
+3. Python's view of the supported head dims and dtypes (python/dash_attn/_library.py: HEAD_DIMS, BACKWARD_HEAD_DIMS,
+   DTYPE_NAMES) is the one list in cmake/Supported.cmake, from which CMake generates the C++ view.
 
     check_repository.py [--root DIR]    check the tree (exit 1 and one line per finding when it fails)
     check_repository.py --self-test     the negative control: planted labels, dates and version drift are found
@@ -36,6 +38,9 @@ DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 ABI_MENTION = re.compile(r"\bABI\b(?:[^.\n]|\.(?=\w)){0,60}?\bversion\s+(\d+)", re.IGNORECASE)
 HISTORY_WORDS = re.compile(r"\b(?:since|from|until|before|up to|through)\s+(?:C\s+)?(?:ABI\s+)?version\s+\d+$",
                            re.IGNORECASE)
+CMAKE_LIST = re.compile(r"^set\((DASH_SUPPORTED_\w+) ([^)]*)\)$", re.MULTILINE)
+PYTHON_TUPLE = re.compile(r"^(HEAD_DIMS|BACKWARD_HEAD_DIMS) = \(([^)]*)\)$", re.MULTILINE)
+PYTHON_DTYPE_NAMES = re.compile(r"^DTYPE_NAMES = \{([^}]*)\}$", re.MULTILINE)
 HEADER_VERSION = re.compile(r"^#define DASH_C_ABI_VERSION (\d+)$", re.MULTILINE)
 PYTHON_VERSION = re.compile(r"^ABI_VERSION = (\d+)$", re.MULTILINE)
 
@@ -60,6 +65,27 @@ def abi_findings(text, version):
             stated = int(match.group(1))
             if stated != version and not HISTORY_WORDS.search(line[:match.end()]):
                 found.append((number, f"states C ABI version {stated}, dash_c.h has {version}"))
+    return found
+
+
+def list_findings(cmake_text, python_text):
+    """Messages for each way Python's lists differ from cmake/Supported.cmake's."""
+    lists = {name: values.split() for name, values in CMAKE_LIST.findall(cmake_text)}
+    head_dims = [int(value) for value in lists.get("DASH_SUPPORTED_HEAD_DIMS", [])]
+    dtypes = lists.get("DASH_SUPPORTED_DTYPES", [])
+    if not head_dims or not dtypes:
+        return ["cmake/Supported.cmake: no DASH_SUPPORTED_HEAD_DIMS or DASH_SUPPORTED_DTYPES list"]
+    found = []
+    tuples = {name: [int(value) for value in values.replace(",", " ").split()]
+              for name, values in PYTHON_TUPLE.findall(python_text)}
+    if tuples.get("HEAD_DIMS") != head_dims:
+        found.append(f"HEAD_DIMS = {tuples.get('HEAD_DIMS')}, cmake/Supported.cmake has {head_dims}")
+    if not set(tuples.get("BACKWARD_HEAD_DIMS", [])) <= set(head_dims):
+        found.append(f"BACKWARD_HEAD_DIMS = {tuples.get('BACKWARD_HEAD_DIMS')} is not within {head_dims}")
+    names = PYTHON_DTYPE_NAMES.search(python_text)
+    python_dtypes = re.findall(r'"(\w+)"', names.group(1)) if names else []
+    if python_dtypes != dtypes:
+        found.append(f"DTYPE_NAMES names {python_dtypes}, cmake/Supported.cmake has {dtypes}")
     return found
 
 
@@ -94,6 +120,8 @@ def check(root):
         if python_match and int(python_match.group(1)) != version:
             problems.append(f"python/dash_attn/_library.py: ABI_VERSION = {python_match.group(1)}, "
                             f"dash_c.h has {version}")
+        for message in list_findings((root / "cmake/Supported.cmake").read_text(), binding.read_text()):
+            problems.append(f"python/dash_attn/_library.py: {message}")
     return problems
 
 
@@ -101,8 +129,8 @@ def self_test():
     """Each planted problem is found and each allowed form is not; returns the failures."""
     failures = []
     md, code = pathlib.PurePosixPath("docs/X.md"), pathlib.PurePosixPath("src/x.hpp")
-    must_find = [(code, "// 1.06x (fifteenth session)"), (code, "// measured 2026-12-02"), (md, "In the Session 17 run"),
-                 (md, "the seventeenth ..."), (code, "# a work period's result")]
+    must_find = [(code, "// 1.06x (fifteenth session)"), (code, "// measured 2026-12-02"),
+                 (md, "In the Session 17 run"), (md, "the seventeenth ..."), (code, "# a work period's result")]
     must_pass = [(code, '@pytest.fixture(scope="session")'), (code, "// a fifth of the time, the fourth argument"),
                  (md, "measured on 2026-12-04 at 3039be2"), (code, "// on the first call")]
     for path, line in must_find:
@@ -120,6 +148,14 @@ def self_test():
     for line in fine:
         if abi_findings(line, 9):
             failures.append(f"false version drift: {line!r}")
+    cmake = "set(DASH_SUPPORTED_HEAD_DIMS 64 128)\nset(DASH_SUPPORTED_DTYPES bf16 fp16)\n"
+    python = 'HEAD_DIMS = (64, 128)\nBACKWARD_HEAD_DIMS = (64, 128)\nDTYPE_NAMES = {0: "bf16", 1: "fp16"}\n'
+    if list_findings(cmake, python):
+        failures.append(f"false list drift: {list_findings(cmake, python)}")
+    for drifted in (python.replace("(64, 128)\nB", "(64, 96, 128)\nB"), python.replace('"fp16"', '"fp8"'),
+                    python.replace("BACKWARD_HEAD_DIMS = (64, 128)", "BACKWARD_HEAD_DIMS = (64, 256)")):
+        if not list_findings(cmake, drifted):
+            failures.append(f"list drift not found: {drifted!r}")
     return failures
 
 
@@ -132,7 +168,7 @@ def main():
     for problem in problems:
         print(problem)
     if not problems:
-        print("self-test passed" if args.self_test else f"{args.root}: no labels, dates in code or ABI drift")
+        print("self-test passed" if args.self_test else f"{args.root}: no labels, dates in code, ABI or list drift")
     return 1 if problems else 0
 
 
