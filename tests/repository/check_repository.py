@@ -120,8 +120,12 @@ def check(root):
         if python_match and int(python_match.group(1)) != version:
             problems.append(f"python/dash_attn/_library.py: ABI_VERSION = {python_match.group(1)}, "
                             f"dash_c.h has {version}")
-        for message in list_findings((root / "cmake/Supported.cmake").read_text(), binding.read_text()):
-            problems.append(f"python/dash_attn/_library.py: {message}")
+        lists = root / "cmake/Supported.cmake"
+        if not lists.is_file():
+            problems.append("cmake/Supported.cmake: missing (the one list of head dims and dtypes)")
+        else:
+            for message in list_findings(lists.read_text(), binding.read_text()):
+                problems.append(f"python/dash_attn/_library.py: {message}")
     return problems
 
 
