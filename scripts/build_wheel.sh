@@ -19,7 +19,8 @@
 #      at run time, and CUTLASS reaches cuTensorMapEncodeTiled through cudaGetDriverEntryPoint), and
 #      --exclude keeps it out should that ever change;
 #   4. scripts/test_wheel.sh --no-gpu: installs the wheel into a fresh virtual environment and checks that
-#      `python -m dash_attn.info` runs and every library dependency resolves.
+#      `python -m dash_attn.info` runs and every library dependency resolves; with the default kernel set also
+#      (--complete) that the library has every head dim, dtype, softcap and varlen kernel.
 # Environment: DASH_HEAD_DIMS, DASH_DTYPES, DASH_SOFTCAP_KERNELS and DASH_VARLEN_KERNELS trim the kernel instances
 # (the CMake options of the same names; unset, CMake's defaults: every head dim, dtype, softcap and varlen variant);
 # DASH_CUDA_ROOT is the CUDA toolkit to build with (the directory holding bin/nvcc; default: nvcc on PATH, else
@@ -38,8 +39,13 @@ die() { echo "build_wheel: error: $*" >&2; exit 1; }
 
 # The kernel set: CMake's defaults unless the environment trims them; only what is set is passed on.
 defines=(-C cmake.define.DASH_REQUIRE_KERNELS=ON)
+# The default set is the complete one, and the wheel test then checks that it is.
+completeness=(--complete)
 for option in DASH_HEAD_DIMS DASH_DTYPES DASH_SOFTCAP_KERNELS DASH_VARLEN_KERNELS; do
-  if [ -n "${!option:-}" ]; then defines+=(-C "cmake.define.$option=${!option}"); fi
+  if [ -n "${!option:-}" ]; then
+    defines+=(-C "cmake.define.$option=${!option}")
+    completeness=()
+  fi
 done
 
 if [ -n "${DASH_CUDA_ROOT:-}" ]; then
@@ -136,5 +142,5 @@ mv "${repaired[0]}" "$out/$name"
 say "wheel: $out/$name ($(du -k "$out/$name" | cut -f1) KiB)"
 
 # With the PATH the script was started with: the user's python3, not the tool environment's.
-PATH=$user_path "$repo/scripts/test_wheel.sh" --no-gpu "$out/$name"
+PATH=$user_path "$repo/scripts/test_wheel.sh" --no-gpu "${completeness[@]}" "$out/$name"
 say "done: $out/$name"
