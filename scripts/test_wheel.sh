@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests a dash_attn wheel (scripts/build_wheel.sh) the way a user gets it: installed with pip into a fresh
 # virtual environment, from a directory outside the repository, with no DASH_ATTN_LIBRARY or PYTHONPATH.
-#   usage: scripts/test_wheel.sh [--gpu | --no-gpu] WHEEL_FILE
+#   usage: scripts/test_wheel.sh [--gpu | --no-gpu] [--complete] WHEEL_FILE
 #
 # Both modes: the wheel installs without its dependencies and without an index (no network needed); the
 # installed package and library are the wheel's (not a copy elsewhere on sys.path); every dependency of
@@ -14,18 +14,25 @@
 #   environment's own): $DASH_WHEEL_PYTHON, else the first of python3, /opt/torch/.venv/bin/python that
 #   imports torch.
 # --no-gpu (the build machine): info must exit 1 and say why (no driver, no device); torch is not needed.
+# --complete (scripts/build_wheel.sh passes it for its default kernel set): the library must have every head dim
+#   and dtype the package knows, each with its softcap, varlen and varlen softcap kernels.
 # Environment: DASH_WHEEL_PYTHON (the interpreter), DASH_WHEEL_VENV (where to create the environment; default:
 # a new temporary directory, removed afterwards unless DASH_WHEEL_KEEP=1), DASH_WHEEL_TIMEOUT (seconds each
 # Python step may take, default 600).
 set -uo pipefail
 
 mode=gpu
-case ${1:-} in
-  --gpu) mode=gpu; shift ;;
-  --no-gpu) mode=no-gpu; shift ;;
-esac
+complete=0
+while [ $# -gt 1 ]; do
+  case $1 in
+    --gpu) mode=gpu; shift ;;
+    --no-gpu) mode=no-gpu; shift ;;
+    --complete) complete=1; shift ;;
+    *) break ;;
+  esac
+done
 if [ $# -ne 1 ] || [ ! -f "$1" ]; then
-  echo "usage: $0 [--gpu | --no-gpu] WHEEL_FILE   (${1:-no wheel given}: not a file)" >&2
+  echo "usage: $0 [--gpu | --no-gpu] [--complete] WHEEL_FILE   (${1:-no wheel given}: not a file)" >&2
   exit 2
 fi
 wheel=$(realpath "$1")
@@ -136,6 +143,27 @@ else
 fi
 toolkit=$(grep -E '^lib(cu|nv)' <<< "$needed" | grep -v '^libcuda\.so' || true)
 [ -z "$toolkit" ] || fail "the library needs CUDA toolkit libraries: $toolkit"
+
+if [ "$complete" = 1 ]; then
+  run_python - <<'EOF' || fail "the wheel lacks kernels of the default set"
+from dash_attn import _library
+missing = []
+for head_dim in _library.HEAD_DIMS:
+    for code, name in _library.DTYPE_NAMES.items():
+        for what, available in (
+            ("dense", _library.kernel_available(head_dim, code)),
+            ("softcap", _library.kernel_available(head_dim, code, softcap=True)),
+            ("varlen", _library.varlen_kernel_available(head_dim, code)),
+            ("varlen softcap", _library.varlen_kernel_available(head_dim, code, softcap=True)),
+        ):
+            if not available:
+                missing.append(f"head_dim {head_dim} {name} {what}")
+if missing:
+    raise SystemExit("test_wheel: missing kernels: " + ", ".join(missing))
+print(f"test_wheel: complete: head dims {_library.HEAD_DIMS}, {sorted(_library.DTYPE_NAMES.values())}, "
+      "each with softcap, varlen and varlen softcap kernels")
+EOF
+fi
 
 say "python -m dash_attn.info:"
 info_out=$(run_python -m dash_attn.info 2>&1)

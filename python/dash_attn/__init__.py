@@ -58,4 +58,4 @@ __all__ = [
     "library_path",
     "scaled_dot_product_attention",
 ]
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402  (the one place the version is written)
