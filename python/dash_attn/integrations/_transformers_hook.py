@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import sys
 import warnings
@@ -29,7 +30,7 @@ TARGET = "transformers.modeling_utils"
 
 def _register() -> None:
     try:
-        from . import transformers as integration
+        integration = importlib.import_module(f"{__package__}.transformers")
     except ImportError as error:
         warnings.warn(f'dash_attn did not register "dash_attn" with transformers: {error}', stacklevel=2)
         return
