@@ -286,7 +286,8 @@ def test_the_moves_run_under_the_determinism_switch():
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda h, m: dash_attn.unpad_input(h, m[:, :4]), ValueError, "attention_mask must be (batch, seqlen) = (2, 5)"),
+        (lambda h, m: dash_attn.unpad_input(h, m[:, :4]), ValueError,
+         "attention_mask must be (batch, seqlen) = (2, 5)"),
         (lambda h, m: dash_attn.unpad_input(h, m.float()), TypeError, "attention_mask must be a bool or integer"),
         (lambda h, m: dash_attn.unpad_input(h[0, 0], m), ValueError, "hidden_states must be (batch, seqlen, ...)"),
         (lambda h, m: dash_attn.unpad_input(h, m, m[:1]), ValueError, "unused_mask must be (batch, seqlen)"),

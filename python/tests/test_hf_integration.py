@@ -4,16 +4,16 @@ Transformers.
 On the CPU, dash_attn.flash_attn_func and dash_attn.flash_attn_varlen_func are replaced by stand-ins that record
 their arguments (bound to the real signatures) and compute attention with torch's SDPA in float32 under DASH's
 bottom-right causal mask (the varlen one sequence at a time), so whole models run forward and backward. These
-tests check: registration (idempotent, accepted by from_config and from_pretrained, made by `import dash_attn` alone
-when transformers loads, without dash_attn importing transformers); the layout (transposed views
-in, (batch, seqlen, heads, head_dim) out); scaling, is_causal, GQA, deterministic and schedule reaching the kernel
-call; packed sequences (from position_ids or cu_seq_lens_*) reaching the varlen call as views with int32 offsets,
-read once per forward; sliding_window reaching the kernels as window_size; every refusal, with its message naming
-the argument; the mask hook, packed, padded and sliding-window masks included; padded batches (left and right
-padding) through unpad -> varlen -> pad on tiny Llama, Qwen2, Mistral (window) and Gemma 2 (head dim 256, softcap,
-window) models against each sequence alone, padding rows zero and without gradient, and generate() on a left-padded
-batch; deterministic=True whatever transformers' FLASH_ATTENTION_DETERMINISTIC says; tiny Llama and Qwen2 models against their
-SDPA implementation, dense and packed, and packed against each document run alone; tiny Mistral and mixed-layer
+tests check: registration (idempotent, accepted by from_config and from_pretrained, made by `import dash_attn`
+alone when transformers loads, without dash_attn importing transformers); the layout (transposed views in, (batch,
+seqlen, heads, head_dim) out); scaling, is_causal, GQA, deterministic and schedule reaching the kernel call; packed
+sequences (from position_ids or cu_seq_lens_*) reaching the varlen call as views with int32 offsets, read once per
+forward; sliding_window reaching the kernels as window_size; every refusal, with its message naming the argument;
+the mask hook, packed, padded and sliding-window masks included; padded batches (left and right padding) through
+unpad -> varlen -> pad on tiny Llama, Qwen2, Mistral (window) and Gemma 2 (head dim 256, softcap, window) models
+against each sequence alone, padding rows zero and without gradient, and generate() on a left-padded batch;
+deterministic=True whatever transformers' FLASH_ATTENTION_DETERMINISTIC says; tiny Llama and Qwen2 models against
+their SDPA implementation, dense and packed, and packed against each document run alone; tiny Mistral and mixed-layer
 Qwen2 models with sliding windows against their SDPA implementation; decoding with a DynamicCache; and, without the
 stand-ins, that the real entry point applies torch's determinism switch and refuses CPU tensors.
 

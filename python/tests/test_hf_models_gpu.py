@@ -63,7 +63,8 @@ FAMILIES = {
 
 @pytest.fixture
 def deterministic_algorithms():
-    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True)
     yield
     torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
