@@ -94,17 +94,26 @@ def bottom_right_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_size: t
 
 
 def attention_by_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window_size=(-1, -1)
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window_size=(-1, -1),
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """What DASH computes, on (batch, seqlen, heads, head_dim) tensors, by torch's SDPA in float32."""
+    """What DASH computes, on (batch, seqlen, heads, head_dim) tensors, by torch's SDPA in float32 (by hand with
+    softcap > 0, which caps each scaled score to softcap * tanh(score / softcap))."""
     qh, kh, vh = (t.transpose(1, 2).float() for t in (q, k, v))
     mask = bottom_right_mask(q.shape[1], k.shape[1], causal, window_size)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
+    if softcap > 0:
+        group = qh.shape[1] // kh.shape[1]
+        kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
+        scores = softcap * torch.tanh(qh @ kh.transpose(-1, -2) * scale / softcap)
+        out = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).nan_to_num() @ vh
+    else:
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2).to(q.dtype)
 
 
 def packed_attention_by_sdpa(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, causal: bool, window_size: tuple[int, int]
+    q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, causal: bool, window_size: tuple[int, int],
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """What DASH's varlen computes, on packed (total, heads, head_dim) tensors: each sequence by attention_by_sdpa
     alone; rows after the last sequence are 0."""
@@ -112,7 +121,7 @@ def packed_attention_by_sdpa(
     bounds = zip(cu_seqlens_q.tolist(), cu_seqlens_q.tolist()[1:], cu_seqlens_k.tolist(), cu_seqlens_k.tolist()[1:])
     for q_start, q_end, k_start, k_end in bounds:
         document = (q[None, q_start:q_end], k[None, k_start:k_end], v[None, k_start:k_end])
-        out[q_start:q_end] = attention_by_sdpa(*document, scale, causal, window_size)[0]
+        out[q_start:q_end] = attention_by_sdpa(*document, scale, causal, window_size, softcap)[0]
     return out
 
 
@@ -132,7 +141,8 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> list[KernelCall]:
         arguments = bound_arguments(dash_attn.flash_attn_func, args, kwargs)
         q, k, v = arguments.pop("q"), arguments.pop("k"), arguments.pop("v")
         calls.append(KernelCall(q, k, v, arguments))
-        return attention_by_sdpa(q, k, v, arguments["softmax_scale"], arguments["causal"], arguments["window_size"])
+        return attention_by_sdpa(q, k, v, arguments["softmax_scale"], arguments["causal"], arguments["window_size"],
+                                 arguments["softcap"])
 
     def varlen_stand_in(*args: object, **kwargs: object) -> torch.Tensor:
         arguments = bound_arguments(dash_attn.flash_attn_varlen_func, args, kwargs)
@@ -140,7 +150,7 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> list[KernelCall]:
         calls.append(KernelCall(q, k, v, arguments, "flash_attn_varlen_func"))
         return packed_attention_by_sdpa(
             q, k, v, *(arguments[name] for name in ("cu_seqlens_q", "cu_seqlens_k", "softmax_scale", "causal")),
-            arguments["window_size"],
+            arguments["window_size"], arguments["softcap"],
         )
 
     monkeypatch.setattr(integration, "flash_attn_func", dense_stand_in)
@@ -858,6 +868,25 @@ def test_generate_works_on_a_left_padded_batch(kernel):
     assert len(kernel) == 2 * new_tokens and all(call.function == "flash_attn_varlen_func" for call in kernel)
     assert kernel[-1].q.shape[0] == BATCH and kernel[-1].arguments["cu_seqlens_k"].tolist() == [
         0, SEQLEN + new_tokens - 1, 2 * (SEQLEN + new_tokens - 1) - 6]
+
+
+@pytest.mark.parametrize("config", padded_families())
+def test_generate_on_a_left_padded_batch_scores_as_eager_attention_does(kernel, config):
+    new_tokens = 5
+    model = tiny_model(config)
+    ids, mask, _ = padded_batch("left")
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                         output_logits=True, return_dict_in_generate=True)
+    # Sliding layers decode with their cache's last keys only, full layers with every real key.
+    assert all(call.function == "flash_attn_varlen_func" for call in kernel)
+    # Each step's logits against eager attention on the sequence generated so far (logits, not tokens: a tiny
+    # random model's greedy choice can hang on a tie that rounding breaks either way). The stand-in attends in
+    # float32 and eager attention in bf16, which alone puts them about 1e-2 apart on a full forward.
+    model.set_attn_implementation("eager")
+    full_mask = torch.cat((mask, torch.ones(BATCH, new_tokens, dtype=mask.dtype)), dim=1)
+    expected = model(out.sequences, attention_mask=full_mask, position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0))
+    for step, logits in enumerate(out.logits):
+        assert relative_error(logits, expected.logits[:, SEQLEN - 1 + step]) < 2e-2, f"step {step}"
 
 
 def test_padding_and_packing_together_are_refused(kernel):
