@@ -9,7 +9,8 @@ Each family, in bf16 on the GPU:
 - the gradients of two runs bitwise identical under torch.use_deterministic_algorithms(True), dense and padded;
 - a padded batch (right and left padding, with generate()'s position_ids) against each sequence alone, on the real
   tokens (relative L2 error below PADDING_TOLERANCE: the other layers' matmuls see other batch shapes);
-- generate() on a left-padded batch.
+- generate() on a left-padded batch: each step's logits against eager attention on the generated sequence
+  (LOGITS_TOLERANCE).
 Every test skips without transformers (5.4 or newer), a Hopper GPU and the library, or, naming it, without the
 kernels of the family's head dim (and softcap).
 """
@@ -159,7 +160,18 @@ def test_a_padded_batch_matches_each_sequence_alone(family_config, device, side)
 def test_generate_works_on_a_left_padded_batch(family_config, device):
     model = model_of(family_config, "dash_attn", device).eval()
     inputs = padded_inputs(device, "left")
-    out = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                         max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-    assert out.shape == (BATCH, SEQLEN + NEW_TOKENS) and torch.equal(out[:, :SEQLEN], inputs["input_ids"])
-    assert int(out.max()) < VOCAB
+    mask = inputs["attention_mask"]
+    with torch.no_grad():
+        out = model.generate(input_ids=inputs["input_ids"], attention_mask=mask, max_new_tokens=NEW_TOKENS,
+                             do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        sequences = out.sequences
+        assert sequences.shape == (BATCH, SEQLEN + NEW_TOKENS)
+        assert torch.equal(sequences[:, :SEQLEN], inputs["input_ids"])
+        # Each step's logits against eager attention on the sequence generated so far (logits, not tokens: a
+        # random model's greedy choice can hang on a tie that rounding breaks either way).
+        full_mask = torch.cat((mask, torch.ones(BATCH, NEW_TOKENS, dtype=mask.dtype, device=device)), dim=1)
+        eager = model_of(family_config, "eager", device).eval()
+        expected = eager(sequences, attention_mask=full_mask,
+                         position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0)).logits
+    for step, logits in enumerate(out.logits):
+        assert relative_error(logits, expected[:, SEQLEN - 1 + step]) < LOGITS_TOLERANCE, f"step {step}"
