@@ -291,7 +291,11 @@ def test_an_integration_that_cannot_load_warns_and_leaves_transformers_alone(mon
     from dash_attn.integrations import _transformers_hook
 
     monkeypatch.setitem(sys.modules, "dash_attn.integrations.transformers", None)  # its import raises ImportError
-    with pytest.warns(UserWarning, match='dash_attn did not register "dash_attn" with transformers'):
+    with pytest.warns(UserWarning, match='dash_attn did not register "dash_attn" with transformers: ModuleNotFound'):
+        _transformers_hook._register()
+    monkeypatch.setattr(integration, "register", lambda: 1 / 0)  # transformers' internals changed under it
+    monkeypatch.setitem(sys.modules, "dash_attn.integrations.transformers", integration)
+    with pytest.warns(UserWarning, match="ZeroDivisionError"):
         _transformers_hook._register()
 
 

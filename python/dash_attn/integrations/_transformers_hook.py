@@ -9,8 +9,9 @@ Invariants:
 - The module is loaded by its own loader, as without the finder; registration runs after the loader has executed
   it completely, and only if that succeeded. The finder wraps nothing else (the spec, the loader's type and its
   other methods stay as they are).
-- A transformers that the integration does not support (older than its minimum) is not an error for
-  transformers: its import goes on, and a warning says why "dash_attn" is not registered.
+- A transformers that the integration does not support (older than its minimum, or changed where the integration
+  reads it) is not an error for transformers: its import goes on, and a warning says why "dash_attn" is not
+  registered. An explicit register() raises instead.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ TARGET = "transformers.modeling_utils"
 
 
 def _register() -> None:
+    # This runs inside the import of transformers.modeling_utils, which is the user's, not DASH's: whatever goes
+    # wrong here (an unsupported transformers, or one whose internals changed) becomes a warning naming it, and
+    # transformers' import goes on without "dash_attn".
     try:
-        integration = importlib.import_module(f"{__package__}.transformers")
-    except ImportError as error:
-        warnings.warn(f'dash_attn did not register "dash_attn" with transformers: {error}', stacklevel=2)
-        return
-    integration.register()
+        importlib.import_module(f"{__package__}.transformers").register()
+    except Exception as error:
+        warnings.warn(
+            f'dash_attn did not register "dash_attn" with transformers: {type(error).__name__}: {error}', stacklevel=2
+        )
 
 
 class _Finder(importlib.abc.MetaPathFinder):
