@@ -306,6 +306,22 @@ def test_the_hook_answers_only_its_module():
     assert _transformers_hook._finder.find_spec("transformers", None) is None
 
 
+def test_a_models_own_flash_deterministic_flag_does_not_turn_determinism_off(kernel):
+    # ModernBERT passes config.deterministic_flash_attn (False by default, as in FlashAttention) to every attention
+    # call; DASH stays deterministic unless schedule="nondeterministic" asks otherwise.
+    module = AttentionModule()
+    module.deterministic_flash_attn = False
+    query, key, value = states()
+    integration.dash_attention_forward(module, query, key, value, None, deterministic=False)
+    integration.dash_attention_forward(module, query, key, value, None, deterministic=True)
+    integration.dash_attention_forward(module, query, key, value, None, deterministic=False,
+                                       schedule="nondeterministic")
+    # Elsewhere schedule="nondeterministic" alone asks for it too.
+    integration.dash_attention_forward(AttentionModule(), query, key, value, None, schedule="nondeterministic")
+    seen = [(call.arguments["deterministic"], call.arguments["schedule"]) for call in kernel]
+    assert seen == [(True, "auto"), (True, "auto"), (False, "nondeterministic"), (False, "nondeterministic")]
+
+
 @pytest.mark.parametrize("flag", [None, "0", "1"])
 def test_a_model_stays_deterministic_whatever_transformers_flash_flag_says(kernel, monkeypatch, flag):
     # transformers' flash-attention wrapper reads FLASH_ATTENTION_DETERMINISTIC (default off); DASH's path does not.

@@ -73,7 +73,9 @@ Invariants:
   (transformers hands extra keywords to every attention layer), choose the backward schedule as in
   dash_attn.flash_attn_func; torch.use_deterministic_algorithms(True) governs them as it does there. This path
   does not go through transformers' flash-attention wrapper (_flash_attention_forward), whose deterministic comes
-  from its FLASH_ATTENTION_DETERMINISTIC environment flag (off by default); that flag has no effect here.
+  from its FLASH_ATTENTION_DETERMINISTIC environment flag (off by default); that flag has no effect here. A model
+  that passes FlashAttention's deterministic flag from its own config (ModernBERT's deterministic_flash_attn,
+  False by default) does not turn DASH's backward nondeterministic either; schedule="nondeterministic" does.
 """
 
 from __future__ import annotations
@@ -115,7 +117,14 @@ from transformers.masking_utils import (  # noqa: E402
     sliding_window_overlay,
 )
 
-from .._arguments import SUPPORTED_DTYPES, check_flags, refuse_unsupported, resolve_scale, resolve_softcap  # noqa: E402
+from .._arguments import (  # noqa: E402
+    NONDETERMINISTIC,
+    SUPPORTED_DTYPES,
+    check_flags,
+    refuse_unsupported,
+    resolve_scale,
+    resolve_softcap,
+)
 from .._library import HEAD_DIMS  # noqa: E402
 from ..fa2 import flash_attn_func  # noqa: E402
 from ..padding import _GatherRows, pad_input  # noqa: E402
@@ -130,6 +139,11 @@ _UNSUPPORTED_KEYWORDS = {
     "sinks": "DASH has no attention sinks",
     "position_bias": "DASH has no additive position bias",
 }
+
+# Attributes of attention modules whose model passes FlashAttention's deterministic flag from its config to the
+# attention function (ModernBERT: config.deterministic_flash_attn, default False): that value is FlashAttention's
+# default, not a user's request for a nondeterministic backward.
+_FLASH_DETERMINISTIC_ATTRIBUTES = ("deterministic_flash_attn",)
 
 # transformers' keywords that mark packed sequences explicitly (DataCollatorWithFlattening(return_flash_attn_kwargs=
 # True)); they are used together or not at all.
@@ -348,7 +362,7 @@ def dash_attention_forward(
     scale = resolve_scale(scaling, query.shape[-1], "scaling")
     batch, seqlen_q, seqlen_k = query.shape[0], query.shape[2], key.shape[2]
     query, key, value = _half_precision(query, key, value)
-    deterministic = True if deterministic is None else deterministic
+    deterministic = _resolve_deterministic(module, deterministic, schedule)
     if padded is not None:
         return _padded_attention(padded, kwargs, query, key, value, softmax_scale=scale, causal=causal,
                                  window_size=window_size, deterministic=deterministic, schedule=schedule, softcap=cap)
@@ -388,6 +402,17 @@ def dash_attention_forward(
         softcap=cap,
     )
     return out.view(batch, seqlen_q, *out.shape[1:]), None
+
+
+def _resolve_deterministic(module: torch.nn.Module, deterministic: object, schedule: object) -> object:
+    """The deterministic flag for flash_attn_func: True unless the user asked otherwise, with deterministic=False
+    passed to the model's forward or schedule="nondeterministic". A model that passes FlashAttention's own flag
+    from its config to every attention call (_FLASH_DETERMINISTIC_ATTRIBUTES, False by default as in
+    FlashAttention) has not asked: only schedule="nondeterministic" turns DASH's backward nondeterministic there."""
+    passed_by_model = any(hasattr(module, name) for name in _FLASH_DETERMINISTIC_ATTRIBUTES)
+    if deterministic is None or passed_by_model:
+        return schedule != NONDETERMINISTIC
+    return deterministic
 
 
 def _padded_attention(padded: PaddedBatch, kwargs: dict, query: Tensor, key: Tensor, value: Tensor,
