@@ -8,7 +8,14 @@ arguments in FA2's order, as `from flash_attn import ...` gives them (fa2.py); f
 variable-length batches with cu_seqlens (varlen.py). dash_attn.fa3 has FA3's order,
 and scaled_dot_product_attention has torch's (sdpa.py). attention_backward (gradients.py) runs the backward alone
 on a forward's out and LSE. Unlike FlashAttention, every entry point defaults to deterministic=True.
-`python -m dash_attn.info` says whether the library can run here.
+`python -m dash_attn.info` says whether the library can run here. The varlen variants of FA2
+(flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func) and FA2's unpad_input/pad_input (padding.py) are
+exported too. enable_sdpa()/disable_sdpa() route torch's own F.scaled_dot_product_attention to DASH where torch
+allows it (sdpa.py).
+
+With torch, importing the package also arranges that Hugging Face Transformers knows attn_implementation="dash_attn"
+(integrations/_transformers_hook.py): at once when transformers has loaded its attention registry, else when it
+does. It never imports transformers itself.
 
 Importing the package needs no torch: without it, the ctypes binding (dash_attn._library) and dash_attn.info
 still work, and only the attention entry points are missing, raising ImportError that says why when they are
@@ -24,15 +31,26 @@ _TORCH_ENTRY_POINTS = (
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "disable_sdpa",
+    "enable_sdpa",
+    "pad_input",
     "scaled_dot_product_attention",
+    "sdpa_enabled",
+    "unpad_input",
 )
 
 try:
     from . import fa3
     from .fa2 import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
     from .gradients import attention_backward
-    from .sdpa import scaled_dot_product_attention
-    from .varlen import flash_attn_varlen_func
+    from .integrations import _transformers_hook
+    from .padding import pad_input, unpad_input
+    from .sdpa import disable_sdpa, enable_sdpa, scaled_dot_product_attention, sdpa_enabled
+    from .varlen import flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func
+
+    _transformers_hook.install()
 except ModuleNotFoundError as _error:
     if _error.name != "torch":
         raise
@@ -50,12 +68,19 @@ __all__ = [
     "SCHEDULES",
     "LibraryError",
     "attention_backward",
+    "disable_sdpa",
+    "enable_sdpa",
     "fa3",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "library_path",
+    "pad_input",
     "scaled_dot_product_attention",
+    "sdpa_enabled",
+    "unpad_input",
 ]
 from ._version import __version__  # noqa: E402  (the one place the version is written)

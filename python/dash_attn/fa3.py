@@ -1,5 +1,6 @@
 """FlashAttention-3's entry points on DASH kernels, with FA3's argument names and positional order:
-flash_attn_func and flash_attn_qkvpacked_func as `from flash_attn_interface import ...` gives them. Import them
+flash_attn_func, flash_attn_qkvpacked_func and flash_attn_varlen_func as `from flash_attn_interface import ...` gives
+them. Import them
 as `from dash_attn.fa3 import flash_attn_func`. This module is not named flash_attn_interface, because FA2 has
 a module of that name with FA2's order, and a fourth positional argument would then silently change meaning.
 
@@ -14,6 +15,9 @@ Invariants:
   True or False (a layout hint). Other values raise NotImplementedError naming the argument and the value.
 - sm_margin is implemented as in FA3: SMs the forward and backward leave to other work (see
   dash_attn.flash_attn_func); an int with 0 <= sm_margin < the device's SM count.
+- seqused_q and seqused_k (flash_attn_varlen_func) are accepted only as None: DASH's varlen kernels read each
+  sequence's length from the offsets alone, so a used length shorter than the offsets' is refused by name, never
+  ignored. Pack the sequences to their used lengths instead (cu_seqlens from the used lengths).
 - return_attn_probs=True and return_lse=True both return (out, softmax_lse), as FA3 does.
 - schedule and return_lse are keyword-only extras after FA3's arguments.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from . import varlen
 from ._arguments import (
     BSHD,
     Layout,
@@ -174,5 +179,63 @@ def flash_attn_qkvpacked_func(
         window=window,
         softcap=cap,
         entry="dash_attn.fa3.flash_attn_qkvpacked_func",
+    )
+    return (out, lse) if return_attn_probs or return_lse else out
+
+
+def flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    qv: Tensor | None = None,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: bool | None = None,
+    deterministic: bool = True,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    *,
+    schedule: str = "auto",
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """dash_attn.flash_attn_varlen_func (see there for the packed layout, the offsets, the maxima and the
+    self-attention promise) in FA3's argument order. seqused_q and seqused_k must be None (see the module's
+    invariants).
+
+    Returns out (total_q, heads_q, head_dim), or (out, softmax_lse) with return_attn_probs=True or return_lse=True.
+    softmax_lse is the fp32 natural-log LSE (heads_q, total_q) and carries no gradient.
+    """
+    check_flags(causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs, return_lse=return_lse)
+    reason = ("DASH's varlen kernels take each sequence's length from the offsets alone; pack the sequences to their "
+              "used lengths (cu_seqlens from them) instead")
+    refuse_unsupported("seqused_q", seqused_q, (None,), reason)
+    refuse_unsupported("seqused_k", seqused_k, (None,), reason)
+    refuse_unsupported("qv", qv, (None,), "DASH has no extra query-value product")
+    window, cap = _fa3_options(q_descale, k_descale, v_descale, window_size, attention_chunk, softcap)
+    refuse_unsupported("num_splits", num_splits, (1, 0), "DASH's forward never splits the keys")
+    refuse_unsupported("pack_gqa", pack_gqa, (None, True, False), "it is a layout hint that takes None or a bool")
+    out, lse = varlen._varlen_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window=window,
+        softcap=cap,
+        deterministic=deterministic,
+        schedule=schedule,
+        sm_margin=sm_margin,
+        entry="dash_attn.fa3.flash_attn_varlen_func",
     )
     return (out, lse) if return_attn_probs or return_lse else out

@@ -1,5 +1,7 @@
 """flash_attn_varlen_func: attention on packed variable-length batches (FlashAttention's varlen), differentiable in
-q, k and v, and its custom ops torch.ops.dash_attn.varlen_forward and varlen_backward.
+q, k and v, with its packed variants flash_attn_varlen_kvpacked_func and flash_attn_varlen_qkvpacked_func (all three
+in FlashAttention-2's argument order; dash_attn.fa3 has FA3's), and its custom ops torch.ops.dash_attn.varlen_forward
+and varlen_backward.
 
 The two paths of _ops.py, for the same reason: where torch traces (_ops._traced) a call is the custom ops, which
 torch.compile records as one node each; in plain eager mode it runs the ops' bodies directly, under
@@ -31,6 +33,8 @@ Invariants:
   allocated uncleared; a batch without query or key rows needs no kernel, and its outputs are cleared here.
 - Every check runs before any CUDA call and names the argument; the C library repeats the ones it needs. A build
   without the varlen kernels of the call's head dim, dtype and softcap variant refuses it by name.
+- FA2's options DASH does not implement (dropout_p, alibi_slopes, block_table) are accepted at their no-op values
+  only; any other value raises NotImplementedError naming the argument, never ignored.
 """
 
 from __future__ import annotations
@@ -45,15 +49,14 @@ from torch import Tensor
 from . import _library, _ops, _plans
 from ._arguments import (
     _check_determinism_switch,
-    check_flags,
     check_is_tensor,
     check_sm_margin,
+    refuse_unsupported,
     resolve_scale,
     resolve_schedule,
-    resolve_softcap,
-    resolve_window,
 )
 from ._library import HEAD_DIMS
+from .fa2 import _check_fa2_flags, _fa2_options, _fa2_result
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -525,6 +528,39 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
     return _forward_body(*tensors, *arguments)
 
 
+def _varlen_attention(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqlens_k: object,
+                      max_seqlen_q: object, max_seqlen_k: object, *, softmax_scale: float | None, causal: bool,
+                      window: tuple[int, int], softcap: float, deterministic: bool, schedule: str, sm_margin: object,
+                      entry: str) -> tuple[Tensor, Tensor]:
+    """out, lse of every varlen entry point, after its own option checks: checks the tensors, offsets and maxima,
+    resolves the scale and schedule, applies the determinism switch and runs the call. `entry` is the public name
+    the caller used, for the determinism switch's message."""
+    left, right = window
+    _check_packed((q, k, v))
+    _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
+    max_q = _check_max_seqlen(max_seqlen_q, "max_seqlen_q")
+    max_k = _check_max_seqlen(max_seqlen_k, "max_seqlen_k")
+    scale = resolve_scale(softmax_scale, q.shape[2], "softmax_scale")
+    resolved = resolve_schedule(schedule, deterministic)
+    margin = check_sm_margin(sm_margin)
+    _check_determinism_switch(resolved, (q, k, v), entry)
+    _check_devices((q, k, v, cu_seqlens_q, cu_seqlens_k), ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"))
+    promise = _same_offsets(cu_seqlens_q, cu_seqlens_k)
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                      (max_q, max_k, scale, causal, resolved, margin, left, right, softcap, promise))
+
+
+def _unstack_rows(packed: object, name: str, count: int) -> tuple[Tensor, ...]:
+    """The `count` tensors stacked in dimension 1 of a (total, count, heads, head_dim) tensor, as views (no copy),
+    as FlashAttention-2's packed varlen entry points take them."""
+    check_is_tensor(packed, name)
+    if packed.dim() != 4 or packed.shape[1] != count:
+        raise ValueError(
+            f"{name} must be 4-D (total_tokens, {count}, heads, head_dim), got shape {tuple(packed.shape)}"
+        )
+    return packed.unbind(1)
+
+
 def flash_attn_varlen_func(
     q: Tensor,
     k: Tensor,
@@ -533,17 +569,22 @@ def flash_attn_varlen_func(
     cu_seqlens_k: Tensor,
     max_seqlen_q: int,
     max_seqlen_k: int,
-    *,
+    dropout_p: float = 0.0,
     softmax_scale: float | None = None,
     causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
     deterministic: bool = True,
+    return_attn_probs: bool = False,
+    block_table: Tensor | None = None,
+    *,
     schedule: str = "auto",
     sm_margin: int = 0,
     return_lse: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]:
-    """Attention on a packed variable-length batch (FlashAttention's varlen), differentiable in q, k and v.
+) -> Tensor | tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+    """Attention on a packed variable-length batch (FlashAttention's varlen), differentiable in q, k and v, with
+    FlashAttention-2's arguments in FA2's order (dash_attn.fa3.flash_attn_varlen_func has FA3's).
 
     q is (total_q, heads_q, head_dim), k and v (total_k, heads_kv, head_dim) (GQA/MQA: fewer key/value heads);
     cu_seqlens_q and cu_seqlens_k are int32 CUDA tensors of batch + 1 offsets: sequence b's queries are rows
@@ -556,31 +597,89 @@ def flash_attn_varlen_func(
     key gets out = 0 and lse = -inf. softcap > 0 caps each score as in flash_attn_func (the softcap instances' varlen
     kernels).
 
+    dropout_p, alibi_slopes and block_table are accepted at their no-op values (0.0, None, None); any other value
+    raises NotImplementedError naming the argument (DASH has no dropout, no ALiBi and no paged KV cache).
+
     Passing one tensor as both cu_seqlens_q and cu_seqlens_k (self-attention) promises seqlen_k <= seqlen_q per
     sequence, which lets schedule="auto" pick shift; schedule="shift" or "symmetric-shift" without it
-    is refused, naming the rule. deterministic and schedule are flash_attn_func's: every schedule but
-    "nondeterministic" (deterministic=False) gives bitwise identical gradients from run to run.
+    is refused, naming the rule. deterministic (default True, unlike FA2) and schedule are flash_attn_func's: every
+    schedule but "nondeterministic" (deterministic=False) gives bitwise identical gradients from run to run.
 
-    Returns out (total_q, heads_q, head_dim), and with return_lse=True (out, lse) where lse is fp32
+    Returns out (total_q, heads_q, head_dim); with return_attn_probs=True, FA2's (out, softmax_lse, S_dmask), where
+    S_dmask is empty (what FA2 returns without dropout); with return_lse=True, (out, lse). The LSE is fp32
     (heads_q, total_q), natural-log, without gradient. Rows after cu_seqlens_q[-1] come out 0 (lse -inf) and get
     zero gradients.
     """
-    check_flags(causal=causal, deterministic=deterministic, return_lse=return_lse)
-    left, right = resolve_window(window_size)
-    cap = resolve_softcap(softcap)
-    _check_packed((q, k, v))
-    _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
-    max_q = _check_max_seqlen(max_seqlen_q, "max_seqlen_q")
-    max_k = _check_max_seqlen(max_seqlen_k, "max_seqlen_k")
-    scale = resolve_scale(softmax_scale, q.shape[2], "softmax_scale")
-    resolved = resolve_schedule(schedule, deterministic)
-    margin = check_sm_margin(sm_margin)
-    _check_determinism_switch(resolved, (q, k, v), _ENTRY)
-    _check_devices((q, k, v, cu_seqlens_q, cu_seqlens_k), ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"))
-    promise = _same_offsets(cu_seqlens_q, cu_seqlens_k)
-    out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                          (max_q, max_k, scale, causal, resolved, margin, left, right, cap, promise))
-    return (out, lse) if return_lse else out
+    _check_fa2_flags(causal, deterministic, return_attn_probs, return_lse)
+    window, cap = _fa2_options(dropout_p, window_size, softcap, alibi_slopes)
+    refuse_unsupported("block_table", block_table, (None,), "DASH has no paged KV cache")
+    out, lse = _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 softmax_scale=softmax_scale, causal=causal, window=window, softcap=cap,
+                                 deterministic=deterministic, schedule=schedule, sm_margin=sm_margin, entry=_ENTRY)
+    return _fa2_result(out, lse, return_attn_probs, return_lse)
 
 
-__all__ = ["flash_attn_varlen_func"]
+def flash_attn_varlen_kvpacked_func(
+    q: Tensor,
+    kv: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    deterministic: bool = True,
+    return_attn_probs: bool = False,
+    *,
+    schedule: str = "auto",
+    sm_margin: int = 0,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+    """flash_attn_varlen_func with k and v stacked as kv (total_k, 2, heads_kv, head_dim), in FA2's order. They are
+    read as views, with no copy, and the gradient reaches kv. GQA works as in flash_attn_varlen_func."""
+    _check_fa2_flags(causal, deterministic, return_attn_probs, return_lse)
+    window, cap = _fa2_options(dropout_p, window_size, softcap, alibi_slopes)
+    k, v = _unstack_rows(kv, "kv", 2)
+    out, lse = _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 softmax_scale=softmax_scale, causal=causal, window=window, softcap=cap,
+                                 deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
+                                 entry="dash_attn.flash_attn_varlen_kvpacked_func")
+    return _fa2_result(out, lse, return_attn_probs, return_lse)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv: Tensor,
+    cu_seqlens: Tensor,
+    max_seqlen: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    deterministic: bool = True,
+    return_attn_probs: bool = False,
+    *,
+    schedule: str = "auto",
+    sm_margin: int = 0,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+    """flash_attn_varlen_func with q, k and v stacked as qkv (total, 3, heads, head_dim) and one offsets tensor for
+    all three, in FA2's order. They are read as views, with no copy, and the gradient reaches qkv. As in FA2, the
+    heads are the same for all three (no GQA). One offsets tensor is the self-attention promise, so
+    schedule="auto" may pick shift."""
+    _check_fa2_flags(causal, deterministic, return_attn_probs, return_lse)
+    window, cap = _fa2_options(dropout_p, window_size, softcap, alibi_slopes)
+    q, k, v = _unstack_rows(qkv, "qkv", 3)
+    out, lse = _varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                 softmax_scale=softmax_scale, causal=causal, window=window, softcap=cap,
+                                 deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
+                                 entry="dash_attn.flash_attn_varlen_qkvpacked_func")
+    return _fa2_result(out, lse, return_attn_probs, return_lse)
+
+
+__all__ = ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]

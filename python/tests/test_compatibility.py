@@ -203,6 +203,13 @@ def test_packages_export_each_convention_where_its_users_import_it() -> None:
     assert dash_attn.flash_attn_kvpacked_func is fa2.flash_attn_kvpacked_func
     assert dash_attn.scaled_dot_product_attention is sdpa.scaled_dot_product_attention
     assert dash_attn.fa3.flash_attn_func is not fa2.flash_attn_func
+    # The varlen functions: FA2's order at top level (as `from flash_attn import ...`), FA3's in dash_attn.fa3.
+    from dash_attn import varlen
+
+    for name in ("flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"):
+        assert getattr(dash_attn, name) is getattr(varlen, name) and name in dash_attn.__all__
+    assert dash_attn.fa3.flash_attn_varlen_func is not varlen.flash_attn_varlen_func
+    assert dash_attn.enable_sdpa is sdpa.enable_sdpa and dash_attn.disable_sdpa is sdpa.disable_sdpa
 
 
 # --- positional calls bind as in the original libraries ----------------------------------------------------

@@ -4,12 +4,16 @@ Transformers.
 On the CPU, dash_attn.flash_attn_func and dash_attn.flash_attn_varlen_func are replaced by stand-ins that record
 their arguments (bound to the real signatures) and compute attention with torch's SDPA in float32 under DASH's
 bottom-right causal mask (the varlen one sequence at a time), so whole models run forward and backward. These
-tests check: registration (idempotent, accepted by from_config and from_pretrained); the layout (transposed views
-in, (batch, seqlen, heads, head_dim) out); scaling, is_causal, GQA, deterministic and schedule reaching the kernel
-call; packed sequences (from position_ids or cu_seq_lens_*) reaching the varlen call as views with int32 offsets,
-read once per forward; sliding_window reaching the kernels as window_size; every refusal, with its message naming
-the argument; the mask hook, packed and sliding-window masks included; tiny Llama and Qwen2 models against their
-SDPA implementation, dense and packed, and packed against each document run alone; tiny Mistral and mixed-layer
+tests check: registration (idempotent, accepted by from_config and from_pretrained, made by `import dash_attn`
+alone when transformers loads, without dash_attn importing transformers); the layout (transposed views in, (batch,
+seqlen, heads, head_dim) out); scaling, is_causal, GQA, deterministic and schedule reaching the kernel call; packed
+sequences (from position_ids or cu_seq_lens_*) reaching the varlen call as views with int32 offsets, read once per
+forward; sliding_window reaching the kernels as window_size; every refusal, with its message naming the argument;
+the mask hook, packed, padded and sliding-window masks included; padded batches (left and right padding) through
+unpad -> varlen -> pad on tiny Llama, Qwen2, Mistral (window) and Gemma 2 (head dim 256, softcap, window) models
+against each sequence alone, padding rows zero and without gradient, and generate() on a left-padded batch;
+deterministic=True whatever transformers' FLASH_ATTENTION_DETERMINISTIC says; tiny Llama and Qwen2 models against
+their SDPA implementation, dense and packed, and packed against each document run alone; tiny Mistral and mixed-layer
 Qwen2 models with sliding windows against their SDPA implementation; decoding with a DynamicCache; and, without the
 stand-ins, that the real entry point applies torch's determinism switch and refuses CPU tensors.
 
@@ -39,6 +43,7 @@ from transformers import (  # noqa: E402
     AttentionInterface,
     AutoModelForCausalLM,
     DynamicCache,
+    Gemma2Config,
     LlamaConfig,
     MistralConfig,
     Qwen2Config,
@@ -64,6 +69,7 @@ from dash_attn.integrations import transformers as integration  # noqa: E402
 BATCH, SEQLEN, HEADS, KV_HEADS, HEAD_DIM = 2, 16, 4, 2, 64
 VOCAB = 256
 SEED = 1234
+WINDOW = 4  # the sliding window of the tiny windowed models
 
 
 @dataclass
@@ -88,17 +94,26 @@ def bottom_right_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_size: t
 
 
 def attention_by_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window_size=(-1, -1)
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window_size=(-1, -1),
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """What DASH computes, on (batch, seqlen, heads, head_dim) tensors, by torch's SDPA in float32."""
+    """What DASH computes, on (batch, seqlen, heads, head_dim) tensors, by torch's SDPA in float32 (by hand with
+    softcap > 0, which caps each scaled score to softcap * tanh(score / softcap))."""
     qh, kh, vh = (t.transpose(1, 2).float() for t in (q, k, v))
     mask = bottom_right_mask(q.shape[1], k.shape[1], causal, window_size)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
+    if softcap > 0:
+        group = qh.shape[1] // kh.shape[1]
+        kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
+        scores = softcap * torch.tanh(qh @ kh.transpose(-1, -2) * scale / softcap)
+        out = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).nan_to_num() @ vh
+    else:
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2).to(q.dtype)
 
 
 def packed_attention_by_sdpa(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, causal: bool, window_size: tuple[int, int]
+    q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, causal: bool, window_size: tuple[int, int],
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """What DASH's varlen computes, on packed (total, heads, head_dim) tensors: each sequence by attention_by_sdpa
     alone; rows after the last sequence are 0."""
@@ -106,7 +121,7 @@ def packed_attention_by_sdpa(
     bounds = zip(cu_seqlens_q.tolist(), cu_seqlens_q.tolist()[1:], cu_seqlens_k.tolist(), cu_seqlens_k.tolist()[1:])
     for q_start, q_end, k_start, k_end in bounds:
         document = (q[None, q_start:q_end], k[None, k_start:k_end], v[None, k_start:k_end])
-        out[q_start:q_end] = attention_by_sdpa(*document, scale, causal, window_size)[0]
+        out[q_start:q_end] = attention_by_sdpa(*document, scale, causal, window_size, softcap)[0]
     return out
 
 
@@ -126,7 +141,8 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> list[KernelCall]:
         arguments = bound_arguments(dash_attn.flash_attn_func, args, kwargs)
         q, k, v = arguments.pop("q"), arguments.pop("k"), arguments.pop("v")
         calls.append(KernelCall(q, k, v, arguments))
-        return attention_by_sdpa(q, k, v, arguments["softmax_scale"], arguments["causal"], arguments["window_size"])
+        return attention_by_sdpa(q, k, v, arguments["softmax_scale"], arguments["causal"], arguments["window_size"],
+                                 arguments["softcap"])
 
     def varlen_stand_in(*args: object, **kwargs: object) -> torch.Tensor:
         arguments = bound_arguments(dash_attn.flash_attn_varlen_func, args, kwargs)
@@ -134,7 +150,7 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> list[KernelCall]:
         calls.append(KernelCall(q, k, v, arguments, "flash_attn_varlen_func"))
         return packed_attention_by_sdpa(
             q, k, v, *(arguments[name] for name in ("cu_seqlens_q", "cu_seqlens_k", "softmax_scale", "causal")),
-            arguments["window_size"],
+            arguments["window_size"], arguments["softcap"],
         )
 
     monkeypatch.setattr(integration, "flash_attn_func", dense_stand_in)
@@ -231,6 +247,95 @@ def test_the_package_imports_the_integration_only_on_request():
     env = {**os.environ, "PYTHONPATH": str(Path(dash_attn.__file__).parents[1])}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert result.stdout.strip() == "False"
+
+
+def run_fresh(code: str, **env: str) -> str:
+    """stdout of `python -c code` in a new interpreter that imports the dash_attn this process imported."""
+    environment = {**os.environ, "PYTHONPATH": str(Path(dash_attn.__file__).parents[1]), **env}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+REGISTERED = (
+    "from transformers import AttentionInterface; from transformers.masking_utils import AttentionMaskInterface; "
+    "print('dash_attn' in AttentionInterface._global_mapping and 'dash_attn' in AttentionMaskInterface._global_mapping)"
+)
+
+
+def test_import_dash_attn_registers_with_transformers_when_transformers_loads():
+    code = (
+        "import sys, dash_attn; from dash_attn.integrations import _transformers_hook as hook; "
+        "print('transformers' in sys.modules); " + REGISTERED + "; print(hook._finder in sys.meta_path)"
+    )
+    # dash_attn imports no transformers; transformers' registry has "dash_attn" once loaded; the finder is gone.
+    assert run_fresh(code).split() == ["False", "True", "False"]
+
+
+def test_import_dash_attn_after_transformers_registers_at_once():
+    code = "import transformers.modeling_utils, dash_attn; " + REGISTERED
+    assert run_fresh(code) == "True"
+
+
+def test_a_model_takes_dash_attn_without_an_explicit_register():
+    code = (
+        "import dash_attn; from transformers import AutoModelForCausalLM, LlamaConfig; "
+        "config = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=1, "
+        "num_attention_heads=2, num_key_value_heads=1); "
+        "print(AutoModelForCausalLM.from_config(config, attn_implementation='dash_attn').config._attn_implementation)"
+    )
+    assert run_fresh(code) == "dash_attn"
+
+
+def test_an_integration_that_cannot_load_warns_and_leaves_transformers_alone(monkeypatch):
+    from dash_attn.integrations import _transformers_hook
+
+    monkeypatch.setitem(sys.modules, "dash_attn.integrations.transformers", None)  # its import raises ImportError
+    with pytest.warns(UserWarning, match='dash_attn did not register "dash_attn" with transformers: ModuleNotFound'):
+        _transformers_hook._register()
+    monkeypatch.setattr(integration, "register", lambda: 1 / 0)  # transformers' internals changed under it
+    monkeypatch.setitem(sys.modules, "dash_attn.integrations.transformers", integration)
+    with pytest.warns(UserWarning, match="ZeroDivisionError"):
+        _transformers_hook._register()
+
+
+def test_the_hook_answers_only_its_module():
+    from dash_attn.integrations import _transformers_hook
+
+    assert _transformers_hook._finder.find_spec("json", None) is None
+    assert _transformers_hook._finder.find_spec("transformers", None) is None
+
+
+def test_a_models_own_flash_deterministic_flag_does_not_turn_determinism_off(kernel):
+    # ModernBERT passes config.deterministic_flash_attn (False by default, as in FlashAttention) to every attention
+    # call; DASH stays deterministic unless schedule="nondeterministic" asks otherwise.
+    module = AttentionModule()
+    module.deterministic_flash_attn = False
+    query, key, value = states()
+    integration.dash_attention_forward(module, query, key, value, None, deterministic=False)
+    integration.dash_attention_forward(module, query, key, value, None, deterministic=True)
+    integration.dash_attention_forward(module, query, key, value, None, deterministic=False,
+                                       schedule="nondeterministic")
+    # Elsewhere schedule="nondeterministic" alone asks for it too.
+    integration.dash_attention_forward(AttentionModule(), query, key, value, None, schedule="nondeterministic")
+    seen = [(call.arguments["deterministic"], call.arguments["schedule"]) for call in kernel]
+    assert seen == [(True, "auto"), (True, "auto"), (False, "nondeterministic"), (False, "nondeterministic")]
+
+
+@pytest.mark.parametrize("flag", [None, "0", "1"])
+def test_a_model_stays_deterministic_whatever_transformers_flash_flag_says(kernel, monkeypatch, flag):
+    # transformers' flash-attention wrapper reads FLASH_ATTENTION_DETERMINISTIC (default off); DASH's path does not.
+    if flag is None:
+        monkeypatch.delenv("FLASH_ATTENTION_DETERMINISTIC", raising=False)
+    else:
+        monkeypatch.setenv("FLASH_ATTENTION_DETERMINISTIC", flag)
+    model = tiny_model(tiny_config())
+    ids, mask, positions = padded_batch("right")
+    model(ids)
+    model(ids, attention_mask=mask, position_ids=positions)
+    assert [call.arguments["deterministic"] for call in kernel] == [True] * 4
+    model(ids, deterministic=False)  # the user's own choice, passed to the model's forward
+    assert [call.arguments["deterministic"] for call in kernel[4:]] == [False] * 2
 
 
 def test_from_config_and_from_pretrained_accept_dash_attn(tmp_path, kernel):
@@ -516,13 +621,43 @@ def test_the_full_mask_is_none_for_any_lengths():
 
 
 @pytest.mark.parametrize("mask_function", [causal_mask_function, bidirectional_mask_function], ids=["causal", "full"])
-def test_padding_is_refused(mask_function):
+def test_padding_becomes_the_real_tokens_rows_and_offsets(mask_function):
     padded = torch.ones(BATCH, SEQLEN, dtype=torch.bool)
-    padded[1, :3] = False
-    with pytest.raises(NotImplementedError, match=r"attention_mask marks padding \(zeros\): DASH has no padding masks"):
-        integration.dash_attention_mask(
-            q_length=SEQLEN, kv_length=SEQLEN, mask_function=mask_function, attention_mask=padded
-        )
+    padded[1, :3] = False  # left padding
+    padded[0, -2:] = False  # right padding
+    batch = integration.dash_attention_mask(
+        q_length=SEQLEN, kv_length=SEQLEN, mask_function=mask_function, attention_mask=padded
+    )
+    assert isinstance(batch, integration.PaddedBatch)
+    expected_rows = padded.reshape(-1).nonzero().reshape(-1)
+    assert torch.equal(batch.indices_q, expected_rows) and batch.indices_k is batch.indices_q
+    assert batch.cu_seqlens_q.dtype == torch.int32 and batch.cu_seqlens_q.tolist() == [0, SEQLEN - 2, 2 * SEQLEN - 5]
+    # One offsets tensor for queries and keys: the self-attention promise that lets the backward use shift.
+    assert batch.cu_seqlens_k is batch.cu_seqlens_q
+    assert (batch.max_seqlen_q, batch.max_seqlen_k, batch.kv_length) == (SEQLEN - 2, SEQLEN - 2, SEQLEN)
+
+
+def test_decoding_padding_takes_the_last_query_column_and_a_sliding_layer_the_last_keys():
+    mask = torch.ones(BATCH, SEQLEN, dtype=torch.bool)
+    mask[0, :5] = False
+    decode = integration.dash_attention_mask(
+        q_length=1, kv_length=SEQLEN, q_offset=SEQLEN - 1, mask_function=causal_mask_function, attention_mask=mask
+    )
+    assert decode.indices_q.tolist() == [0, 1] and decode.cu_seqlens_q.tolist() == [0, 1, 2]
+    assert decode.cu_seqlens_k.tolist() == [0, SEQLEN - 5, 2 * SEQLEN - 5] and decode.max_seqlen_k == SEQLEN
+    # A sliding layer's cache keeps the last 8 keys: the mask's last 8 columns, of which row 0 has all.
+    sliding = integration.dash_attention_mask(
+        q_length=1, kv_length=8, q_offset=7, kv_offset=0, mask_function=causal_mask_function, attention_mask=mask
+    )
+    assert sliding.cu_seqlens_k.tolist() == [0, 8, 16] and sliding.kv_length == 8
+
+
+def test_all_padding_rows_keep_the_lower_bound_of_one():
+    mask = torch.zeros(BATCH, SEQLEN, dtype=torch.bool)
+    batch = integration.dash_attention_mask(
+        q_length=SEQLEN, kv_length=SEQLEN, mask_function=causal_mask_function, attention_mask=mask
+    )
+    assert batch.indices_q.numel() == 0 and batch.cu_seqlens_q.tolist() == [0, 0, 0] and batch.max_seqlen_q == 1
 
 
 def test_a_mask_of_another_length_is_refused():
@@ -664,13 +799,124 @@ def test_an_all_ones_attention_mask_is_accepted(kernel):
     assert torch.equal(model(ids, attention_mask=torch.ones_like(ids)).logits, model(ids).logits)
 
 
-def test_a_padded_batch_is_refused(kernel):
-    model = tiny_model(tiny_config())
+# Padded batches: unpad -> varlen -> pad.
+
+PADDING = {"right": (slice(0, 1), slice(SEQLEN - 5, None)), "left": (slice(1, 2), slice(0, 6))}
+
+
+def padded_batch(side: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """token ids, attention_mask and position_ids (as generate() makes them: counting real tokens only) of a batch
+    whose row 0 (right) or row 1 (left) is padded."""
     ids = token_ids()
     mask = torch.ones_like(ids)
-    mask[0, :4] = 0
-    with pytest.raises(NotImplementedError, match=r"attention_mask marks padding"):
-        model(ids, attention_mask=mask)
+    mask[PADDING[side]] = 0
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def each_sequence_alone(model, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    return [model(row[keep.bool()][None]).logits[0] for row, keep in zip(ids, mask)]
+
+
+def padded_families() -> list:
+    return [
+        pytest.param(tiny_config(LlamaConfig), id="llama"),
+        pytest.param(tiny_config(Qwen2Config), id="qwen2"),
+        pytest.param(tiny_config(MistralConfig, sliding_window=WINDOW), id="mistral_window"),
+        pytest.param(
+            tiny_config(Gemma2Config, head_dim=256, sliding_window=WINDOW, attn_logit_softcapping=50.0,
+                        query_pre_attn_scalar=256),
+            id="gemma2",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("config", padded_families())
+def test_a_padded_batch_matches_each_sequence_alone_on_its_real_tokens(kernel, config, side):
+    model = tiny_model(config)
+    ids, mask, positions = padded_batch(side)
+    logits = model(ids, attention_mask=mask, position_ids=positions).logits
+    layers = config.num_hidden_layers
+    assert [call.function for call in kernel] == ["flash_attn_varlen_func"] * layers
+    real = int(mask.sum())
+    assert all(call.q.shape[0] == real and call.k.shape[0] == real for call in kernel)
+    for row, (expected, keep) in enumerate(zip(each_sequence_alone(model, ids, mask), mask)):
+        assert relative_error(logits[row][keep.bool()], expected) < 1e-2
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_padded_batch_matches_the_sdpa_implementation_on_real_tokens(kernel, side):
+    model = tiny_model(tiny_config())
+    ids, mask, positions = padded_batch(side)
+    logits = model(ids, attention_mask=mask, position_ids=positions).logits
+    model.set_attn_implementation("sdpa")
+    expected = model(ids, attention_mask=mask, position_ids=positions).logits
+    keep = mask.bool()
+    assert relative_error(logits[keep], expected[keep]) < 1e-2
+
+
+def test_padding_query_rows_come_out_zero(kernel):
+    query, key, value = states()
+    mask = torch.ones(BATCH, SEQLEN, dtype=torch.bool)
+    mask[0, -4:] = False
+    padded = integration.dash_attention_mask(
+        q_length=SEQLEN, kv_length=SEQLEN, mask_function=causal_mask_function, attention_mask=mask
+    )
+    out, weights = integration.dash_attention_forward(AttentionModule(), query, key, value, padded)
+    assert weights is None and out.shape == (BATCH, SEQLEN, HEADS, HEAD_DIM)
+    assert not out[0, -4:].any() and out[0, :-4].any()
+
+
+def test_a_padded_batch_trains_and_padding_gets_no_gradient(kernel):
+    model = tiny_model(tiny_config()).train()
+    ids, mask, positions = padded_batch("right")
+    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_()
+    labels = ids.masked_fill(mask == 0, -100)
+    model(inputs_embeds=embeddings, attention_mask=mask, position_ids=positions, labels=labels).loss.backward()
+    assert torch.isfinite(embeddings.grad.float()).all()
+    # A padding token is never attended to and its own output is not used: no gradient reaches it.
+    assert not embeddings.grad[~mask.bool()].any() and embeddings.grad[mask.bool()].any()
+
+
+def test_generate_works_on_a_left_padded_batch(kernel):
+    model = tiny_model(tiny_config())
+    ids, mask, _ = padded_batch("left")
+    new_tokens = 4
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    assert out.shape == (BATCH, SEQLEN + new_tokens) and torch.equal(out[:, :SEQLEN], ids)
+    # The prefill and every decoding step go through the varlen call on the real tokens.
+    assert len(kernel) == 2 * new_tokens and all(call.function == "flash_attn_varlen_func" for call in kernel)
+    assert kernel[-1].q.shape[0] == BATCH and kernel[-1].arguments["cu_seqlens_k"].tolist() == [
+        0, SEQLEN + new_tokens - 1, 2 * (SEQLEN + new_tokens - 1) - 6]
+
+
+@pytest.mark.parametrize("config", padded_families())
+def test_generate_on_a_left_padded_batch_scores_as_eager_attention_does(kernel, config):
+    new_tokens = 5
+    model = tiny_model(config)
+    ids, mask, _ = padded_batch("left")
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                         output_logits=True, return_dict_in_generate=True)
+    # Sliding layers decode with their cache's last keys only, full layers with every real key.
+    assert all(call.function == "flash_attn_varlen_func" for call in kernel)
+    # Each step's logits against eager attention on the sequence generated so far (logits, not tokens: a tiny
+    # random model's greedy choice can hang on a tie that rounding breaks either way). The stand-in attends in
+    # float32 and eager attention in bf16, which alone puts them about 1e-2 apart on a full forward.
+    model.set_attn_implementation("eager")
+    full_mask = torch.cat((mask, torch.ones(BATCH, new_tokens, dtype=mask.dtype)), dim=1)
+    expected = model(out.sequences, attention_mask=full_mask, position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0))
+    for step, logits in enumerate(out.logits):
+        assert relative_error(logits, expected.logits[:, SEQLEN - 1 + step]) < 2e-2, f"step {step}"
+
+
+def test_padding_and_packing_together_are_refused(kernel):
+    ids, mask, _ = padded_batch("right")
+    query, key, value = states()
+    padded = integration.dash_attention_mask(
+        q_length=SEQLEN, kv_length=SEQLEN, mask_function=causal_mask_function, attention_mask=mask.bool()
+    )
+    with pytest.raises(NotImplementedError, match=r"attention_mask marks padding and cu_seq_lens_q"):
+        integration.dash_attention_forward(AttentionModule(), query, key, value, padded, **packing_keywords())
     assert not kernel
 
 
@@ -848,7 +1094,7 @@ def test_a_packed_row_with_padding_is_refused(kernel):
     ids = token_ids(batch=1)
     mask = torch.ones_like(ids)
     mask[0, -3:] = 0
-    with pytest.raises(NotImplementedError, match=r"attention_mask marks padding"):
+    with pytest.raises(NotImplementedError, match=r"position_ids restart among a row's real tokens"):
         model(ids, attention_mask=mask, position_ids=packed_positions(*DOCUMENTS))
     assert not kernel
 
@@ -871,8 +1117,6 @@ def test_a_static_cache_is_refused(kernel):
 
 
 # Sliding windows.
-
-WINDOW = 4
 
 
 def test_sliding_window_reaches_the_kernel_as_a_left_window(kernel):

@@ -1,19 +1,21 @@
 """Hugging Face Transformers on DASH: register() adds the attention implementation "dash_attn", so that
 
-    from dash_attn.integrations.transformers import register
-    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=register())
+    import dash_attn
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="dash_attn")
 
 runs every attention layer of the model through dash_attn.flash_attn_func (dash_attn.flash_attn_varlen_func for
 packed sequences), with the bitwise-reproducible backward by default. Written against transformers 5.24 and 5.25;
-it needs 5.4 or newer, where mask functions receive q_length and q_offset.
+it needs 5.4 or newer, where mask functions receive q_length and q_offset. `import dash_attn` calls register() as
+soon as transformers loads its attention registry (integrations/_transformers_hook.py); calling it by hand is never
+needed, and harmless.
 
 Invariants:
 - register() registers two functions under one name, as transformers does for its flash-attention paths:
   dash_attention_mask with AttentionMaskInterface and dash_attention_forward with AttentionInterface. The mask
   function is not optional: for an implementation without one, transformers builds no mask at all, and padding
   would be dropped without a word. Registering again changes nothing.
-- Nothing transformers passes is ignored in a way that changes the result. What DASH cannot compute (padding,
-  chunked attention, bidirectional windows, mask overlays, caches whose keys are not exactly the tokens seen,
+- Nothing transformers passes is ignored in a way that changes the result. What DASH cannot compute (chunked
+  attention, bidirectional windows, mask overlays, caches whose keys are not exactly the tokens seen,
   dropout, attention sinks, position biases, attention weights, head dims the package does not take
   (_library.HEAD_DIMS), fp32 outside autocast) raises NotImplementedError naming the argument as transformers
   spells it, before any kernel runs.
@@ -34,6 +36,16 @@ Invariants:
   in-place change is read again); inference-mode tensors have no version counter and are read in every layer. A
   forward with a cache and position_ids pays the read to find nothing packed; decoding (one position a row) reads
   nothing. The read is a graph break under torch.compile and cannot be captured in a CUDA graph.
+- Padded batches (a 2-D attention_mask with zeros, as tokenizers pad and generate() extends it) go through
+  unpad -> flash_attn_varlen_func -> pad, as transformers' flash-attention path does: the mask hook reads the
+  mask once per forward (one device-to-host read for the longest lengths) into PaddedBatch, the row indices and
+  offsets of the real query and key tokens, which the layers receive as their attention_mask. The queries are the
+  last q_length columns of the mask and the keys its last kv_length columns (a sliding layer's cache keeps the
+  last keys), so the keys must end where the queries do (checked, as for the causal mask). Each sequence attends
+  to its own real tokens, bottom-right aligned per sequence: with left padding (generate()'s) or right padding
+  (training) that is transformers' mask on every real token. Padding query rows come out 0. Padding with packing
+  markers (cu_seq_lens_q/k) is refused as ambiguous; position_ids are not read for packing when the batch is
+  padded (generate() gives padding tokens positions that restart).
 - softcap (Gemma 2's config.attn_logit_softcapping) goes to the softcap of flash_attn_func, or of
   flash_attn_varlen_func for packed sequences.
 - sliding_window (config.sliding_window, per layer with layer_types), which a causal layer passes, becomes
@@ -59,7 +71,11 @@ Invariants:
   never repeated.
 - deterministic defaults to True. The keyword arguments deterministic and schedule, passed to the model's forward
   (transformers hands extra keywords to every attention layer), choose the backward schedule as in
-  dash_attn.flash_attn_func; torch.use_deterministic_algorithms(True) governs them as it does there.
+  dash_attn.flash_attn_func; torch.use_deterministic_algorithms(True) governs them as it does there. This path
+  does not go through transformers' flash-attention wrapper (_flash_attention_forward), whose deterministic comes
+  from its FLASH_ATTENTION_DETERMINISTIC environment flag (off by default); that flag has no effect here. A model
+  that passes FlashAttention's deterministic flag from its own config (ModernBERT's deterministic_flash_attn,
+  False by default) does not turn DASH's backward nondeterministic either; schedule="nondeterministic" does.
 """
 
 from __future__ import annotations
@@ -101,9 +117,17 @@ from transformers.masking_utils import (  # noqa: E402
     sliding_window_overlay,
 )
 
-from .._arguments import SUPPORTED_DTYPES, check_flags, refuse_unsupported, resolve_scale, resolve_softcap  # noqa: E402
+from .._arguments import (  # noqa: E402
+    NONDETERMINISTIC,
+    SUPPORTED_DTYPES,
+    check_flags,
+    refuse_unsupported,
+    resolve_scale,
+    resolve_softcap,
+)
 from .._library import HEAD_DIMS  # noqa: E402
 from ..fa2 import flash_attn_func  # noqa: E402
+from ..padding import _GatherRows, pad_input  # noqa: E402
 from ..varlen import flash_attn_varlen_func  # noqa: E402
 
 ATTN_IMPLEMENTATION = "dash_attn"
@@ -115,6 +139,11 @@ _UNSUPPORTED_KEYWORDS = {
     "sinks": "DASH has no attention sinks",
     "position_bias": "DASH has no additive position bias",
 }
+
+# Attributes of attention modules whose model passes FlashAttention's deterministic flag from its config to the
+# attention function (ModernBERT: config.deterministic_flash_attn, default False): that value is FlashAttention's
+# default, not a user's request for a nondeterministic backward.
+_FLASH_DETERMINISTIC_ATTRIBUTES = ("deterministic_flash_attn",)
 
 # transformers' keywords that mark packed sequences explicitly (DataCollatorWithFlattening(return_flash_attn_kwargs=
 # True)); they are used together or not at all.
@@ -153,11 +182,12 @@ def dash_attention_mask(
     mask_function: object = causal_mask_function,
     attention_mask: Tensor | None = None,
     **_mask_materialization: object,
-) -> PackedSequences | None:
+) -> PackedSequences | PaddedBatch | None:
     """transformers' mask hook for "dash_attn": None when the mask is the plain causal, sliding-window causal or full
     one, which dash_attention_forward computes from is_causal and sliding_window; PackedSequences (the documents'
-    offsets, read here once per forward) when it is any of them within each packed sequence, which the attention
-    layers receive as their attention_mask; NotImplementedError naming what else was asked for.
+    offsets, read here once per forward) when it is any of them within each packed sequence, and PaddedBatch (the
+    real tokens' rows and offsets, read here once per forward) when attention_mask marks padding, which the
+    attention layers receive as their attention_mask; NotImplementedError naming what else was asked for.
 
     The keywords in _mask_materialization (batch_size, dtype, device, config, SDPA's options) describe how to build
     a mask tensor, which DASH never needs."""
@@ -171,33 +201,82 @@ def dash_attention_mask(
             "each packed sequence or not): chunked attention, a bidirectional window, or the model's own overlay "
             "(e.g. for image tokens). DASH computes only those three"
         )
-    if base_mask_function is causal_mask_function:
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    if base_mask_function is causal_mask_function or padded:
         # q_offset is a 0-d tensor for static cache layers; int() reads it once per forward.
         queries_end = int(q_offset) + q_length
         if kv_offset + kv_length != queries_end:
             raise NotImplementedError(
                 f"the keys cover positions [{kv_offset}, {kv_offset + kv_length}) but the queries end at position "
                 f"{queries_end}: the cache holds slots not yet filled (a static cache) or has dropped old tokens, "
-                f"and DASH's causal mask attends to every key it is given. Use a DynamicCache (the default)"
+                f"and DASH's causal mask and its padding both need the keys to end where the queries do. Use a "
+                f"DynamicCache (the default)"
             )
-    if attention_mask is not None:
-        if attention_mask.shape[-1] != kv_length:
+    if attention_mask is not None and attention_mask.shape[-1] < kv_length:
+        raise NotImplementedError(
+            f"attention_mask covers {attention_mask.shape[-1]} keys but the attention has {kv_length}: pass "
+            f"attention_mask=None or one with a column for every key"
+        )
+    if padded:
+        if document_ids is not None:
             raise NotImplementedError(
-                f"attention_mask covers {attention_mask.shape[-1]} keys but the attention has {kv_length}: DASH has "
-                f"no padding masks; pass attention_mask=None or one with a column for every key"
+                "attention_mask marks padding and the mask packs sequences too: DASH takes one or the other"
             )
-        if not attention_mask.all():
-            raise NotImplementedError(
-                "attention_mask marks padding (zeros): DASH has no padding masks; pass sequences of one length "
-                "with attention_mask=None or all ones, or pack them into one row (position_ids restarting at each "
-                "sequence, as DataCollatorWithFlattening makes them)"
-            )
+        return _padding_from_mask(attention_mask, q_length, kv_length)
     if document_ids is None:
         return None
     # transformers looks for packing only without a cache, so the keys are the queries' own tokens.
     starts = torch.ones(document_ids.shape, dtype=torch.bool)
     starts[:, 1:] = document_ids.detach().to("cpu").diff(dim=-1) != 0
     return _packing_from_starts(starts, document_ids.device)
+
+
+@dataclass(frozen=True, eq=False)
+class PaddedBatch:
+    """A padded batch as flash_attn_varlen_func takes it, made once per forward by dash_attention_mask from the 2-D
+    attention_mask: the flattened (batch * seqlen) positions of the real query and key tokens, their int32 offsets
+    (one tensor for both when the queries are the keys, which lets the backward use the shift schedules), the
+    longest real sequences as host ints (at least 1, the varlen call's lower bound), and the layer's key count."""
+
+    indices_q: Tensor
+    indices_k: Tensor
+    cu_seqlens_q: Tensor
+    cu_seqlens_k: Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    kv_length: int
+
+    def on(self, device: torch.device) -> PaddedBatch:
+        """This batch on `device` (itself when it is there: a model split over devices copies it)."""
+        if self.indices_q.device == device:
+            return self
+        moved = {name: getattr(self, name).to(device) for name in ("indices_q", "indices_k", "cu_seqlens_q")}
+        same = self.cu_seqlens_k is self.cu_seqlens_q
+        cu_seqlens_k = moved["cu_seqlens_q"] if same else self.cu_seqlens_k.to(device)
+        same_rows = self.indices_k is self.indices_q
+        indices_k = moved["indices_q"] if same_rows else moved["indices_k"]
+        return PaddedBatch(moved["indices_q"], indices_k, moved["cu_seqlens_q"], cu_seqlens_k, self.max_seqlen_q,
+                           self.max_seqlen_k, self.kv_length)
+
+
+def _real_tokens(mask: Tensor) -> tuple[Tensor, Tensor, int]:
+    """The flattened positions of the tokens `mask` (batch, length) marks, their int32 offsets and the longest row
+    (read on the host, at least 1)."""
+    lengths = mask.sum(dim=-1, dtype=torch.int32)
+    offsets = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32, device=mask.device)
+    torch.cumsum(lengths, dim=0, dtype=torch.int32, out=offsets[1:])
+    return mask.reshape(-1).nonzero().reshape(-1), offsets, max(int(lengths.max()), 1)
+
+
+def _padding_from_mask(attention_mask: Tensor, q_length: int, kv_length: int) -> PaddedBatch:
+    """PaddedBatch of transformers' 2-D padding mask: keys are its last kv_length columns, queries its last
+    q_length (the keys end where the queries do: dash_attention_mask checked it)."""
+    key_mask = attention_mask[:, -kv_length:].bool()
+    indices_k, cu_seqlens_k, max_k = _real_tokens(key_mask)
+    if q_length == kv_length:
+        return PaddedBatch(indices_k, indices_k, cu_seqlens_k, cu_seqlens_k, max_k, max_k, kv_length)
+    indices_q, cu_seqlens_q, max_q = _real_tokens(key_mask[:, -q_length:])
+    return PaddedBatch(indices_q, indices_k, cu_seqlens_q, cu_seqlens_k, max_q, max_k, kv_length)
 
 
 def _unpacked(mask_function: object) -> tuple[object, Tensor | None]:
@@ -254,16 +333,18 @@ def dash_attention_forward(
     is_causal defaults to module.is_causal (True for a module without one, as in transformers' SDPA path);
     scaling to head_dim ** -0.5; sliding_window to window_size=(sliding_window - 1, 0). Packed sequences
     (cu_seq_lens_q/k with max_length_q/k, the mask hook's PackedSequences, or position_ids that restart within a
-    row) go to flash_attn_varlen_func, one document at a time. Keyword arguments that DASH has no
-    use for and that do not change attention (use_cache, num_items_in_batch, ...) pass."""
+    row) go to flash_attn_varlen_func, one document at a time; so do the real tokens of a padded batch (the mask
+    hook's PaddedBatch), whose output is padded back with zeros. Keyword arguments that DASH has no use for and
+    that do not change attention (use_cache, num_items_in_batch, ...) pass."""
     packed_by_mask = attention_mask if isinstance(attention_mask, PackedSequences) else None
+    padded = attention_mask if isinstance(attention_mask, PaddedBatch) else None
     refuse_unsupported(
         "attention_mask",
-        None if packed_by_mask is not None else attention_mask,
+        None if packed_by_mask is not None or padded is not None else attention_mask,
         (None,),
-        'DASH has no attention mask but the causal one, and the "dash_attn" mask function returns None or '
-        "PackedSequences for every mask it accepts, so this one is a prepared 4-D mask or one the model built "
-        "itself",
+        'DASH has no attention mask but the causal one, and the "dash_attn" mask function returns None, '
+        "PackedSequences or PaddedBatch for every mask it accepts, so this one is a prepared 4-D mask or one the "
+        "model built itself",
     )
     refuse_unsupported(
         "dropout",
@@ -280,11 +361,14 @@ def dash_attention_forward(
     window_size = _window_size(sliding_window, causal)
     scale = resolve_scale(scaling, query.shape[-1], "scaling")
     batch, seqlen_q, seqlen_k = query.shape[0], query.shape[2], key.shape[2]
+    query, key, value = _half_precision(query, key, value)
+    deterministic = _resolve_deterministic(module, deterministic, schedule)
+    if padded is not None:
+        return _padded_attention(padded, kwargs, query, key, value, softmax_scale=scale, causal=causal,
+                                 window_size=window_size, deterministic=deterministic, schedule=schedule, softcap=cap)
     packing = _packing(kwargs, batch, seqlen_q, query.device, packed_by_mask)
     if packing is not None:
         _check_packable(packing, seqlen_q, seqlen_k)
-    query, key, value = _half_precision(query, key, value)
-    deterministic = True if deterministic is None else deterministic
     if packing is None:
         out = flash_attn_func(
             query.transpose(1, 2),
@@ -318,6 +402,72 @@ def dash_attention_forward(
         softcap=cap,
     )
     return out.view(batch, seqlen_q, *out.shape[1:]), None
+
+
+def _resolve_deterministic(module: torch.nn.Module, deterministic: object, schedule: object) -> object:
+    """The deterministic flag for flash_attn_func: True unless the user asked otherwise, with deterministic=False
+    passed to the model's forward or schedule="nondeterministic". A model that passes FlashAttention's own flag
+    from its config to every attention call (_FLASH_DETERMINISTIC_ATTRIBUTES, False by default as in
+    FlashAttention) has not asked: only schedule="nondeterministic" turns DASH's backward nondeterministic there."""
+    passed_by_model = any(hasattr(module, name) for name in _FLASH_DETERMINISTIC_ATTRIBUTES)
+    if deterministic is None or passed_by_model:
+        return schedule != NONDETERMINISTIC
+    return deterministic
+
+
+def _padded_attention(padded: PaddedBatch, kwargs: dict, query: Tensor, key: Tensor, value: Tensor,
+                      **options: object) -> tuple[Tensor, None]:
+    """Attention on the real tokens of a padded batch: unpad (the rows PaddedBatch names, as differentiable
+    gathers), flash_attn_varlen_func, pad (zeros for padding query rows)."""
+    passed = [name for name in _PACKING_KEYWORDS if kwargs.get(name) is not None]
+    if passed:
+        raise NotImplementedError(
+            f"attention_mask marks padding and {', '.join(passed)} mark packed sequences: DASH takes one or the "
+            f"other (pad, or pack with DataCollatorWithFlattening, not both)"
+        )
+    batch, seqlen_q, seqlen_k = query.shape[0], query.shape[2], key.shape[2]
+    if seqlen_k != padded.kv_length:
+        raise NotImplementedError(
+            f"the layer has {seqlen_k} keys but its padding mask covers {padded.kv_length}: a layer whose keys "
+            f"differ from the mask transformers made for it"
+        )
+    padded = padded.on(query.device)
+    position_ids = kwargs.get("position_ids")
+    if isinstance(position_ids, Tensor) and position_ids.dim() == 2 and seqlen_q > 1:
+        if _read_once(position_ids, (padded, batch, seqlen_q),
+                      lambda: _restarts_within_real_tokens(position_ids, padded, batch, seqlen_q)):
+            raise NotImplementedError(
+                "attention_mask marks padding and position_ids restart among a row's real tokens (packed "
+                "sequences): DASH takes one or the other (pad, or pack with DataCollatorWithFlattening, not both)"
+            )
+    # (batch, heads, seqlen, head_dim) -> (batch * seqlen, heads, head_dim) -> the real tokens' rows.
+    query_rows, key_rows, value_rows = (
+        _GatherRows.apply(t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]), indices)
+        for t, indices in ((query, padded.indices_q), (key, padded.indices_k), (value, padded.indices_k))
+    )
+    out = flash_attn_varlen_func(
+        query_rows,
+        key_rows,
+        value_rows,
+        padded.cu_seqlens_q,
+        padded.cu_seqlens_k,
+        padded.max_seqlen_q,
+        padded.max_seqlen_k,
+        **options,
+    )
+    return pad_input(out, padded.indices_q, batch, seqlen_q), None
+
+
+def _restarts_within_real_tokens(position_ids: Tensor, padded: PaddedBatch, batch: int, seqlen: int) -> bool:
+    """Whether position_ids (batch or 1, seqlen) restart between two real query tokens of one row, which marks
+    packed sequences inside a padded batch. Positions of padding tokens do not count (generate() gives them
+    positions that restart). One device-to-host read."""
+    if position_ids.shape[-1] != seqlen or position_ids.shape[0] not in (1, batch):
+        return False
+    indices = padded.indices_q
+    positions = position_ids.detach().to(indices.device).expand(batch, -1).reshape(-1).index_select(0, indices)
+    rows = torch.div(indices, seqlen, rounding_mode="floor")
+    return bool(((rows[1:] == rows[:-1]) & (positions.diff() != 1)).any())
 
 
 def _window_size(sliding_window: object, causal: bool) -> tuple[int, int]:
