@@ -110,6 +110,10 @@ Status check_workspace(const void* workspace, size_t given, size_t needed) {
 // kernel of their head dim and dtype.
 Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, const kernels::KernelInstance& instance,
                        void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  // From here on the call works on the device in the relaxed capture mode: a device's first call reads its
+  // properties, allocates its fault record and loads kernels, which a capture in the global mode would otherwise
+  // refuse (api/device.hpp).
+  const RelaxedCaptureMode relaxed;
   const DeviceInfo* device = nullptr;
   kernels::FaultRecord* fault = nullptr;
   if (Status s = begin_device_call(&device, &fault); !s.ok()) return s;
@@ -143,7 +147,6 @@ Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, c
   params.plan = plan.schedule_plan;
   params.buffers = plan.workspace.carve(workspace);
   const kernels::BackwardLauncher launch = plan.varlen ? instance.backward_varlen : instance.backward;
-  const RelaxedCaptureMode relaxed;  // a kernel's first launch loads it (api/device.hpp)
   return launch_status(launch(params, stream), "backward launch");
 }
 
@@ -189,6 +192,7 @@ Status run_forward(const ForwardArgs& args, void* workspace, size_t workspace_by
   if (Status s = validate(args); !s.ok()) return s;
   const kernels::KernelInstance* instance = nullptr;
   if (Status s = find_call_instance(args.shape, args.varlen, Pass::kForward, &instance); !s.ok()) return s;
+  const RelaxedCaptureMode relaxed;  // as in launch_backward
   const DeviceInfo* device = nullptr;
   kernels::FaultRecord* fault = nullptr;
   if (Status s = begin_device_call(&device, &fault); !s.ok()) return s;
@@ -208,7 +212,6 @@ Status run_forward(const ForwardArgs& args, void* workspace, size_t workspace_by
   params.num_sms = device->multiprocessor_count - args.sm_margin;
   params.fault = fault;
   const kernels::ForwardLauncher launch = args.varlen.packed() ? instance->forward_varlen : instance->forward;
-  const RelaxedCaptureMode relaxed;  // a kernel's first launch loads it (api/device.hpp)
   return launch_status(launch(params, stream), "forward launch");
 }
 
