@@ -114,8 +114,9 @@ std::string seqlen_message(const kernels::FaultRecord& record, int device) {
 Status take_fault(kernels::FaultRecord& record, int device) {
   // The device stores `kind` last, after a system-scope fence; the acquire keeps the fields' reads after it.
   std::atomic_ref<kernels::FaultKind> kind(record.kind);
+  kernels::FaultKind seen = kind.load(std::memory_order_acquire);
   Status status;
-  switch (kind.load(std::memory_order_acquire)) {
+  switch (seen) {
     case kernels::FaultKind::kNone: return Status::success();
     case kernels::FaultKind::kWaitTimeout:
       status = {StatusCode::kWaitTimeout, wait_timeout_message(record, device)};
@@ -124,7 +125,10 @@ Status take_fault(kernels::FaultRecord& record, int device) {
       status = {StatusCode::kSeqlenExceedsMax, seqlen_message(record, device)};
       break;
   }
-  kind.store(kernels::FaultKind::kNone, std::memory_order_release);
+  // Calls on two threads may read the record at once; the one that clears it reports it.
+  if (!kind.compare_exchange_strong(seen, kernels::FaultKind::kNone, std::memory_order_acq_rel)) {
+    return Status::success();
+  }
   return status;
 }
 

@@ -4,7 +4,10 @@
 // tests/kernels/test_sm90_faults.cpp.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "api/wait_timeouts.hpp"
 
@@ -65,6 +68,21 @@ TEST(FaultReport, AWaitTimeoutIsReportedOnceNamingTheWaitAndThePoisonedGradients
   }
   EXPECT_EQ(record.kind, kernels::FaultKind::kNone) << "reporting clears the record, so the device can fill it again";
   EXPECT_TRUE(take_fault(record, 3).ok()) << "reported once";
+}
+
+TEST(FaultReport, OfCallsOnManyThreadsExactlyOneReportsAFault) {
+  constexpr int kThreads = 8;
+  for (int round = 0; round < 50; ++round) {
+    kernels::FaultRecord record{};
+    record.kind = kernels::FaultKind::kWaitTimeout;
+    std::atomic<int> reports{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&] { reports += take_fault(record, 0).ok() ? 0 : 1; });
+    }
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(reports.load(), 1) << "round " << round;
+  }
 }
 
 kernels::FaultRecord seqlen_fault(kernels::FaultPass pass, int seqlen_q, int seqlen_k) {

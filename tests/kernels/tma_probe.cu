@@ -2,9 +2,9 @@
 // the launchers' own check of it.
 #include <cuda_runtime.h>
 
+#include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
-#include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
 #include <string>

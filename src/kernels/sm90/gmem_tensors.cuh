@@ -7,8 +7,8 @@
 
 #include <cuda_runtime.h>
 
-#include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_desc.hpp>
 
 #include <cstddef>
 #include <cstdint>
