@@ -93,20 +93,27 @@ std::string over_maximum(int sequence, int length, int maximum, const char* side
 
 std::string seqlen_message(const kernels::FaultRecord& record, int device) {
   const bool forward = record.pass == kernels::FaultPass::kForward;
+  const bool promise_broken = record.keys_within_queries != 0 && record.seqlen_k > record.seqlen_q;
   std::string lengths;
+  const auto add = [&](const std::string& clause) { lengths += (lengths.empty() ? "" : ", and ") + clause; };
   if (record.seqlen_q > record.max_seqlen_q) {
-    lengths = over_maximum(record.sequence, record.seqlen_q, record.max_seqlen_q, "q", "query");
+    add(over_maximum(record.sequence, record.seqlen_q, record.max_seqlen_q, "q", "query"));
   }
   if (record.seqlen_k > record.max_seqlen_k) {
-    if (!lengths.empty()) lengths += ", and ";
-    lengths += over_maximum(record.sequence, record.seqlen_k, record.max_seqlen_k, "k", "key");
+    add(over_maximum(record.sequence, record.seqlen_k, record.max_seqlen_k, "k", "key"));
+  } else if (promise_broken) {
+    add(std::to_string(record.seqlen_k) + " key rows (cu_seqlens_k[" + std::to_string(record.sequence + 1) +
+        "] - cu_seqlens_k[" + std::to_string(record.sequence) + "]), more than its " +
+        std::to_string(record.seqlen_q) + " query rows, though the call promised keys_within_queries (seqlen_k <= "
+        "seqlen_q for every sequence)");
   }
   return std::string("a varlen ") + (forward ? "forward" : "backward") + " on device " + std::to_string(device) +
          " was given a sequence longer than its maximum: sequence " + std::to_string(record.sequence) + " has " +
          lengths + ". The kernels handle at most the maxima, so that sequence's rows of " +
          (forward ? "out and lse" : "dq, dk and dv") +
          " were filled with NaN; recompute that call with max_seqlen_q and max_seqlen_k at least the longest "
-         "sequence's lengths";
+         "sequence's lengths" +
+         (promise_broken ? ", and without keys_within_queries unless every sequence keeps it" : "");
 }
 
 }  // namespace

@@ -27,8 +27,9 @@ enum class FaultKind : int {
   // A dQ ordering wait outlived its bound (kernels/sm90/bwd_dq_writer.cuh); the launch went on without the fixed
   // order, and its postprocess filled dq, dk and dv with NaN.
   kWaitTimeout = 1,
-  // A varlen sequence was longer than the call's max_seqlen_q or max_seqlen_k (kernels/sm90/varlen_padding.cuh);
-  // its rows of the call's outputs (out and lse, or dq, dk and dv) were filled with NaN.
+  // A varlen sequence was longer than the call's max_seqlen_q or max_seqlen_k, or had more keys than queries where
+  // the call promised keys_within_queries (kernels/sm90/varlen_padding.cuh); its rows of the call's outputs (out and
+  // lse, or dq, dk and dv) were filled with NaN.
   kSeqlenExceedsMax = 2,
 };
 
@@ -43,13 +44,15 @@ struct FaultRecord {
   int expected;  // the contribution's rank in the tile's order
   int observed;  // the tile's semaphore when the wait gave up: the contributions summed by then
   int bound_ms;  // the bound it outlived, in milliseconds
-  // kSeqlenExceedsMax: the first sequence of the call over a maximum, with its lengths and the call's maxima.
+  // kSeqlenExceedsMax: the first sequence of the call over a maximum (seqlen_q for its keys, under the promise), with
+  // its lengths, the call's maxima and its promise.
   FaultPass pass;
   int sequence;
   int seqlen_q;  // cu_seqlens_q[sequence + 1] - cu_seqlens_q[sequence], each offset clamped to [0, total_q]
   int seqlen_k;
   int max_seqlen_q;
   int max_seqlen_k;
+  int keys_within_queries;  // nonzero: the call promised seqlen_k <= seqlen_q per sequence
 };
 
 // What a forward launch needs beyond the caller's (validated) arguments.

@@ -129,6 +129,20 @@ TEST(FaultReport, ALongBackwardSequenceNamesEveryLengthOverItsMaximumAndTheGradi
                              "and 129 key rows (cu_seqlens_k[6] - cu_seqlens_k[5]), more than max_seqlen_k = 128"),
             std::string::npos)
       << s.message();
+  EXPECT_EQ(s.message().find("keys_within_queries"), std::string::npos) << "no promise was made: " << s.message();
+}
+
+TEST(FaultReport, KeysPastTheQueriesUnderThePromiseAreNamedWithThePromise) {
+  kernels::FaultRecord record = seqlen_fault(kernels::FaultPass::kForward, 100, 120);
+  record.keys_within_queries = 1;
+  const Status s = take_fault(record, 2);
+  EXPECT_EQ(s.code(), StatusCode::kSeqlenExceedsMax);
+  for (const char* words : {"sequence 5 has 120 key rows (cu_seqlens_k[6] - cu_seqlens_k[5]), more than its 100 "
+                            "query rows, though the call promised keys_within_queries",
+                            "without keys_within_queries unless every sequence keeps it"}) {
+    EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
+  }
+  EXPECT_EQ(s.message().find("max_seqlen_k ="), std::string::npos) << "within the key maximum: " << s.message();
 }
 
 }  // namespace

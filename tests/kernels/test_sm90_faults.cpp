@@ -5,7 +5,8 @@
 //   sequence's rows (out and LSE; dq, dk and dv) is NaN, every other sequence's matches the float64 reference, the
 //   padding rows are cleared; the next call on the device, made from another thread, returns kSeqlenExceedsMax
 //   naming the sequence, its length and the maximum, and runs nothing; the call after it runs (the record was
-//   cleared). The negative control: the same batch with maxima that hold it leaves no NaN and no report.
+//   cleared). A sequence with more keys than queries under keys_within_queries is poisoned and reported the same way.
+//   The negative control: the same batch with maxima that hold it leaves no NaN and no report.
 // - Sm90TmaDescriptor: a descriptor the driver refuses is caught by the launchers' check (first_unencoded), which
 //   names it, and an encoded one is not (tma_probe.cu, in a debug build CuTe asserts first and the test skips).
 // - CaptureFirstCall: a process whose very first DASH call, forward and backward, is captured into a CUDA graph in
@@ -196,6 +197,24 @@ TEST(Sm90SeqlenGuard, ABackwardSequenceOverTheKeyMaximumHasNanGradientsAloneAndT
   wait_or_die(nullptr, "varlen forward");
   // That forward ran over the key maximum again: its report is drained, so later tests start clean.
   expect_reported(forward_on(p), {"varlen forward", "300 key rows"});
+}
+
+TEST(Sm90SeqlenGuard, KeysPastTheQueriesUnderThePromiseAreNanAloneAndReported) {
+  if (const std::string why = guard_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  AttentionShape shape = gpu_testing::make_attention_shape(1, 1, 1, /*heads_q=*/4, /*heads_kv=*/2, false, kInstance);
+  VarlenProblem p = harness::make_varlen_problem(shape, {{100, 100}, {200, 250}, {64, 64}}, kPaddingRows, 0x9e0u);
+  p.keys_within_queries = true;  // promised, and broken by sequence 1 alone
+  zero(p.d_out);
+  zero(p.d_lse);
+  ASSERT_TRUE(forward_on(p).ok());
+  wait_or_die(nullptr, "varlen forward breaking its promise");
+  const int first = p.cu_seqlens_q[kLongSequence];
+  EXPECT_EQ(rows_not_nan(p.d_out, p.total_q, p.shape.heads_q, first, 200, &p.d_lse), 0u);
+  EXPECT_TRUE(matches_except_poisoned("O", p.d_out, p.out, static_cast<size_t>(200 * p.shape.heads_q * kInstance.head_dim),
+                                      harness::tolerance_for(p.shape)));
+  expect_reported(next_call_from_another_thread(p),
+                  {"sequence 1 has 250 key rows", "more than its 200 query rows", "promised keys_within_queries"});
+  wait_or_die(nullptr, "the reporting call");
 }
 
 TEST(Sm90SeqlenGuard, WithinTheMaximaNothingIsNanAndNothingIsReported) {

@@ -3,9 +3,9 @@
 //  - Padding rows, the rows of the packed tensors past the last sequence, [cu_seqlens[batch], total): 0 in out, dq,
 //    dk and dv and -inf in the LSE (a row that sees no key). The caller need not clear a whole tensor before each
 //    call (a memset of O alone took about a fifth of a short forward's time).
-//  - Sequences longer than the call's maxima (max_seqlen_q, max_seqlen_k): the kernels are planned, gridded and
-//    clamped to the maxima (packed_sequence), so such a sequence's results are wrong and its rows past the maximum
-//    never written. Every row of it, in every output tensor of the call, becomes NaN (the LSE too), and the first
+//  - Sequences longer than the call's maxima (max_seqlen_q, max_seqlen_k), or with more keys than queries where the
+//    call promised keys_within_queries: the kernels are planned, gridded and clamped to the maxima and the promise
+//    (packed_sequence), so such a sequence's results are wrong and its rows past the maximum never written. Every row of it, in every output tensor of the call, becomes NaN (the LSE too), and the first
 //    such sequence is written to the device's fault record (kernels::FaultRecord), which the host reports at its
 //    next call on the device. cu_seqlens stay on the device: the host could not check them without a copy and a
 //    synchronization per call, and the call would no longer be CUDA-graph capturable.
@@ -60,6 +60,7 @@ struct SequenceGuard {
   int total_k = 0;
   int max_seqlen_q = 0;
   int max_seqlen_k = 0;
+  bool keys_within_queries = false;       // the call's promise: seqlen_k <= seqlen_q per sequence
   kernels::FaultRecord* fault = nullptr;  // host-mapped, the device's
   kernels::FaultPass pass = kernels::FaultPass::kForward;
 };
@@ -74,7 +75,7 @@ __device__ __forceinline__ int clamp_row(int x, int lo, int hi) { return x < lo 
 struct SequenceRows {
   int q_offset, seqlen_q, k_offset, seqlen_k;
   __device__ bool over_maximum(const SequenceGuard& g) const {
-    return seqlen_q > g.max_seqlen_q || seqlen_k > g.max_seqlen_k;
+    return seqlen_q > g.max_seqlen_q || seqlen_k > g.max_seqlen_k || (g.keys_within_queries && seqlen_k > seqlen_q);
   }
 };
 
@@ -111,6 +112,7 @@ __device__ __forceinline__ void record_sequence_over_maximum(const SequenceGuard
   record->seqlen_k = s.seqlen_k;
   record->max_seqlen_q = g.max_seqlen_q;
   record->max_seqlen_k = g.max_seqlen_k;
+  record->keys_within_queries = g.keys_within_queries ? 1 : 0;
   __threadfence_system();
   record->kind = kernels::FaultKind::kSeqlenExceedsMax;
 }
@@ -161,6 +163,7 @@ inline SequenceGuard sequence_guard(const AttentionShape& shape, const VarlenBat
                        static_cast<int>(varlen.total_k),
                        static_cast<int>(shape.seqlen_q),
                        static_cast<int>(shape.seqlen_k),
+                       varlen.keys_within_queries,
                        fault,
                        pass};
 }
