@@ -165,9 +165,11 @@ bool varlen_lengths_fill_maxima(const AttentionShape& shape, int64_t total_q, in
 // The current device must be the plan's (same index and SM count), and the workspace must hold
 // plan.workspace_bytes().
 // Each dQ ordering wait is bounded (DASH_WAIT_TIMEOUT_SECONDS, 10 minutes by default): a launch whose wait outlives
-// it, because other kernels held SMs its static schedule was planned for, gives up the order and ends with a wrong
-// dQ instead of hanging the stream, and the next backward call on the device returns kWaitTimeout, naming the wait,
-// without running (src/api/wait_timeouts.hpp).
+// it, because other kernels held SMs its static schedule was planned for, gives up the order and ends instead of
+// hanging the stream, with every element of dq, dk and dv NaN (its dQ would be wrong), and the next call on the
+// device, forward or backward, from any thread, returns kWaitTimeout, naming the wait, without running
+// (src/api/wait_timeouts.hpp). A varlen sequence longer than its maximum is reported the same way
+// (kSeqlenExceedsMax, VarlenBatch). A call being captured into a CUDA graph may be a process's first.
 Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,
                 cudaStream_t stream);
 

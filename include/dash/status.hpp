@@ -19,6 +19,8 @@ enum class StatusCode : int {
   kScheduleRejected,   // the requested schedule's preconditions fail for this shape
   kCudaError,          // a CUDA runtime call failed
   kWaitTimeout,        // an earlier backward on the device gave up its dQ order (its dQ is wrong); reported once
+  kSeqlenExceedsMax,   // an earlier varlen call on the device had a sequence longer than its max_seqlen (its rows
+                       // are NaN); reported once
 };
 
 // Short stable name of a code, e.g. "invalid-argument".

@@ -103,11 +103,13 @@ struct MutableTensorRef {
 // (cu_seqlens_q[batch] <= row < total_q, and the same for keys) are padding: a forward writes 0 to out and -inf to the
 // LSE there, a backward 0 to dq, dk and dv.
 // cu_seqlens stay in device memory: no entry point reads them on the host, so a call is CUDA-graph capturable. The
-// kernels read them; their contract (unchecked, it would take a copy): shape.batch + 1 int32 offsets starting at 0,
-// non-decreasing, each sequence within the maxima, the last offsets at most total_q and total_k, and, with
-// keys_within_queries, seqlen_k <= seqlen_q per sequence. Offsets that break it give the sequences concerned
-// unspecified results, but no kernel reads or writes outside the tensors or hangs: each sequence is clamped to the
-// totals and the maxima first (schedule/varlen.hpp, packed_sequence).
+// kernels read them; their contract (unchecked on the host, it would take a copy): shape.batch + 1 int32 offsets
+// starting at 0, non-decreasing, each sequence within the maxima, the last offsets at most total_q and total_k, and,
+// with keys_within_queries, seqlen_k <= seqlen_q per sequence. A sequence longer than a maximum, or with more keys
+// than queries under keys_within_queries, is caught on the device: every row of it in the call's outputs (out and the LSE, or dq, dk and dv) is NaN, and the next call on the
+// device returns kSeqlenExceedsMax naming it. Offsets that break the rest of the contract give the sequences
+// concerned unspecified results, but no kernel reads or writes outside the tensors or hangs: each sequence is
+// clamped to the totals and the maxima first (schedule/varlen.hpp, packed_sequence).
 struct VarlenBatch {
   const int32_t* cu_seqlens_q = nullptr;  // device memory; both null: not a varlen call
   const int32_t* cu_seqlens_k = nullptr;

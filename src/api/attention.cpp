@@ -1,7 +1,9 @@
 // The public entry points: validate, check the device, plan and prove the schedule (api/backward_plan.cpp),
 // carve the workspace, dispatch to the compiled kernel instance. Every failure becomes a Status. A launch
 // of a BackwardPlan checks the call against the plan and does no planning; the entry points without a plan
-// make one and launch it through the same path.
+// make one and launch it through the same path. Every call that reaches a device first reports a fault the kernels
+// recorded there in an earlier call (api/wait_timeouts.hpp); a call being captured into a CUDA graph makes its
+// one-time work in the relaxed capture mode (api/device.hpp).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -21,6 +23,25 @@ Status cuda_status(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::success();
   cudaGetLastError();  // clear the sticky-free error so later calls start clean
   return {StatusCode::kCudaError, std::string(what) + ": " + cudaGetErrorString(err)};
+}
+
+// The status of a launcher's result; `what` names the launch.
+Status launch_status(const kernels::LaunchResult& result, const char* what) {
+  if (result.unencoded_tensor != nullptr) {
+    return {StatusCode::kCudaError, std::string(what) + ": the driver refused to encode the TMA descriptor of " +
+                                        result.unencoded_tensor +
+                                        " (cuTensorMapEncodeTiled, from its address, extents and strides), so no "
+                                        "kernel was launched"};
+  }
+  return cuda_status(static_cast<cudaError_t>(result.cuda_error), what);
+}
+
+// What every call that runs on a device does first: the current device (usable_current_device), its fault record,
+// and the report of a fault an earlier call left there, which fails this call.
+Status begin_device_call(const DeviceInfo** device, kernels::FaultRecord** fault) {
+  if (Status s = usable_current_device(device); !s.ok()) return s;
+  if (Status s = device_fault_record((*device)->index, fault); !s.ok()) return s;
+  return take_fault(**fault, (*device)->index);
 }
 
 Status find_instance(const AttentionShape& shape, const kernels::KernelInstance** instance) {
@@ -89,8 +110,13 @@ Status check_workspace(const void* workspace, size_t given, size_t needed) {
 // kernel of their head dim and dtype.
 Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, const kernels::KernelInstance& instance,
                        void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  // From here on the call works on the device in the relaxed capture mode: a device's first call reads its
+  // properties, allocates its fault record and loads kernels, which a capture in the global mode would otherwise
+  // refuse (api/device.hpp).
+  const RelaxedCaptureMode relaxed;
   const DeviceInfo* device = nullptr;
-  if (Status s = usable_current_device(&device); !s.ok()) return s;
+  kernels::FaultRecord* fault = nullptr;
+  if (Status s = begin_device_call(&device, &fault); !s.ok()) return s;
   // A static schedule planned for more SMs than the device has would wait forever on CTAs that never start. The
   // plan's grid is planned_sm_count CTAs at most (its sm_margin less than the device's SMs).
   if (device->index != plan.device_index || device->multiprocessor_count != plan.multiprocessor_count) {
@@ -116,14 +142,12 @@ Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, c
   if (Status s = check_workspace(workspace, workspace_bytes, plan.workspace.total_bytes); !s.ok()) return s;
   kernels::BackwardParams params{};
   if (Status s = wait_bound_ns(&params.wait_bound_ns); !s.ok()) return s;
-  if (Status s = device_wait_timeout_record(device->index, &params.wait_timeout); !s.ok()) return s;
-  // An earlier launch on the device that gave up its order is reported here, before this one runs.
-  if (Status s = take_wait_timeout(*params.wait_timeout, device->index); !s.ok()) return s;
+  params.fault = fault;
   params.args = args;
   params.plan = plan.schedule_plan;
   params.buffers = plan.workspace.carve(workspace);
   const kernels::BackwardLauncher launch = plan.varlen ? instance.backward_varlen : instance.backward;
-  return cuda_status(static_cast<cudaError_t>(launch(params, stream)), "backward launch");
+  return launch_status(launch(params, stream), "backward launch");
 }
 
 }  // namespace
@@ -162,12 +186,16 @@ Status backward_workspace_size(const AttentionShape& shape, Schedule schedule, s
   return Status::success();
 }
 
-Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+namespace {
+
+Status run_forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
   const kernels::KernelInstance* instance = nullptr;
   if (Status s = find_call_instance(args.shape, args.varlen, Pass::kForward, &instance); !s.ok()) return s;
+  const RelaxedCaptureMode relaxed;  // as in launch_backward
   const DeviceInfo* device = nullptr;
-  if (Status s = usable_current_device(&device); !s.ok()) return s;
+  kernels::FaultRecord* fault = nullptr;
+  if (Status s = begin_device_call(&device, &fault); !s.ok()) return s;
   if (Status s = check_sm_margin(args.sm_margin, *device); !s.ok()) return s;
   if (Status s = check_pointers(
           {{args.q.data, "q"}, {args.k.data, "k"}, {args.v.data, "v"}, {args.out.data, "out"}, {args.lse, "lse"}});
@@ -182,12 +210,13 @@ Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes,
   // The forward's grid is persistent (tiles come from a counter, no CTA waits on another): it needs no SM to be
   // free, but it leaves sm_margin SMs to other work as the backward does.
   params.num_sms = device->multiprocessor_count - args.sm_margin;
+  params.fault = fault;
   const kernels::ForwardLauncher launch = args.varlen.packed() ? instance->forward_varlen : instance->forward;
-  return cuda_status(static_cast<cudaError_t>(launch(params, stream)), "forward launch");
+  return launch_status(launch(params, stream), "forward launch");
 }
 
-Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,
-                cudaStream_t stream) {
+Status run_planned_backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream) {
   const BackwardPlanData* data = BackwardPlanAccess::data(plan);
   if (data == nullptr) return {StatusCode::kInvalidArgument, "plan is empty (make it with plan_backward())"};
   if (Status s = check_args_match_plan(args, *data); !s.ok()) return s;
@@ -198,7 +227,7 @@ Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* worksp
 }
 
 // The kernel is looked up before planning, so a build without it says so before any device query.
-Status backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+Status run_backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
   const kernels::KernelInstance* instance = nullptr;
   if (Status s = find_call_instance(args.shape, args.varlen, Pass::kBackward, &instance); !s.ok()) return s;
@@ -211,6 +240,21 @@ Status backward(const BackwardArgs& args, void* workspace, size_t workspace_byte
           : plan_backward(args.shape, args.schedule, args.sm_margin, &plan);
   if (!planned.ok()) return planned;
   return launch_backward(args, *BackwardPlanAccess::data(plan), *instance, workspace, workspace_bytes, stream);
+}
+
+}  // namespace
+
+Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  return capture_advice(run_forward(args, workspace, workspace_bytes, stream), stream);
+}
+
+Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,
+                cudaStream_t stream) {
+  return capture_advice(run_planned_backward(args, plan, workspace, workspace_bytes, stream), stream);
+}
+
+Status backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  return capture_advice(run_backward(args, workspace, workspace_bytes, stream), stream);
 }
 
 }  // namespace dash

@@ -97,6 +97,7 @@ Status check_any_device() {
 }
 
 Status read_device_info(int device, DeviceInfo* info) {
+  const RelaxedCaptureMode relaxed;  // once per device, and maybe under a capture (device.hpp)
   if (Status s = check_any_device(); !s.ok()) return s;
   cudaDeviceProp properties{};
   if (const cudaError_t error = cudaGetDeviceProperties(&properties, device); error != cudaSuccess) {
@@ -153,6 +154,33 @@ Status current_device_info(DeviceInfo* info) {
   if (Status s = current_device(&kept); !s.ok()) return s;
   *info = *kept;
   return Status::success();
+}
+
+RelaxedCaptureMode::RelaxedCaptureMode() : previous_(cudaStreamCaptureModeRelaxed) {
+  // Exchanging a thread's mode cannot fail for a valid mode; a failure leaves the mode as it was.
+  if (cudaThreadExchangeStreamCaptureMode(&previous_) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    previous_ = cudaStreamCaptureModeRelaxed;
+  }
+}
+
+RelaxedCaptureMode::~RelaxedCaptureMode() {
+  if (previous_ == cudaStreamCaptureModeRelaxed) return;  // nothing was exchanged, or relaxed before
+  if (cudaThreadExchangeStreamCaptureMode(&previous_) != cudaSuccess) static_cast<void>(cudaGetLastError());
+}
+
+Status capture_advice(Status status, cudaStream_t stream) {
+  if (status.code() != StatusCode::kCudaError) return status;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return status;
+  }
+  if (capture == cudaStreamCaptureStatusNone) return status;
+  return {StatusCode::kCudaError,
+          status.message() + " (the stream was being captured into a CUDA graph, and a device's first call does "
+                             "one-time work that the capture may refuse: make one call on the device before "
+                             "capturing)"};
 }
 
 Status check_device_pointer(const void* p, const char* name) {

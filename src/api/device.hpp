@@ -4,6 +4,11 @@
 //
 // Each device's properties are read once per process (DeviceInfoCache): an entry is made only from a read
 // that succeeded and is never changed or removed, so a hit needs no runtime call but cudaGetDevice.
+//
+// CUDA graph capture: a process's first call may be captured. The one-time work of a device's first call (reading
+// its properties, allocating its fault record, loading kernels) is made in the relaxed capture mode
+// (RelaxedCaptureMode), where the runtime runs it outside the capture instead of refusing it and invalidating the
+// capture; a step that fails under capture says to make one call before capturing (capture_advice).
 #pragma once
 
 #include <driver_types.h>
@@ -49,6 +54,24 @@ class DeviceInfoCache {
 // The current device from the process's DeviceInfoCache, which must be able to run the kernels: the status of
 // check_current_device(), and on success *info pointing at the kept DeviceInfo.
 Status usable_current_device(const DeviceInfo** info);
+
+// Sets the calling thread's stream-capture mode to relaxed for its life, and back after: the runtime calls made
+// meanwhile are not refused because a stream (of this or, in the global mode, of another thread) is being captured.
+// Stream work made meanwhile is captured as always; only one-time work that is not stream work runs outside.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode();
+  ~RelaxedCaptureMode();
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode previous_;
+};
+
+// `status`, and if it is kCudaError while `stream` is being captured into a CUDA graph, with the advice to make one
+// call on the device before capturing (the first call's one-time work is what a capture can refuse).
+Status capture_advice(Status status, cudaStream_t stream);
 
 // kOk if `p` is device, managed or registered host memory; kInvalidArgument if it is null or host memory
 // CUDA does not know (the kernels would fault on it); kCudaError if the runtime cannot tell. `name` names

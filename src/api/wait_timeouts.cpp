@@ -1,4 +1,5 @@
-// Ordering waits that gave up: the bound, the per-device records and their report (api/wait_timeouts.hpp).
+// Faults the kernels report through the device: the wait bound, the per-device records and their report
+// (api/wait_timeouts.hpp).
 #include "api/wait_timeouts.hpp"
 
 #include <cuda_runtime_api.h>
@@ -11,6 +12,8 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+
+#include "api/device.hpp"
 
 namespace dash {
 namespace {
@@ -66,42 +69,100 @@ Status wait_bound_ns(long long* bound_ns) {
   return Status::success();
 }
 
-Status take_wait_timeout(kernels::WaitTimeoutRecord& record, int device) {
-  // The device stores `filled` last, after a system-scope fence; the acquire keeps the fields' reads after it.
-  std::atomic_ref<int> filled(record.filled);
-  if (filled.load(std::memory_order_acquire) == 0) return Status::success();
-  const std::string message =
-      "a backward launch on device " + std::to_string(device) + " gave up the fixed order of its dQ sums: CTA " +
-      std::to_string(record.cta) + " waited more than " + std::to_string(record.bound_ms) +
-      " ms for dQ tile " + std::to_string(record.dq_index) + " to reach contribution " +
-      std::to_string(record.expected) + " (it stood at " + std::to_string(record.observed) +
-      "), so that launch ran unordered and its dQ is wrong; recompute that step. The CTAs of its static "
-      "schedule could not all run at once: other kernels held SMs it was planned for. Plan the backward with "
-      "sm_margin set to the SMs they take, or use a dynamic schedule (" + kWaitTimeoutVariable +
-      " sets the bound)";
-  filled.store(0, std::memory_order_release);
-  return {StatusCode::kWaitTimeout, message};
+namespace {
+
+std::string wait_timeout_message(const kernels::FaultRecord& record, int device) {
+  return "a backward launch on device " + std::to_string(device) + " gave up the fixed order of its dQ sums: CTA " +
+         std::to_string(record.cta) + " waited more than " + std::to_string(record.bound_ms) + " ms for dQ tile " +
+         std::to_string(record.dq_index) + " to reach contribution " + std::to_string(record.expected) +
+         " (it stood at " + std::to_string(record.observed) +
+         "), so that launch ran unordered: its dQ is wrong, and its dq, dk and dv were filled with NaN; recompute "
+         "that step. The CTAs of its static schedule could not all run at once: other kernels held SMs it was "
+         "planned for. Plan the backward with sm_margin set to the SMs they take, or use a dynamic schedule (" +
+         kWaitTimeoutVariable + " sets the bound)";
 }
 
-Status device_wait_timeout_record(int device, kernels::WaitTimeoutRecord** record) {
+// "sequence 3 has 300 query rows (cu_seqlens_q[4] - cu_seqlens_q[3]), more than max_seqlen_q = 256": one clause per
+// length over its maximum.
+std::string over_maximum(int sequence, int length, int maximum, const char* side, const char* rows) {
+  const std::string offsets = std::string("cu_seqlens_") + side;
+  return std::to_string(length) + " " + rows + " rows (" + offsets + "[" + std::to_string(sequence + 1) + "] - " +
+         offsets + "[" + std::to_string(sequence) + "]), more than max_seqlen_" + side + " = " +
+         std::to_string(maximum);
+}
+
+std::string seqlen_message(const kernels::FaultRecord& record, int device) {
+  const bool forward = record.pass == kernels::FaultPass::kForward;
+  const bool promise_broken = record.keys_within_queries != 0 && record.seqlen_k > record.seqlen_q;
+  std::string lengths;
+  const auto add = [&](const std::string& clause) { lengths += (lengths.empty() ? "" : ", and ") + clause; };
+  if (record.seqlen_q > record.max_seqlen_q) {
+    add(over_maximum(record.sequence, record.seqlen_q, record.max_seqlen_q, "q", "query"));
+  }
+  if (record.seqlen_k > record.max_seqlen_k) {
+    add(over_maximum(record.sequence, record.seqlen_k, record.max_seqlen_k, "k", "key"));
+  } else if (promise_broken) {
+    add(std::to_string(record.seqlen_k) + " key rows (cu_seqlens_k[" + std::to_string(record.sequence + 1) +
+        "] - cu_seqlens_k[" + std::to_string(record.sequence) + "]), more than its " +
+        std::to_string(record.seqlen_q) + " query rows, though the call promised keys_within_queries (seqlen_k <= "
+        "seqlen_q for every sequence)");
+  }
+  return std::string("a varlen ") + (forward ? "forward" : "backward") + " on device " + std::to_string(device) +
+         " was given a sequence longer than its maximum: sequence " + std::to_string(record.sequence) + " has " +
+         lengths + ". The kernels handle at most the maxima, so that sequence's rows of " +
+         (forward ? "out and lse" : "dq, dk and dv") +
+         " were filled with NaN; recompute that call with max_seqlen_q and max_seqlen_k at least the longest "
+         "sequence's lengths" +
+         (promise_broken ? ", and without keys_within_queries unless every sequence keeps it" : "");
+}
+
+}  // namespace
+
+Status take_fault(kernels::FaultRecord& record, int device) {
+  // The device stores `kind` last, after a system-scope fence; the acquire keeps the fields' reads after it.
+  std::atomic_ref<kernels::FaultKind> kind(record.kind);
+  kernels::FaultKind seen = kind.load(std::memory_order_acquire);
+  Status status;
+  switch (seen) {
+    case kernels::FaultKind::kNone: return Status::success();
+    case kernels::FaultKind::kWaitTimeout:
+      status = {StatusCode::kWaitTimeout, wait_timeout_message(record, device)};
+      break;
+    case kernels::FaultKind::kSeqlenExceedsMax:
+      status = {StatusCode::kSeqlenExceedsMax, seqlen_message(record, device)};
+      break;
+  }
+  // Calls on two threads may read the record at once; the one that clears it reports it.
+  if (!kind.compare_exchange_strong(seen, kernels::FaultKind::kNone, std::memory_order_acq_rel)) {
+    return Status::success();
+  }
+  return status;
+}
+
+Status device_fault_record(int device, kernels::FaultRecord** record) {
   static std::mutex mutex;
-  static std::unordered_map<int, kernels::WaitTimeoutRecord*> by_device;  // host-mapped, never freed
+  static std::unordered_map<int, kernels::FaultRecord*> by_device;  // host-mapped, never freed
   const std::lock_guard<std::mutex> lock(mutex);
   if (const auto found = by_device.find(device); found != by_device.end()) {
     *record = found->second;
     return Status::success();
   }
   void* host = nullptr;
-  // Portable: mapped in every context of the process; the pointer is the device's too (unified addressing).
-  if (const cudaError_t e = cudaHostAlloc(&host, sizeof(kernels::WaitTimeoutRecord),
-                                          cudaHostAllocMapped | cudaHostAllocPortable);
-      e != cudaSuccess) {
-    static_cast<void>(cudaGetLastError());
-    return {StatusCode::kCudaError, std::string("cudaHostAlloc of the wait-timeout record: ") + cudaGetErrorString(e)};
+  {
+    // cudaHostAlloc is refused while a stream is captured in the global mode; relaxed, it runs outside the capture.
+    const RelaxedCaptureMode relaxed;
+    // Portable: mapped in every context of the process; the pointer is the device's too (unified addressing).
+    if (const cudaError_t e =
+            cudaHostAlloc(&host, sizeof(kernels::FaultRecord), cudaHostAllocMapped | cudaHostAllocPortable);
+        e != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+      return {StatusCode::kCudaError, std::string("cudaHostAlloc of device ") + std::to_string(device) +
+                                          "'s fault record: " + cudaGetErrorString(e)};
+    }
   }
-  *static_cast<kernels::WaitTimeoutRecord*>(host) = kernels::WaitTimeoutRecord{};
-  by_device.emplace(device, static_cast<kernels::WaitTimeoutRecord*>(host));
-  *record = static_cast<kernels::WaitTimeoutRecord*>(host);
+  *static_cast<kernels::FaultRecord*>(host) = kernels::FaultRecord{};
+  by_device.emplace(device, static_cast<kernels::FaultRecord*>(host));
+  *record = static_cast<kernels::FaultRecord*>(host);
   return Status::success();
 }
 

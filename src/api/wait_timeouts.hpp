@@ -1,11 +1,15 @@
-// Ordering waits that gave up (kernels/kernel_params.hpp, WaitTimeoutRecord). A backward's dQ writer waits for other
-// CTAs' contributions to each dQ tile; a wait that outlives its bound (CTAs of a static schedule kept off their SMs
-// by other kernels) gives up the order for the rest of its launch, which then ends with a wrong dQ instead of hanging
-// the stream, and the first such wait fills its device's record. The host reads the record without a CUDA call or a
-// synchronization, at the start of every backward on the device, and reports it there as kWaitTimeout, once.
+// Faults the kernels detect and report through the device (kernels/kernel_params.hpp, FaultRecord): a dQ ordering
+// wait that gave up, and a varlen sequence longer than the call's maximum. Neither can be seen on the host when the
+// call is made (the wait happens on the device; cu_seqlens stay there), so the kernels poison the outputs they cannot
+// vouch for with NaN and fill their device's record, and the host reports the record at the start of the next call
+// on the device, forward or backward, from any thread: kWaitTimeout or kSeqlenExceedsMax, once.
 //
-// Invariants: one record per device, in host-mapped memory, allocated on the device's first backward and kept for
-// the process's life; the device writes it only while `filled` is 0, and only the host clears `filled`.
+// The bound of a dQ ordering wait: a backward's dQ writer waits for other CTAs' contributions to each dQ tile; a wait
+// that outlives its bound (CTAs of a static schedule kept off their SMs by other kernels) gives up the order for the
+// rest of its launch, which then ends instead of hanging the stream.
+//
+// Invariants: one record per device, in host-mapped memory, allocated on the device's first call and kept for the
+// process's life; the device writes it only while its kind is kNone, and only the host clears the kind.
 #pragma once
 
 #include "dash/status.hpp"
@@ -25,12 +29,13 @@ Status parse_wait_timeout(const char* text, long long* bound_ns);
 // The process's bound: parse_wait_timeout of the variable as it was at the first call.
 Status wait_bound_ns(long long* bound_ns);
 
-// kWaitTimeout describing what `record` holds, which it then clears; kOk if it holds nothing. `device` names the
-// device in the message.
-Status take_wait_timeout(kernels::WaitTimeoutRecord& record, int device);
+// The status describing what `record` holds, which it then clears: kWaitTimeout or kSeqlenExceedsMax with a message
+// naming what happened and what to do; kOk if it holds nothing. `device` names the device in the message.
+Status take_fault(kernels::FaultRecord& record, int device);
 
-// *record: `device`'s record, made on the first call for the device (a CUDA call, hence kCudaError if it fails).
-// Thread-safe; later calls make no CUDA call.
-Status device_wait_timeout_record(int device, kernels::WaitTimeoutRecord** record);
+// *record: `device`'s record, made on the first call for the device (a CUDA call, hence kCudaError if it fails). The
+// allocation is made in the relaxed stream-capture mode, so that a process's first call may be captured into a CUDA
+// graph. Thread-safe; later calls make no CUDA call.
+Status device_fault_record(int device, kernels::FaultRecord** record);
 
 }  // namespace dash

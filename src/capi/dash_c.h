@@ -38,8 +38,11 @@ extern "C" {
  *   8: dash_varlen_softcap_kernel_available says whether the softcap instances' varlen kernels were built (varlen
  *      batches with softcap > 0); dash_varlen_kernel_available keeps its meaning, the instances without softcap.
  *   9: DASH_STATUS_WAIT_TIMEOUT, which dash_backward, dash_backward_varlen and the plan runs return when an earlier
- *      backward on the device gave up its dQ order (dash::StatusCode::kWaitTimeout). */
-#define DASH_C_ABI_VERSION 9
+ *      backward on the device gave up its dQ order (dash::StatusCode::kWaitTimeout).
+ *  10: DASH_STATUS_SEQLEN_EXCEEDS_MAX, which every call that runs on a device returns when an earlier varlen call there
+ *      had a sequence longer than its max_seqlen_q or max_seqlen_k (dash::StatusCode::kSeqlenExceedsMax); both it and
+ *      DASH_STATUS_WAIT_TIMEOUT are now returned by the forward calls too. */
+#define DASH_C_ABI_VERSION 10
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -53,6 +56,7 @@ enum dash_status_code {
   DASH_STATUS_SCHEDULE_REJECTED = 7,
   DASH_STATUS_CUDA_ERROR = 8,
   DASH_STATUS_WAIT_TIMEOUT = 9,
+  DASH_STATUS_SEQLEN_EXCEEDS_MAX = 10,
   /* A C++ exception (in practice: host memory exhausted) stopped the call before it could return a Status. */
   DASH_STATUS_HOST_ERROR = -1,
 };

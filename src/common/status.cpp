@@ -18,6 +18,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kScheduleRejected: return "schedule-rejected";
     case StatusCode::kCudaError: return "cuda-error";
     case StatusCode::kWaitTimeout: return "wait-timeout";
+    case StatusCode::kSeqlenExceedsMax: return "seqlen-exceeds-max";
   }
   return "unknown-status";
 }

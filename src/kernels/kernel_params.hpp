@@ -17,11 +17,50 @@ using cudaStream_t = CUstream_st*;
 
 namespace dash::kernels {
 
+// What went wrong on the device in a launch whose results it has poisoned: a per-device record in host-mapped
+// memory, written by the device so that the host reads it without a CUDA call, even while the launch still runs, and
+// reports it at the next call on the device (src/api/wait_timeouts.hpp). The device writes the fields only while
+// `kind` is kNone and stores `kind` last, after a system-scope fence; the host clears `kind` once it has reported the
+// record. A second fault before the host has read the first is not recorded (its results are poisoned all the same).
+enum class FaultKind : int {
+  kNone = 0,
+  // A dQ ordering wait outlived its bound (kernels/sm90/bwd_dq_writer.cuh); the launch went on without the fixed
+  // order, and its postprocess filled dq, dk and dv with NaN.
+  kWaitTimeout = 1,
+  // A varlen sequence was longer than the call's max_seqlen_q or max_seqlen_k, or had more keys than queries where
+  // the call promised keys_within_queries (kernels/sm90/varlen_padding.cuh); its rows of the call's outputs (out and
+  // lse, or dq, dk and dv) were filled with NaN.
+  kSeqlenExceedsMax = 2,
+};
+
+// Which pass a seqlen fault came from.
+enum class FaultPass : int { kForward = 0, kBackward = 1 };
+
+struct FaultRecord {
+  FaultKind kind;  // kNone until the fields of that kind are written
+  // kWaitTimeout: what the first wait that gave up saw.
+  int cta;       // blockIdx.x of the CTA whose wait gave up
+  int dq_index;  // the dQ tile it waited on, as numbered in the workspace ((batch * heads_q + head) * tiles + tile)
+  int expected;  // the contribution's rank in the tile's order
+  int observed;  // the tile's semaphore when the wait gave up: the contributions summed by then
+  int bound_ms;  // the bound it outlived, in milliseconds
+  // kSeqlenExceedsMax: the first sequence of the call over a maximum (seqlen_q for its keys, under the promise), with
+  // its lengths, the call's maxima and its promise.
+  FaultPass pass;
+  int sequence;
+  int seqlen_q;  // cu_seqlens_q[sequence + 1] - cu_seqlens_q[sequence], each offset clamped to [0, total_q]
+  int seqlen_k;
+  int max_seqlen_q;
+  int max_seqlen_k;
+  int keys_within_queries;  // nonzero: the call promised seqlen_k <= seqlen_q per sequence
+};
+
 // What a forward launch needs beyond the caller's (validated) arguments.
 struct ForwardParams {
   ForwardArgs args;
   int* tile_counter;  // workspace: dynamic tile dispatch, zeroed before the launch
   int num_sms;
+  FaultRecord* fault;  // host-mapped, the device's: where a varlen sequence over a maximum says so
 };
 
 // Device buffers of the backward pass, carved out of the caller's workspace (see BackwardWorkspace).
@@ -33,20 +72,7 @@ struct BackwardBuffers {
   float* dk_accum;     // GQA with group_splits > 1: fp32 dK per split, summed in split order
   float* dv_accum;
   int* unit_counter;   // dynamic dispatch: next work unit
-  int* order_abandoned;  // nonzero once a dQ ordering wait of the launch gave up (WaitTimeoutRecord)
-};
-
-// What the first dQ ordering wait that outlived its bound saw (kernels/sm90/bwd_dq_writer.cuh): written by the
-// device into host-mapped memory, so the host reads it without a CUDA call, even while the launch still runs
-// (src/api/wait_timeouts.hpp). `filled` is stored last, after a system-scope fence; the host clears it once it
-// has reported the record. The launch that wrote it went on without the fixed order, so its dQ is wrong.
-struct WaitTimeoutRecord {
-  int filled;    // nonzero once the fields below are written
-  int cta;       // blockIdx.x of the CTA whose wait gave up
-  int dq_index;  // the dQ tile it waited on, as numbered in the workspace ((batch * heads_q + head) * tiles + tile)
-  int expected;  // the contribution's rank in the tile's order
-  int observed;  // the tile's semaphore when the wait gave up: the contributions summed by then
-  int bound_ms;  // the bound it outlived, in milliseconds
+  int* order_abandoned;  // nonzero once a dQ ordering wait of the launch gave up (FaultKind::kWaitTimeout)
 };
 
 // What a backward launch needs beyond the caller's (validated) arguments.
@@ -54,8 +80,8 @@ struct BackwardParams {
   BackwardArgs args;
   SchedulePlan plan;
   BackwardBuffers buffers;
-  long long wait_bound_ns;               // how long a dQ ordering wait may last before the launch gives up its order
-  WaitTimeoutRecord* wait_timeout;       // host-mapped: where the first wait that gave up says so
+  long long wait_bound_ns;  // how long a dQ ordering wait may last before the launch gives up its order
+  FaultRecord* fault;       // host-mapped, the device's: where a wait that gave up or a sequence over a maximum says so
 };
 
 // Byte offsets of the backward buffers inside one workspace allocation.
@@ -73,8 +99,15 @@ struct BackwardWorkspace {
 // Bytes of forward workspace (the dynamic tile counter).
 inline constexpr size_t kForwardWorkspaceBytes = 256;
 
-using ForwardLauncher = int (*)(const ForwardParams&, cudaStream_t);   // returns a cudaError_t value
-using BackwardLauncher = int (*)(const BackwardParams&, cudaStream_t);
+// What a launcher returns: the cudaError_t value of its launches, or the tensor whose TMA descriptor the driver would
+// not encode, in which case it launched nothing (a kernel given that descriptor would fault or read wrong memory).
+struct LaunchResult {
+  int cuda_error = 0;
+  const char* unencoded_tensor = nullptr;  // "q", "dout", ...; null when every descriptor was encoded
+};
+
+using ForwardLauncher = LaunchResult (*)(const ForwardParams&, cudaStream_t);
+using BackwardLauncher = LaunchResult (*)(const BackwardParams&, cudaStream_t);
 
 struct KernelInstance {
   int head_dim;

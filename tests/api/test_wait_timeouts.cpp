@@ -1,9 +1,13 @@
-// The host side of the bounded dQ ordering waits (src/api/wait_timeouts.hpp), without a GPU: the bound's variable
-// (every rejected form, with the variable and the rule in the message) and the report of a filled record (named,
-// once). The device side runs in tests/kernels/test_wait_bound_gpu.cpp.
+// The host side of the faults the kernels record (src/api/wait_timeouts.hpp), without a GPU: the wait bound's variable
+// (every rejected form, with the variable and the rule in the message) and the report of a filled record of each
+// kind (what happened and what to do, once). The device side runs in tests/kernels/test_wait_bound_gpu.cpp and
+// tests/kernels/test_sm90_faults.cpp.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "api/wait_timeouts.hpp"
 
@@ -41,28 +45,104 @@ TEST(WaitTimeoutBound, EveryOtherTextIsRefusedNamingTheVariableAndTheRule) {
   }
 }
 
-TEST(WaitTimeoutReport, AnEmptyRecordReportsNothing) {
-  kernels::WaitTimeoutRecord record{};
-  EXPECT_TRUE(take_wait_timeout(record, 0).ok());
+TEST(FaultReport, AnEmptyRecordReportsNothing) {
+  kernels::FaultRecord record{};
+  EXPECT_TRUE(take_fault(record, 0).ok());
 }
 
-TEST(WaitTimeoutReport, AFilledRecordIsReportedOnceNamingTheWait) {
-  kernels::WaitTimeoutRecord record{};
+TEST(FaultReport, AWaitTimeoutIsReportedOnceNamingTheWaitAndThePoisonedGradients) {
+  kernels::FaultRecord record{};
   record.cta = 17;
   record.dq_index = 305;
   record.expected = 9;
   record.observed = 4;
   record.bound_ms = 200;
-  record.filled = 1;
-  const Status s = take_wait_timeout(record, 3);
+  record.kind = kernels::FaultKind::kWaitTimeout;
+  const Status s = take_fault(record, 3);
   EXPECT_EQ(s.code(), StatusCode::kWaitTimeout);
   EXPECT_EQ(std::string(status_code_name(s.code())), "wait-timeout");
   for (const char* words : {"device 3", "CTA 17", "more than 200 ms", "dQ tile 305", "contribution 9",
-                            "stood at 4", "dQ is wrong", "sm_margin", "DASH_WAIT_TIMEOUT_SECONDS"}) {
+                            "stood at 4", "dQ is wrong", "dq, dk and dv were filled with NaN", "sm_margin",
+                            "DASH_WAIT_TIMEOUT_SECONDS"}) {
     EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
   }
-  EXPECT_EQ(record.filled, 0) << "reporting clears the record, so the device can fill it again";
-  EXPECT_TRUE(take_wait_timeout(record, 3).ok()) << "reported once";
+  EXPECT_EQ(record.kind, kernels::FaultKind::kNone) << "reporting clears the record, so the device can fill it again";
+  EXPECT_TRUE(take_fault(record, 3).ok()) << "reported once";
+}
+
+TEST(FaultReport, OfCallsOnManyThreadsExactlyOneReportsAFault) {
+  constexpr int kThreads = 8;
+  for (int round = 0; round < 50; ++round) {
+    kernels::FaultRecord record{};
+    record.kind = kernels::FaultKind::kWaitTimeout;
+    std::atomic<int> reports{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&] { reports += take_fault(record, 0).ok() ? 0 : 1; });
+    }
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(reports.load(), 1) << "round " << round;
+  }
+}
+
+kernels::FaultRecord seqlen_fault(kernels::FaultPass pass, int seqlen_q, int seqlen_k) {
+  kernels::FaultRecord record{};
+  record.pass = pass;
+  record.sequence = 5;
+  record.seqlen_q = seqlen_q;
+  record.seqlen_k = seqlen_k;
+  record.max_seqlen_q = 256;
+  record.max_seqlen_k = 128;
+  record.kind = kernels::FaultKind::kSeqlenExceedsMax;
+  return record;
+}
+
+TEST(FaultReport, ALongForwardSequenceIsReportedOnceNamingItsLengthAndTheMaximum) {
+  kernels::FaultRecord record = seqlen_fault(kernels::FaultPass::kForward, 300, 100);
+  const Status s = take_fault(record, 1);
+  EXPECT_EQ(s.code(), StatusCode::kSeqlenExceedsMax);
+  EXPECT_EQ(std::string(status_code_name(s.code())), "seqlen-exceeds-max");
+  for (const char* words : {"varlen forward on device 1", "sequence 5 has 300 query rows",
+                            "(cu_seqlens_q[6] - cu_seqlens_q[5])", "more than max_seqlen_q = 256",
+                            "rows of out and lse were filled with NaN", "at least the longest"}) {
+    EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
+  }
+  EXPECT_EQ(s.message().find("key rows"), std::string::npos) << "the keys were within their maximum: " << s.message();
+  EXPECT_EQ(record.kind, kernels::FaultKind::kNone);
+  EXPECT_TRUE(take_fault(record, 1).ok()) << "reported once";
+}
+
+TEST(FaultReport, ALongBackwardSequenceNamesEveryLengthOverItsMaximumAndTheGradients) {
+  kernels::FaultRecord keys = seqlen_fault(kernels::FaultPass::kBackward, 10, 129);
+  Status s = take_fault(keys, 0);
+  EXPECT_EQ(s.code(), StatusCode::kSeqlenExceedsMax);
+  for (const char* words : {"varlen backward on device 0", "sequence 5 has 129 key rows",
+                            "(cu_seqlens_k[6] - cu_seqlens_k[5])", "more than max_seqlen_k = 128",
+                            "rows of dq, dk and dv were filled with NaN"}) {
+    EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
+  }
+  EXPECT_EQ(s.message().find("query rows"), std::string::npos) << s.message();
+
+  kernels::FaultRecord both = seqlen_fault(kernels::FaultPass::kBackward, 257, 129);
+  s = take_fault(both, 0);
+  EXPECT_NE(s.message().find("257 query rows (cu_seqlens_q[6] - cu_seqlens_q[5]), more than max_seqlen_q = 256, "
+                             "and 129 key rows (cu_seqlens_k[6] - cu_seqlens_k[5]), more than max_seqlen_k = 128"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(s.message().find("keys_within_queries"), std::string::npos) << "no promise was made: " << s.message();
+}
+
+TEST(FaultReport, KeysPastTheQueriesUnderThePromiseAreNamedWithThePromise) {
+  kernels::FaultRecord record = seqlen_fault(kernels::FaultPass::kForward, 100, 120);
+  record.keys_within_queries = 1;
+  const Status s = take_fault(record, 2);
+  EXPECT_EQ(s.code(), StatusCode::kSeqlenExceedsMax);
+  for (const char* words : {"sequence 5 has 120 key rows (cu_seqlens_k[6] - cu_seqlens_k[5]), more than its 100 "
+                            "query rows, though the call promised keys_within_queries",
+                            "without keys_within_queries unless every sequence keeps it"}) {
+    EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
+  }
+  EXPECT_EQ(s.message().find("max_seqlen_k ="), std::string::npos) << "within the key maximum: " << s.message();
 }
 
 }  // namespace

@@ -627,9 +627,10 @@ TEST(CBackwardPlanRun, AMatchingCallGetsPastThePlanChecks) {
 
 // --- packed varlen batches (dash_varlen, ABI 6) ------------------------------------------------------------
 
-TEST(CAbi, TheVersionIsNineAndItsStatusesAreNamed) {
-  EXPECT_EQ(dash_abi_version(), 9);
+TEST(CAbi, TheVersionIsTenAndItsStatusesAreNamed) {
+  EXPECT_EQ(dash_abi_version(), 10);
   EXPECT_STREQ(dash_status_name(DASH_STATUS_WAIT_TIMEOUT), "wait-timeout");
+  EXPECT_STREQ(dash_status_name(DASH_STATUS_SEQLEN_EXCEEDS_MAX), "seqlen-exceeds-max");
 }
 
 // Varlen kernels are an instance's (DASH_VARLEN_KERNELS): none without the instance, plain or softcap.

@@ -14,7 +14,8 @@
 //   seqlen_k <= seqlen_q, symmetric shift not at 192 and 256), each on poisoned gradients: every element of every
 //   sequence written and matching the reference, padding rows cleared to 0.
 // - Sm90VarlenContract: offsets that break cu_seqlens' contract neither hang a kernel nor take it outside the
-//   tensors (the kernels clamp each sequence; memcheck runs it in scripts/dev/gpu_run.sh).
+//   tensors (the kernels clamp each sequence; memcheck runs it in scripts/dev/gpu_run.sh); the sequences they make longer
+//   than the maxima are reported at the next call (kSeqlenExceedsMax; test_sm90_faults.cpp tests that report).
 // - Sm90VarlenDeterminism: every deterministic schedule's backward 100 times on adversarial lengths, bit for bit,
 //   with a forward competing for the SMs every other run (one case with softcap), and the negative control
 //   (Sm90VarlenDeterminismControl: the nondeterministic schedule must differ at least once in the same comparison).
@@ -206,7 +207,8 @@ TEST_P(Sm90Varlen, BackwardOfEveryScheduleThePlanAdmitsMatchesEverySequencesRefe
 // Offsets that break the contract (decreasing, negative, past the totals, lengths past the maxima, keys past the
 // queries under the promise): the kernels clamp every sequence (packed_sequence), so the forward and every
 // schedule's backward finish (the watchdog turns a hang into a failure) and write nothing outside the tensors
-// (compute-sanitizer's memcheck runs this test in scripts/dev/gpu_run.sh).
+// (compute-sanitizer's memcheck runs this test in scripts/dev/gpu_run.sh). Each call leaves sequences over the maxima,
+// which the call after it reports instead of running; the test then makes the call again.
 TEST(Sm90VarlenContract, OffsetsThatBreakItNeitherHangNorLeaveTheTensors) {
   const Instance inst{128, DType::kBF16};
   const VarlenCase c{"lying", {{300, 300}, {129, 129}, {200, 200}}, 4, 2, true, -1, -1, {1, 1}, 0.0f, 1.0f};
@@ -221,8 +223,23 @@ TEST(Sm90VarlenContract, OffsetsThatBreakItNeitherHangNorLeaveTheTensors) {
   run_varlen_forward(p);
   for (Schedule schedule : kAllSchedules) {
     SCOPED_TRACE(schedule_name(schedule));
-    run_varlen_backward(p, schedule);
+    BackwardPlan plan;
+    const Status planned = harness::plan_backward_for(p, schedule, /*sm_margin=*/0, &plan);
+    if (planned.code() == StatusCode::kScheduleRejected && schedule != Schedule::kAuto) continue;
+    ASSERT_TRUE(planned.ok()) << planned.to_string();
+    if (p.workspace.bytes() < plan.workspace_bytes()) p.workspace = DeviceBuffer(plan.workspace_bytes());
+    const BackwardArgs args = harness::backward_args(p, schedule);
+    const Status reported = backward(args, plan, p.workspace.get(), p.workspace.bytes(), nullptr);
+    EXPECT_EQ(reported.code(), StatusCode::kSeqlenExceedsMax) << "the previous call's: " << reported.to_string();
+    const Status s = backward(args, plan, p.workspace.get(), p.workspace.bytes(), nullptr);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    wait_or_die(nullptr, "varlen backward with schedule " + std::string(schedule_name(schedule)));
   }
+  // The last backward's report, so that the tests after this one start clean.
+  size_t bytes = 0;
+  ASSERT_TRUE(forward_workspace_size(p.shape, &bytes).ok());
+  EXPECT_EQ(forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr).code(),
+            StatusCode::kSeqlenExceedsMax);
 }
 
 std::string varlen_name(const ::testing::TestParamInfo<std::tuple<Instance, VarlenCase>>& info) {

@@ -5,9 +5,10 @@
 //    another wait gives up at once, long bound or not.
 //  - through the API: a static schedule planned for every SM, run while other work holds all but a few of them,
 //    cannot have its CTAs resident together and would wait forever; with a short bound its launch ends while the
-//    SMs are still held, the next backward on the device returns kWaitTimeout naming the wait, and the call after
-//    that runs, with the bits of an idle GPU. A plan with the held SMs as its margin, under the same load, reports
-//    nothing (the control).
+//    SMs are still held, with every element of dq, dk and dv NaN (the gradients started finite), the next call on
+//    the device, a forward, returns kWaitTimeout naming the wait and runs nothing, and the backward after that
+//    runs, with the bits of an idle GPU. A plan with the held SMs as its margin, under the same load, reports nothing
+//    and poisons nothing (the control).
 // The bound is read once per process (DASH_WAIT_TIMEOUT_SECONDS), so the API test runs in a child process:
 // WaitTimeout runs this binary again with only WaitTimeoutChild selected and the variable set, under `timeout`, and
 // reads what it printed. WaitTimeoutChild skips when run any other way. All skip, saying why, without a Hopper GPU,
@@ -18,6 +19,7 @@
 
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -129,7 +131,7 @@ TEST(WaitTimeoutChild, AStaticScheduleThatCannotBeResidentGivesUpAndTheNextCallS
   s = run_backward(p, margined, stream);
   ASSERT_TRUE(s.ok()) << s.to_string();
   EXPECT_TRUE(harness::synchronize_with_watchdog(stream, kHeldRunSeconds));
-  EXPECT_TRUE(download_gradients(p) == idle_margined) << "the margined plan's bits under load";
+  EXPECT_TRUE(download_gradients(p) == idle_margined) << "the margined plan's bits under load (no NaN)";
   const auto begin = std::chrono::steady_clock::now();
   s = run_backward(p, unmargined, stream);
   ASSERT_TRUE(s.ok()) << "the control's launch left a timeout behind: " << s.to_string();
@@ -142,13 +144,24 @@ TEST(WaitTimeoutChild, AStaticScheduleThatCannotBeResidentGivesUpAndTheNextCallS
   EXPECT_TRUE(still_held) << "the occupier left before the backward ended: the test proves nothing";
   std::printf("[ info     ] shift planned for %d SMs, %d of them held: ended in %.3f s\n",
               unmargined.planned_sm_count(), held, seconds);
+  const std::vector<uint16_t> abandoned = download_gradients(p);
+  size_t finite = 0;
+  for (uint16_t bits : abandoned) finite += !std::isnan(harness::from_bits(bits, kInstance.dtype));
+  EXPECT_EQ(finite, 0u) << "of " << abandoned.size() << " elements of the abandoned launch's dq, dk and dv, "
+                        << finite << " are not NaN: a wrong gradient could reach the optimizer";
 
-  s = run_backward(p, unmargined, stream);
+  // The next call on the device, whichever it is, reports the timeout and runs nothing.
+  p.d_out.poison();
+  s = forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), stream);
   EXPECT_EQ(s.code(), StatusCode::kWaitTimeout) << s.to_string();
-  for (const char* words : {"gave up the fixed order", "dQ tile", "sm_margin", "DASH_WAIT_TIMEOUT_SECONDS"}) {
+  for (const char* words : {"gave up the fixed order", "dQ tile", "filled with NaN", "sm_margin",
+                            "DASH_WAIT_TIMEOUT_SECONDS"}) {
     EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
   }
   std::printf("[ info     ] the next call: %s\n", s.to_string().c_str());
+  wait_or_die(stream, "the reporting forward");
+  EXPECT_EQ(gpu_testing::count_unwritten_halves(p.d_out, p.q_elements(), kInstance.dtype), p.q_elements())
+      << "the reporting forward ran";
   s = run_backward(p, unmargined, stream);
   ASSERT_TRUE(s.ok()) << "the timeout is reported once: " << s.to_string();
   wait_or_die(stream, "shift on an idle GPU again");

@@ -231,7 +231,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     SchedulePlan plan;
     kernels::BackwardBuffers buffers;
     long long wait_bound_ns;                     // kernels::BackwardParams's, for the dQ writer
-    kernels::WaitTimeoutRecord* wait_timeout;
+    kernels::FaultRecord* fault;                 // kernels::BackwardParams's: where a wait that gave up says so
     Element* dk;
     Element* dv;
     int64_t dk_strides[3];  // batch, seq, head (dim stride is 1)

@@ -11,9 +11,10 @@
 // the preprocess zeroed.
 //
 // A wait that outlives p.wait_bound_ns (CTAs of a static schedule kept off their SMs by other kernels) gives up the
-// order for the rest of the launch: the first one records what it waited for (WaitTimeoutRecord, read by the host),
-// and every contribution then goes in as it comes. The launch ends instead of hanging, with a wrong dQ (a late rank
-// 0 stores over what others added), which the host reports at its next backward call on the device.
+// order for the rest of the launch: the first one records what it waited for (FaultRecord, read by the host), and
+// every contribution then goes in as it comes. The launch ends instead of hanging; its dQ would be wrong (a late
+// rank 0 stores over what others added), so the postprocess fills dq, dk and dv with NaN (bwd_prepost.cuh), and the
+// host reports the record at its next call on the device.
 #pragma once
 
 #include "kernels/sm90/bwd_config.cuh"
@@ -93,15 +94,15 @@ struct BackwardDqWriter {
   // setmaxnreg (primitives.cuh, report_hang).
   __device__ static void abandon_order(const Params& p, const StepRecord& step, const int* semaphore) {
     if (atomicExch(p.buffers.order_abandoned, 1) != 0) return;
-    volatile kernels::WaitTimeoutRecord* record = p.wait_timeout;
-    if (record->filled != 0) return;
+    volatile kernels::FaultRecord* record = p.fault;
+    if (record->kind != kernels::FaultKind::kNone) return;
     record->cta = static_cast<int>(blockIdx.x);
     record->dq_index = step.dq_index;
     record->expected = step.rank;
     record->observed = load_acquire(semaphore);
     record->bound_ms = static_cast<int>(p.wait_bound_ns / 1'000'000);
     __threadfence_system();
-    record->filled = 1;
+    record->kind = kernels::FaultKind::kWaitTimeout;
   }
 };
 

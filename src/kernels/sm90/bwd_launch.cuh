@@ -1,7 +1,9 @@
 // Host side of the backward pass for one (head dim, element type): builds the TMA descriptors and
-// kernel parameters from the API's BackwardParams and enqueues preprocess, main kernel, postprocess
-// (and the GQA split sum; for a varlen batch, the clearing of its padding rows, varlen_padding.cuh) on the
-// stream. Returns a cudaError_t value.
+// kernel parameters from the API's BackwardParams and enqueues preprocess, main kernel, the GQA split sum,
+// postprocess (which fills dq, dk and dv with NaN if the main kernel gave up its dQ order, so it runs after every
+// kernel that writes them) and, for a varlen batch, the kernel that clears its padding rows and poisons its sequences
+// over the maxima (varlen_padding.cuh), on the stream. Returns the launches' cudaError_t value, or the tensor whose
+// TMA descriptor the driver refused (kernels::LaunchResult), in which case nothing is launched.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,7 +20,7 @@ namespace dash::sm90 {
 // kVarlen: a packed varlen batch (args.varlen) on a varlen plan (plan_varlen_backward): the maximum problem's grids
 // and workspace, the descriptors over the packed rows, each sequence read from cu_seqlens in the kernels.
 template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen = false>
-int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) {
+kernels::LaunchResult launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) {
   const BackwardArgs& a = params.args;
   using Config = BackwardConfig<kHeadDim, Element, kSoftcap, kVarlen>;
   const AttentionShape& shape = a.shape;
@@ -42,10 +44,16 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
     p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.k.strides), typename Config::SmemLayoutKV{});
     p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.v.strides), typename Config::SmemLayoutKV{});
   }
+  if (const char* unencoded = first_unencoded({{p.tma_q.get_tma_descriptor(), "q"},
+                                               {p.tma_dout.get_tma_descriptor(), "dout"},
+                                               {p.tma_k.get_tma_descriptor(), "k"},
+                                               {p.tma_v.get_tma_descriptor(), "v"}})) {
+    return {0, unencoded};
+  }
   p.plan = params.plan;
   p.buffers = params.buffers;
   p.wait_bound_ns = params.wait_bound_ns;
-  p.wait_timeout = params.wait_timeout;
+  p.fault = params.fault;
   p.dk = static_cast<Element*>(a.dk.data);
   p.dv = static_cast<Element*>(a.dv.data);
   copy_strides(p.dk_strides, a.dk.strides);
@@ -79,6 +87,13 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
   pp.sums_in_order = sums_in_order(params.plan);
   pp.buffers = params.buffers;
   pp.packed = packed;
+  pp.dk = a.dk.data;
+  pp.dv = a.dv.data;
+  copy_strides(pp.dk_strides, a.dk.strides);
+  copy_strides(pp.dv_strides, a.dv.strides);
+  pp.kv_batch = kVarlen ? 1 : p.batch;  // a packed dk's rows are all its sequences' (its batch stride is 0)
+  pp.kv_rows = kVarlen ? static_cast<int>(a.varlen.total_k) : p.seqlen_k;
+  pp.heads_kv = p.heads_kv;
 
   const dim3 tiles(static_cast<unsigned>(problem.real_q_tiles()), static_cast<unsigned>(shape.heads_q),
                    static_cast<unsigned>(shape.batch));
@@ -86,10 +101,8 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
 
   auto kernel = backward_kernel<Config>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes);
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess) return launched(err);
   kernel<<<params.plan.num_ctas, Config::kThreads, Config::kSharedBytes, stream>>>(p);
-
-  backward_postprocess_kernel<Config><<<tiles, Config::kMmaThreads, 0, stream>>>(pp);
 
   if (problem.group_splits > 1) {
     SplitSumParamsOf<kVarlen> sp{};
@@ -111,20 +124,24 @@ int launch_backward(const kernels::BackwardParams& params, cudaStream_t stream) 
                     static_cast<unsigned>(shape.heads_kv), static_cast<unsigned>(shape.batch));
     sum_dkv_splits_kernel<Element, kVarlen><<<grid, kPrepostThreads, 0, stream>>>(sp);
   }
+  // Last of the kernels that write dq, dk and dv: it poisons all three if the main kernel gave up its order.
+  backward_postprocess_kernel<Config><<<tiles, Config::kMmaThreads, 0, stream>>>(pp);
+
   if constexpr (kVarlen) {
     const VarlenBatch& v = a.varlen;
-    const PaddingRows<Element> padding[] = {
-        padding_rows<Element>(a.dq, shape.heads_q, kHeadDim, v.total_q, v.cu_seqlens_q, shape.batch),
-        padding_rows<Element>(a.dk, shape.heads_kv, kHeadDim, v.total_k, v.cu_seqlens_k, shape.batch),
-        padding_rows<Element>(a.dv, shape.heads_kv, kHeadDim, v.total_k, v.cu_seqlens_k, shape.batch)};
-    return clear_padding_rows(padding, stream);
+    const PaddingRows<Element> rows[] = {
+        padding_rows<Element>(a.dq, shape.heads_q, kHeadDim, v.total_q, /*keys=*/false),
+        padding_rows<Element>(a.dk, shape.heads_kv, kHeadDim, v.total_k, /*keys=*/true),
+        padding_rows<Element>(a.dv, shape.heads_kv, kHeadDim, v.total_k, /*keys=*/true)};
+    return launched(
+        finish_varlen_rows(rows, sequence_guard(shape, v, params.fault, kernels::FaultPass::kBackward), stream));
   }
-  return cudaGetLastError();
+  return launched(cudaGetLastError());
 }
 
 // The backward of a packed varlen batch on a varlen plan.
 template <int kHeadDim, class Element, bool kSoftcap>
-int launch_backward_varlen(const kernels::BackwardParams& params, cudaStream_t stream) {
+kernels::LaunchResult launch_backward_varlen(const kernels::BackwardParams& params, cudaStream_t stream) {
   return launch_backward<kHeadDim, Element, kSoftcap, true>(params, stream);
 }
 

@@ -3,7 +3,11 @@
 //                semaphores and dispatch counter, and, for unordered sums only, zeroed dQ accumulators
 //                (an ordered sum's rank-0 contribution stores, see bwd_dq_writer.cuh);
 //   postprocess: dQ = scale * dQ_accum, converted, undoing the fragment order of the accumulator; a dQ
-//                tile that no contribution reached (its rows see no key) is 0;
+//                tile that no contribution reached (its rows see no key) is 0. If the main kernel gave up its dQ
+//                order (buffers.order_abandoned, bwd_dq_writer.cuh), dq, dk and dv are wrong or unvouched for:
+//                every element of all three becomes NaN instead, so no optimizer step can use them unseen. The
+//                postprocess runs after every other kernel that writes them (bwd_launch.cuh); the check costs
+//                each block one load of the flag;
 //   split sum:   for GQA groups split over several jobs, dK and dV = sum of the splits, in split order.
 // Varlen kernels (Config::kVarlen, and the split sum's kVarlen): the grids are the maximum problem's, each block reads
 // its sequence from cu_seqlens (packed_sequence) and touches only that sequence's packed rows; workspace rows past
@@ -39,7 +43,30 @@ struct PrepostParams {
   bool sums_in_order;  // the schedule's dQ sums are ordered (sums_in_order(plan))
   kernels::BackwardBuffers buffers;
   PackedBatch packed;  // varlen kernels only: cu_seqlens and their bounds
+  // What the postprocess fills with NaN when the launch gave up its dQ order: dk and dv as (kv_batch, kv_rows,
+  // heads_kv, head_dim) tensors, a packed batch's as (1, total_k, heads_kv, head_dim).
+  void* dk;
+  void* dv;
+  int64_t dk_strides[3];  // batch, seq, head
+  int64_t dv_strides[3];
+  int kv_batch;
+  int kv_rows;
+  int heads_kv;
 };
+
+// Every element of the (batch, rows, heads, head_dim) tensor at `data` becomes NaN; the grid's blocks, numbered
+// `block` of `blocks`, share them.
+template <class Element, int kHeadDim>
+__device__ void fill_nan(void* data, const int64_t (&strides)[3], int batch, int rows, int heads, int block,
+                         int blocks) {
+  const int64_t count = static_cast<int64_t>(batch) * rows * heads * kHeadDim;
+  for (int64_t i = static_cast<int64_t>(block) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(blocks) * blockDim.x) {
+    const int64_t column = i % kHeadDim, head = i / kHeadDim % heads, row = i / kHeadDim / heads % rows,
+                  b = i / kHeadDim / heads / rows;
+    static_cast<Element*>(data)[b * strides[0] + row * strides[1] + head * strides[2] + column] = Element(NAN);
+  }
+}
 
 // Where one (batch, head) slice's query rows are: how many, the row of the first in the tensors (0 in a dense
 // batch, the sequence's offset in a packed one, whose batch strides are 0), and the LSE index of the first.
@@ -139,6 +166,8 @@ __global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kern
                                                           warp_group * Config::kdQPartialFloats);
   // An ordered sum never wrote (nor zeroed) a tile no contribution reached; its semaphore is still 0.
   const bool reached = !p.sums_in_order || p.buffers.dq_semaphores[dq_tile] > 0;
+  // Only an ordered sum waits, and so can give up its order.
+  const bool abandoned = p.sums_in_order && *p.buffers.order_abandoned != 0;
   // Fragment elements (2i, 2i + 1) are adjacent columns of one row.
   constexpr int kFragmentVectors = decltype(size(coords))::value / 4;
   CUTE_UNROLL
@@ -168,9 +197,16 @@ __global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kern
     const int r = i / kRowVectors, column = i % kRowVectors * Vector::kElements;
     const int row = tile * kBlockM + r;
     if (row < rows.seqlen_q) {
-      *reinterpret_cast<Vector*>(dq + row * p.dq_strides[1] + column) =
-          *reinterpret_cast<const Vector*>(staged + staged_offset<kHeadDim>(r, column));
+      Vector value = *reinterpret_cast<const Vector*>(staged + staged_offset<kHeadDim>(r, column));
+      if (abandoned) value.fill(Element(NAN));
+      *reinterpret_cast<Vector*>(dq + row * p.dq_strides[1] + column) = value;
     }
+  }
+  if (abandoned) {
+    const int block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const int blocks = gridDim.x * gridDim.y * gridDim.z;
+    fill_nan<Element, kHeadDim>(p.dk, p.dk_strides, p.kv_batch, p.kv_rows, p.heads_kv, block, blocks);
+    fill_nan<Element, kHeadDim>(p.dv, p.dv_strides, p.kv_batch, p.kv_rows, p.heads_kv, block, blocks);
   }
 }
 

@@ -1,7 +1,8 @@
 // Host side of the forward pass for one (head dim, element type): the tile shape for the problem's shape
 // (schedule/tile_config.hpp), TMA descriptors, parameters, and the launch (the tile counter is zeroed on
-// the stream first; a varlen batch's padding rows are cleared after, varlen_padding.cuh). Returns a
-// cudaError_t value.
+// the stream first; a varlen batch's padding rows are cleared and its sequences over the maxima poisoned after,
+// varlen_padding.cuh). Returns the launches' cudaError_t value, or the tensor whose TMA descriptor the driver
+// refused (kernels::LaunchResult), in which case nothing is launched.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,7 +17,7 @@ namespace dash::sm90 {
 
 template <int kHeadDim, class Element, bool kSoftcap, int kBlockQ, int kBlockKv, bool kLeftBounded = false,
           bool kVarlen = false>
-int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stream) {
+kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stream) {
   const ForwardArgs& a = params.args;
   using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap, kLeftBounded, kVarlen>;
   const AttentionShape& shape = a.shape;
@@ -42,6 +43,13 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
       p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_gmem_bshd<Element, kHeadDim>(a.out.data, shape.seqlen_q, shape.heads_q, shape.batch, a.out.strides), take<0, 2>(typename Config::SmemLayoutO{}));
     }
   }
+  const char* unencoded = first_unencoded({{p.tma_q.get_tma_descriptor(), "q"},
+                                           {p.tma_k.get_tma_descriptor(), "k"},
+                                           {p.tma_v.get_tma_descriptor(), "v"}});
+  if constexpr (Config::kStagedO) {
+    if (unencoded == nullptr) unencoded = first_unencoded({{p.tma_o.get_tma_descriptor(), "out"}});
+  }
+  if (unencoded != nullptr) return {0, unencoded};
   p.out = static_cast<Element*>(a.out.data);
   copy_strides(p.out_strides, a.out.strides);
   p.lse = a.lse;
@@ -64,26 +72,28 @@ int launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stre
   }
 
   cudaError_t err = cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream);
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess) return launched(err);
   auto kernel = forward_kernel<Config>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes);
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess) return launched(err);
   const int tiles = p.tiles.num_tiles();
   const int grid = tiles < params.num_sms ? tiles : params.num_sms;
   kernel<<<grid, Config::kThreads, Config::kSharedBytes, stream>>>(p);
   if constexpr (kVarlen) {
     err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-    const PaddingRows<Element> padding[] = {padding_rows<Element>(a.out, shape.heads_q, kHeadDim, a.varlen.total_q,
-                                                                  a.varlen.cu_seqlens_q, shape.batch, a.lse)};
-    return clear_padding_rows(padding, stream);
+    if (err != cudaSuccess) return launched(err);
+    const PaddingRows<Element> rows[] = {
+        padding_rows<Element>(a.out, shape.heads_q, kHeadDim, a.varlen.total_q, /*keys=*/false, a.lse)};
+    return launched(
+        finish_varlen_rows(rows, sequence_guard(shape, a.varlen, params.fault, kernels::FaultPass::kForward), stream));
   }
-  return cudaGetLastError();
+  return launched(cudaGetLastError());
 }
 
 // The kernel of `tile` (the head dim's base, tall or wide tiles, tile_config.hpp) for a dense or a varlen batch.
 template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen>
-int launch_forward_tile_shape(const kernels::ForwardParams& params, TileShape tile, cudaStream_t stream) {
+kernels::LaunchResult launch_forward_tile_shape(const kernels::ForwardParams& params, TileShape tile,
+                                                cudaStream_t stream) {
   constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
   if constexpr (forward_has_tall_tiles(kHeadDim)) {
     if (tile.block_q == kForwardTallBlockQ) {
@@ -118,7 +128,7 @@ int launch_forward_tile_shape(const kernels::ForwardParams& params, TileShape ti
 // head dim, softcap or not: 128x112 at d = 192 and 128x80 at 256, where a 128x128 tile would not fit shared memory
 // (ForwardConfig's static_assert holds each with its larger tile record).
 template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen = false>
-int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
+kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   const AttentionShape& shape = params.args.shape;
   const MaskShape mask = canonical_mask(static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k),
                                         shape.causal, shape.window_left, shape.window_right);
@@ -139,7 +149,7 @@ int launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
 }
 
 template <int kHeadDim, class Element, bool kSoftcap>
-int launch_forward_varlen(const kernels::ForwardParams& params, cudaStream_t stream) {
+kernels::LaunchResult launch_forward_varlen(const kernels::ForwardParams& params, cudaStream_t stream) {
   return launch_forward<kHeadDim, Element, kSoftcap, true>(params, stream);
 }
 

@@ -1,14 +1,22 @@
 // Global-memory (B, S, H, D) tensors as the kernels see them: one CuTe type per element type, viewed as
 // (seqlen, head_dim, heads, batch) with head_dim contiguous, which is what the TMA descriptors are built
 // from; the one TMA load of a sequence tile that both kernels' loaders issue (and, for packed varlen tensors, of
-// the rows from a sequence's offset on); and the (batch, seq, head) strides the plain-store epilogues use.
+// the rows from a sequence's offset on); the (batch, seq, head) strides the plain-store epilogues use; and the check
+// that every descriptor of a launch was encoded (first_unencoded), without which the launchers launch nothing.
 #pragma once
 
-#include <cute/tensor.hpp>
+#include <cuda_runtime.h>
 
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_desc.hpp>
+
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "dash/types.hpp"
+#include "kernels/kernel_params.hpp"
 
 namespace dash::sm90 {
 
@@ -83,6 +91,24 @@ __device__ void tma_store_rows(const Tma& tma, const Extent& extent, int head, i
   auto [gmem_part, smem_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(src), group_modes<0, 2>(g));
   copy(tma, smem_part, gmem_part(_, 0));
 }
+
+// The name of the first of `descriptors` that the driver did not encode, or null if it encoded them all. CuTe's
+// make_tma_copy value-initializes a descriptor (all zero) before cuTensorMapEncodeTiled fills it, and on a failure
+// only prints to stderr (an assert, compiled out in release builds) and returns it as it is; an encoded descriptor is
+// never all zero (it holds the tensor's address, which the API holds non-null, and its element format).
+inline const char* first_unencoded(
+    std::initializer_list<std::pair<const cute::TmaDescriptor*, const char*>> descriptors) {
+  for (const auto& [descriptor, name] : descriptors) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(descriptor);
+    bool encoded = false;
+    for (size_t i = 0; i < sizeof(cute::TmaDescriptor) && !encoded; ++i) encoded = bytes[i] != 0;
+    if (!encoded) return name;
+  }
+  return nullptr;
+}
+
+// The launcher's result of a launch sequence that returned `error`.
+inline kernels::LaunchResult launched(cudaError_t error) { return {static_cast<int>(error), nullptr}; }
 
 // What the dense kernels' parameters carry in place of a varlen batch's PackedBatch (schedule/varlen.hpp): nothing.
 struct NoPackedBatch {};
