@@ -35,6 +35,7 @@ static_assert(DASH_STATUS_WORKSPACE_TOO_SMALL == static_cast<int>(dash::StatusCo
 static_assert(DASH_STATUS_SCHEDULE_REJECTED == static_cast<int>(dash::StatusCode::kScheduleRejected));
 static_assert(DASH_STATUS_CUDA_ERROR == static_cast<int>(dash::StatusCode::kCudaError));
 static_assert(DASH_STATUS_WAIT_TIMEOUT == static_cast<int>(dash::StatusCode::kWaitTimeout));
+static_assert(DASH_STATUS_SEQLEN_EXCEEDS_MAX == static_cast<int>(dash::StatusCode::kSeqlenExceedsMax));
 static_assert(DASH_DTYPE_BF16 == static_cast<int>(dash::DType::kBF16));
 static_assert(DASH_DTYPE_FP16 == static_cast<int>(dash::DType::kFP16));
 
