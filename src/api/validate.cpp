@@ -1,6 +1,7 @@
 // Host-side argument validation: the shape alone (validate(AttentionShape), which every entry point and the
 // tools that plan without tensors run first), the schedule value, sm_margin, and for forward() and backward()
-// also pointers, alignment, strides, self-overlap of each layout and overlap of outputs with the other tensors.
+// also pointers, alignment, strides, self-overlap of each layout, overlap of outputs with the other tensors and a
+// varlen call's cu_seqlens, and (check_workspace_overlap) overlap of the workspace with any of them.
 // Nothing here touches the GPU. Every failure names the argument and the rule, so a caller can fix the
 // call from the message alone. The shape is checked before anything that uses it, so later checks may rely
 // on every size being within the limits of api/limits.hpp.
@@ -12,6 +13,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -205,26 +207,27 @@ Status check_packed_strides(std::span<const TensorArg> tensors) {
   return Status::success();
 }
 
-// Checks pointers and layouts of all tensors of a call, then that no output shares a byte with another tensor.
-Status check_tensors(const AttentionShape& shape, const CallRows& rows, std::span<const TensorArg> tensors,
-                     const float* lse, bool lse_output) {
+// The bytes of a varlen call's offset arrays: shape.batch + 1 int32 each, read by the kernels. Empty for a dense call.
+std::vector<ByteSpan> cu_seqlens_spans(const AttentionShape& shape, const VarlenBatch& varlen) {
+  if (!varlen.packed()) return {};
+  // validate(shape) bounds batch by kMaxGridDimYZ, and check_varlen_batch checked both pointers: this cannot
+  // overflow, and make_span refuses a span past the address space.
+  const int64_t last_byte = (shape.batch + 1) * static_cast<int64_t>(sizeof(int32_t)) - 1;
   std::vector<ByteSpan> spans;
-  for (const TensorArg& t : tensors) {
-    if (Status s = check_pointer(t.name, t.tensor.data, kTmaAlignmentBytes, "TMA needs it"); !s.ok()) return s;
+  for (const auto& [name, data] : {std::pair{"varlen.cu_seqlens_q", varlen.cu_seqlens_q},
+                                   std::pair{"varlen.cu_seqlens_k", varlen.cu_seqlens_k}}) {
     ByteSpan span{};
-    if (Status s = check_layout(t, rows.batch, shape.head_dim, &span); !s.ok()) return s;
-    spans.push_back(span);
+    if (make_span(name, false, data, last_byte, &span).ok()) spans.push_back(span);
   }
-  if (Status s = check_pointer("lse", lse, kLseAlignmentBytes, "it holds floats"); !s.ok()) return s;
-  // validate(shape) bounded batch * heads_q * seqlen_q below 2^31 (check_varlen_batch heads_q * total_q), so this
-  // cannot overflow.
-  const int64_t lse_bytes = rows.lse_floats * static_cast<int64_t>(sizeof(float));
-  ByteSpan lse_span{};
-  if (Status s = make_span("lse", lse_output, lse, lse_bytes - 1, &lse_span); !s.ok()) return s;
-  spans.push_back(lse_span);
+  return spans;
+}
 
-  // Inputs may share memory (packed QKV); an output written while another tensor is read, or two outputs
-  // written together, would make the result depend on the order of memory accesses.
+// Refuses the first pair of spans that share a byte where one of them is written (an output, or the workspace).
+// Inputs may share memory (packed QKV, cu_seqlens_k == cu_seqlens_q); an output written while another span is read,
+// or two written together, would make the result depend on the order of memory accesses.
+constexpr const char* kWorkspaceName = "workspace";
+
+Status check_disjoint(std::span<const ByteSpan> spans) {
   for (size_t i = 0; i < spans.size(); ++i) {
     for (size_t j = i + 1; j < spans.size(); ++j) {
       const ByteSpan& a = spans[i];
@@ -233,12 +236,83 @@ Status check_tensors(const AttentionShape& shape, const CallRows& rows, std::spa
       if (a.first > b.last || b.first > a.last) continue;
       const ByteSpan& out = a.output ? a : b;
       const ByteSpan& other = a.output ? b : a;
+      const bool workspace = std::string_view(out.name) == kWorkspaceName;
       return invalid(cat(out.name, " overlaps ", other.name, " (", out.name, " spans bytes [0x", std::hex, out.first,
-                         ", 0x", out.last, "], ", other.name, " [0x", other.first, ", 0x", other.last,
-                         "]): an output must not share memory with any other tensor of the call"));
+                         ", 0x", out.last, "], ", other.name, " [0x", other.first, ", 0x", other.last, "]): ",
+                         workspace ? "the workspace, which the call writes, must not share memory with any tensor of "
+                                     "the call"
+                                   : "an output must not share memory with any other tensor of the call"));
     }
   }
   return Status::success();
+}
+
+// Checks pointers and layouts of all tensors of a call and appends the bytes each spans (the LSE's last) to *spans.
+Status tensor_spans(const AttentionShape& shape, const CallRows& rows, std::span<const TensorArg> tensors,
+                    const float* lse, bool lse_output, std::vector<ByteSpan>* spans) {
+  for (const TensorArg& t : tensors) {
+    if (Status s = check_pointer(t.name, t.tensor.data, kTmaAlignmentBytes, "TMA needs it"); !s.ok()) return s;
+    ByteSpan span{};
+    if (Status s = check_layout(t, rows.batch, shape.head_dim, &span); !s.ok()) return s;
+    spans->push_back(span);
+  }
+  if (Status s = check_pointer("lse", lse, kLseAlignmentBytes, "it holds floats"); !s.ok()) return s;
+  // validate(shape) bounded batch * heads_q * seqlen_q below 2^31 (check_varlen_batch heads_q * total_q), so this
+  // cannot overflow.
+  const int64_t lse_bytes = rows.lse_floats * static_cast<int64_t>(sizeof(float));
+  ByteSpan lse_span{};
+  if (Status s = make_span("lse", lse_output, lse, lse_bytes - 1, &lse_span); !s.ok()) return s;
+  spans->push_back(lse_span);
+  return Status::success();
+}
+
+// Checks pointers and layouts of all tensors of a call, then that no output shares a byte with another tensor or
+// with a varlen call's offset arrays.
+Status check_tensors(const AttentionShape& shape, const VarlenBatch& varlen, const CallRows& rows,
+                     std::span<const TensorArg> tensors, const float* lse, bool lse_output) {
+  std::vector<ByteSpan> spans = cu_seqlens_spans(shape, varlen);
+  if (Status s = tensor_spans(shape, rows, tensors, lse, lse_output, &spans); !s.ok()) return s;
+  return check_disjoint(spans);
+}
+
+// The forward's and the backward's tensors, as validate() checks them.
+std::array<TensorArg, 4> forward_tensors(const ForwardArgs& args, const CallRows& rows) {
+  const AttentionShape& shape = args.shape;
+  return {{
+      {"q", args.q, rows.rows_q, shape.heads_q, false},
+      {"k", args.k, rows.rows_k, shape.heads_kv, false},
+      {"v", args.v, rows.rows_k, shape.heads_kv, false},
+      {"out", args.out, rows.rows_q, shape.heads_q, true},
+  }};
+}
+
+std::array<TensorArg, 8> backward_tensors(const BackwardArgs& args, const CallRows& rows) {
+  const AttentionShape& shape = args.shape;
+  return {{
+      {"q", args.q, rows.rows_q, shape.heads_q, false},
+      {"k", args.k, rows.rows_k, shape.heads_kv, false},
+      {"v", args.v, rows.rows_k, shape.heads_kv, false},
+      {"out", args.out, rows.rows_q, shape.heads_q, false},
+      {"dout", args.dout, rows.rows_q, shape.heads_q, false},
+      {"dq", args.dq, rows.rows_q, shape.heads_q, true},
+      {"dk", args.dk, rows.rows_k, shape.heads_kv, true},
+      {"dv", args.dv, rows.rows_k, shape.heads_kv, true},
+  }};
+}
+
+// The workspace is written by the call, so it must share no byte with any tensor of the call or the offset arrays.
+// `spans` are the call's, from a validate() that passed; a null or empty workspace is check_workspace's to refuse.
+Status check_workspace_disjoint(std::vector<ByteSpan> spans, const void* workspace, size_t workspace_bytes) {
+  if (workspace == nullptr || workspace_bytes == 0) return Status::success();
+  ByteSpan span{};
+  if (workspace_bytes - 1 > static_cast<size_t>(INT64_MAX)) {
+    return invalid(cat("workspace_bytes must be < 2^63, got ", workspace_bytes));
+  }
+  if (Status s = make_span(kWorkspaceName, true, workspace, static_cast<int64_t>(workspace_bytes - 1), &span); !s.ok()) {
+    return s;
+  }
+  spans.insert(spans.begin(), span);
+  return check_disjoint(spans);
 }
 
 }  // namespace
@@ -341,16 +415,11 @@ Status validate(const ForwardArgs& args) {
     if (Status s = check_varlen_batch(shape, args.varlen); !s.ok()) return s;
   }
   const CallRows rows = call_rows(shape, args.varlen);
-  const TensorArg tensors[] = {
-      {"q", args.q, rows.rows_q, shape.heads_q, false},
-      {"k", args.k, rows.rows_k, shape.heads_kv, false},
-      {"v", args.v, rows.rows_k, shape.heads_kv, false},
-      {"out", args.out, rows.rows_q, shape.heads_q, true},
-  };
+  const std::array<TensorArg, 4> tensors = forward_tensors(args, rows);
   if (args.varlen.packed()) {
     if (Status s = check_packed_strides(tensors); !s.ok()) return s;
   }
-  if (Status s = check_tensors(shape, rows, tensors, args.lse, true); !s.ok()) return s;
+  if (Status s = check_tensors(shape, args.varlen, rows, tensors, args.lse, true); !s.ok()) return s;
   return check_sm_margin(args.sm_margin);
 }
 
@@ -363,21 +432,30 @@ Status validate(const BackwardArgs& args) {
     if (Status s = check_varlen_batch(shape, args.varlen); !s.ok()) return s;
   }
   const CallRows rows = call_rows(shape, args.varlen);
-  const TensorArg tensors[] = {
-      {"q", args.q, rows.rows_q, shape.heads_q, false},
-      {"k", args.k, rows.rows_k, shape.heads_kv, false},
-      {"v", args.v, rows.rows_k, shape.heads_kv, false},
-      {"out", args.out, rows.rows_q, shape.heads_q, false},
-      {"dout", args.dout, rows.rows_q, shape.heads_q, false},
-      {"dq", args.dq, rows.rows_q, shape.heads_q, true},
-      {"dk", args.dk, rows.rows_k, shape.heads_kv, true},
-      {"dv", args.dv, rows.rows_k, shape.heads_kv, true},
-  };
+  const std::array<TensorArg, 8> tensors = backward_tensors(args, rows);
   if (args.varlen.packed()) {
     if (Status s = check_packed_strides(tensors); !s.ok()) return s;
   }
-  if (Status s = check_tensors(shape, rows, tensors, args.lse, false); !s.ok()) return s;
+  if (Status s = check_tensors(shape, args.varlen, rows, tensors, args.lse, false); !s.ok()) return s;
   return check_sm_margin(args.sm_margin);
+}
+
+Status check_workspace_overlap(const ForwardArgs& args, const void* workspace, size_t workspace_bytes) {
+  const CallRows rows = call_rows(args.shape, args.varlen);
+  std::vector<ByteSpan> spans = cu_seqlens_spans(args.shape, args.varlen);
+  if (Status s = tensor_spans(args.shape, rows, forward_tensors(args, rows), args.lse, true, &spans); !s.ok()) {
+    return s;
+  }
+  return check_workspace_disjoint(std::move(spans), workspace, workspace_bytes);
+}
+
+Status check_workspace_overlap(const BackwardArgs& args, const void* workspace, size_t workspace_bytes) {
+  const CallRows rows = call_rows(args.shape, args.varlen);
+  std::vector<ByteSpan> spans = cu_seqlens_spans(args.shape, args.varlen);
+  if (Status s = tensor_spans(args.shape, rows, backward_tensors(args, rows), args.lse, false, &spans); !s.ok()) {
+    return s;
+  }
+  return check_workspace_disjoint(std::move(spans), workspace, workspace_bytes);
 }
 
 }  // namespace dash

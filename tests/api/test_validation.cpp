@@ -21,6 +21,7 @@
 
 #include "api/device.hpp"
 #include "api/limits.hpp"
+#include "api/validate.hpp"
 #include "dash/attention.hpp"
 #include "rejected_shapes.hpp"
 #include "status_assertions.hpp"
@@ -512,6 +513,30 @@ TYPED_TEST(ValidateBoth, RejectsANegativeSmMargin) {
               "sm_margin must satisfy 0 <= sm_margin < the device's SM count (at least one SM must run the kernel), "
               "got " + std::to_string(margin));
   }
+}
+
+// The workspace is written: dense calls refuse it over an output or an input, naming what it overlaps.
+TYPED_TEST(ValidateBoth, RejectsAWorkspaceOverlappingAnyTensor) {
+  TypeParam a = valid_args<TypeParam>();
+  ASSERT_TRUE(is_ok(validate(a)));
+  void* output = nullptr;
+  const char* output_name = nullptr;
+  if constexpr (std::is_same_v<TypeParam, ForwardArgs>) {
+    output = a.out.data;
+    output_name = "workspace overlaps out";
+  } else {
+    output = a.dk.data;
+    output_name = "workspace overlaps dk";
+  }
+  EXPECT_TRUE(fails_with(check_workspace_overlap(a, shifted(output, 256), 1024), StatusCode::kInvalidArgument,
+                         {output_name, "the workspace, which the call writes, must not share memory"}));
+  EXPECT_TRUE(fails_with(check_workspace_overlap(a, const_cast<void*>(a.k.data), 16), StatusCode::kInvalidArgument,
+                         {"workspace overlaps k"}));
+  // Negative controls: a workspace that ends just before the output, and the null or empty one check_workspace
+  // refuses with its own status.
+  EXPECT_TRUE(is_ok(check_workspace_overlap(a, shifted(output, -1024), 1024)));
+  EXPECT_TRUE(is_ok(check_workspace_overlap(a, nullptr, 1024)));
+  EXPECT_TRUE(is_ok(check_workspace_overlap(a, output, 0)));
 }
 
 // --- Forward-only and backward-only rules. -------------------------------------------------------------
