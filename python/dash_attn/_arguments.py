@@ -255,12 +255,12 @@ def _checked_float32(number: float, name: str, given: object) -> float:
     says that the value as given passed and which check of its image failed."""
     image = _float32_image(number)
     if math.isinf(image):
-        raise ValueError(f"{name} must be a finite float32 (at most {_FLOAT32_MAX:.7g}), got {given!r}: it is "
-                         f"finite but rounds to inf in float32")
+        raise ValueError(f"{name}={given!r} is finite but rounds to inf in float32: {name} must be a finite float32 "
+                         f"(at most {_FLOAT32_MAX:.7g}), got {given!r}")
     if image < _FLOAT32_MIN_NORMAL:
-        rounded = "0.0" if image == 0.0 else f"the subnormal {image!r}, which the kernels flush to 0"
-        raise ValueError(f"{name} must be a normal float32 (at least {_FLOAT32_MIN_NORMAL:.7g}) when > 0, got "
-                         f"{given!r}: it is positive but rounds to {rounded} in float32")
+        rounded = "0.0" if image == 0.0 else f"the subnormal {image!r}, which the kernels flush to 0,"
+        raise ValueError(f"{name}={given!r} is positive but rounds to {rounded} in float32: {name} must be a normal "
+                         f"float32 (at least {_FLOAT32_MIN_NORMAL:.7g}) when > 0")
     return number
 
 
