@@ -308,9 +308,8 @@ Status check_workspace_disjoint(std::vector<ByteSpan> spans, const void* workspa
   if (workspace_bytes - 1 > static_cast<size_t>(INT64_MAX)) {
     return invalid(cat("workspace_bytes must be < 2^63, got ", workspace_bytes));
   }
-  if (Status s = make_span(kWorkspaceName, true, workspace, static_cast<int64_t>(workspace_bytes - 1), &span); !s.ok()) {
-    return s;
-  }
+  const auto last_byte = static_cast<int64_t>(workspace_bytes - 1);
+  if (Status s = make_span(kWorkspaceName, true, workspace, last_byte, &span); !s.ok()) return s;
   spans.insert(spans.begin(), span);
   return check_disjoint(spans);
 }

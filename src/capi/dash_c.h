@@ -63,10 +63,11 @@ enum dash_dtype { DASH_DTYPE_BF16 = 0, DASH_DTYPE_FP16 = 1 };
 /* dash::AttentionShape. causal = 1 selects the bottom-right aligned causal mask. windowed = 1 applies the sliding
  * window (window_left, window_right), FlashAttention's window_size: with d = seqlen_k - seqlen_q, query row i sees
  * key j iff i + d - window_left <= j <= i + d + window_right; -1 leaves a side open, each must be >= -1, and causal
- * makes window_right 0 whatever it is. Every flag of these structs and of the functions below (causal, windowed,
- * keys_within_queries, lengths_fill_maxima) must be 0 or 1: any other value is refused with
- * DASH_STATUS_INVALID_ARGUMENT naming it, as C has no bool. windowed == 0 means no window and the two bounds are not read, so that a
+ * makes window_right 0 whatever it is. windowed == 0 means no window and the two bounds are not read, so that a
  * zeroed struct (or one filled by a caller of version 4's fields) is not the window (0, 0), the diagonal alone.
+ * Every flag of these structs and of the functions below (causal, windowed, keys_within_queries,
+ * lengths_fill_maxima) must be 0 or 1: any other value is refused with DASH_STATUS_INVALID_ARGUMENT naming it, as C
+ * has no bool.
  * softcap > 0 caps each scaled score s to softcap * tanh(s / softcap); 0 does not; it must be finite and >= 0. */
 typedef struct dash_shape {
   int64_t batch;

@@ -3,8 +3,8 @@
 // message naming the argument and the rule), plan_varlen_backward() on a device described by hand (which schedules
 // a batch admits with and without the promise keys_within_queries, and why the others are refused; what auto picks
 // under the hint lengths_fill_maxima), and a plan's refusal of calls that do not fit it (and acceptance of calls
-// whose packed rows would give the other hint); cu_seqlens and the workspace overlapping an output. No GPU: pointers are fake (validate() never dereferences them) and
-// aligned.
+// whose packed rows would give the other hint); cu_seqlens and the workspace overlapping an output. No GPU: pointers
+// are fake (validate() never dereferences them) and aligned.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -5,7 +5,8 @@
 // varlen batches
 // (--cu-seqlens, varlen.hpp: each schedule planned from the maxima, its jobs fitted to each sequence as the kernels
 // will fit them). Shapes whose float64 reference or emulation would run for more than a few minutes are refused,
-// naming the estimate and the flags that lower it. Exit code 1 when a deterministic schedule changed bits, deadlocked or missed the tolerance, or
+// naming the estimate and the flags that lower it. Exit code 1 when a deterministic schedule changed bits,
+// deadlocked or missed the tolerance, or
 // when a schedule asked for by name does not apply.
 #include <algorithm>
 #include <chrono>
@@ -96,9 +97,11 @@ void check_emulation_cost(const TiledProblem& problem, const TileShape& tiles, i
               std::to_string(static_cast<long long>(visits)) +
               " tile visits over --runs and the schedules, each about " + format_number(sleep_us, 3) +
               " us of delay on one of --sms " + std::to_string(sms) + " threads and " +
-              format_number(tile_elements * kTileNsPerElement * kUsPerSecond / kNsPerSecond, 3) + " us of tile arithmetic); at most " +
+              format_number(tile_elements * kTileNsPerElement * kUsPerSecond / kNsPerSecond, 3) +
+              " us of tile arithmetic); at most " +
               format_number(kMaxEmulateSeconds) + " s are allowed: lower --runs, --max-delay-us, --seqlen " +
-              "(--seqlen-q, --seqlen-k), --batch or --heads, raise --block-q and --block-kv, or emulate one --schedule");
+              "(--seqlen-q, --seqlen-k), --batch or --heads, raise --block-q and --block-kv, or emulate one " +
+              "--schedule");
 }
 
 int count_distinct(const std::vector<uint64_t>& hashes) {
