@@ -227,21 +227,26 @@ std::vector<ByteSpan> cu_seqlens_spans(const AttentionShape& shape, const Varlen
 // or two written together, would make the result depend on the order of memory accesses.
 constexpr const char* kWorkspaceName = "workspace";
 
+// The refusal of `out` (written by the call) sharing bytes with `other`.
+Status overlap_error(const ByteSpan& out, const ByteSpan& other) {
+  const bool workspace = std::string_view(out.name) == kWorkspaceName;
+  return invalid(cat(out.name, " overlaps ", other.name, " (", out.name, " spans bytes [0x", std::hex, out.first,
+                     ", 0x", out.last, "], ", other.name, " [0x", other.first, ", 0x", other.last, "]): ",
+                     workspace ? "the workspace, which the call writes, must not share memory with any tensor of the "
+                                 "call"
+                               : "an output must not share memory with any other tensor of the call"));
+}
+
+bool overlap(const ByteSpan& a, const ByteSpan& b) { return a.first <= b.last && b.first <= a.last; }
+
 Status check_disjoint(std::span<const ByteSpan> spans) {
   for (size_t i = 0; i < spans.size(); ++i) {
     for (size_t j = i + 1; j < spans.size(); ++j) {
       const ByteSpan& a = spans[i];
       const ByteSpan& b = spans[j];
       if (!a.output && !b.output) continue;
-      if (a.first > b.last || b.first > a.last) continue;
-      const ByteSpan& out = a.output ? a : b;
-      const ByteSpan& other = a.output ? b : a;
-      const bool workspace = std::string_view(out.name) == kWorkspaceName;
-      return invalid(cat(out.name, " overlaps ", other.name, " (", out.name, " spans bytes [0x", std::hex, out.first,
-                         ", 0x", out.last, "], ", other.name, " [0x", other.first, ", 0x", other.last, "]): ",
-                         workspace ? "the workspace, which the call writes, must not share memory with any tensor of "
-                                     "the call"
-                                   : "an output must not share memory with any other tensor of the call"));
+      if (!overlap(a, b)) continue;
+      return a.output ? overlap_error(a, b) : overlap_error(b, a);
     }
   }
   return Status::success();
@@ -300,18 +305,53 @@ std::array<TensorArg, 8> backward_tensors(const BackwardArgs& args, const CallRo
   }};
 }
 
-// The workspace is written by the call, so it must share no byte with any tensor of the call or the offset arrays.
-// `spans` are the call's, from a validate() that passed; a null or empty workspace is check_workspace's to refuse.
-Status check_workspace_disjoint(std::vector<ByteSpan> spans, const void* workspace, size_t workspace_bytes) {
+// The bytes `t` spans when its pointer and strides are ones check_layout accepts (self-overlap aside); false, with
+// *span untouched, otherwise: validate() refuses those, so the workspace check leaves them to it.
+bool accepted_span(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpan* span) {
+  const Strides& st = t.tensor.strides;
+  if (t.tensor.data == nullptr || st.dim != 1) return false;
+  for (int64_t stride : {st.batch, st.seq, st.head}) {
+    if (stride < 0 || stride >= kStrideLimitElements) return false;
+  }
+  // The static_asserts above keep this within int64 for strides and extents within the limits.
+  const int64_t last_element =
+      (batch - 1) * st.batch + (t.seqlen - 1) * st.seq + (t.heads - 1) * st.head + head_dim - 1;
+  return make_span(t.name, t.output, t.tensor.data, last_element * kElementBytes + kElementBytes - 1, span).ok();
+}
+
+// The workspace is written by the call, so it must share no byte with any tensor of the call, its LSE or the offset
+// arrays. Only the workspace is checked here, against each of them: arguments that validate() refuses (a bad shape,
+// a null pointer, a stride out of range) pass, for validate() to refuse by name; a null or empty workspace too, for
+// the workspace size check. No allocation: a call runs it after validate().
+Status check_workspace_apart(const AttentionShape& shape, const VarlenBatch& varlen,
+                             std::span<const TensorArg> tensors, const float* lse, const void* workspace,
+                             size_t workspace_bytes) {
   if (workspace == nullptr || workspace_bytes == 0) return Status::success();
-  ByteSpan span{};
+  // Sizes past the limits would overflow the spans below.
+  if (!validate(shape).ok()) return Status::success();
+  if (varlen.packed() && !check_varlen_batch(shape, varlen).ok()) return Status::success();
   if (workspace_bytes - 1 > static_cast<size_t>(INT64_MAX)) {
     return invalid(cat("workspace_bytes must be < 2^63, got ", workspace_bytes));
   }
+  ByteSpan written{};
   const auto last_byte = static_cast<int64_t>(workspace_bytes - 1);
-  if (Status s = make_span(kWorkspaceName, true, workspace, last_byte, &span); !s.ok()) return s;
-  spans.insert(spans.begin(), span);
-  return check_disjoint(spans);
+  if (Status s = make_span(kWorkspaceName, true, workspace, last_byte, &written); !s.ok()) return s;
+  const CallRows rows = call_rows(shape, varlen);
+  for (const TensorArg& t : tensors) {
+    ByteSpan span{};
+    if (accepted_span(t, rows.batch, shape.head_dim, &span) && overlap(written, span)) {
+      return overlap_error(written, span);
+    }
+  }
+  ByteSpan lse_span{};
+  const int64_t lse_bytes = rows.lse_floats * static_cast<int64_t>(sizeof(float));
+  if (lse != nullptr && make_span("lse", false, lse, lse_bytes - 1, &lse_span).ok() && overlap(written, lse_span)) {
+    return overlap_error(written, lse_span);
+  }
+  for (const ByteSpan& offsets : cu_seqlens_spans(shape, varlen)) {
+    if (overlap(written, offsets)) return overlap_error(written, offsets);
+  }
+  return Status::success();
 }
 
 }  // namespace
@@ -441,20 +481,14 @@ Status validate(const BackwardArgs& args) {
 
 Status check_workspace_overlap(const ForwardArgs& args, const void* workspace, size_t workspace_bytes) {
   const CallRows rows = call_rows(args.shape, args.varlen);
-  std::vector<ByteSpan> spans = cu_seqlens_spans(args.shape, args.varlen);
-  if (Status s = tensor_spans(args.shape, rows, forward_tensors(args, rows), args.lse, true, &spans); !s.ok()) {
-    return s;
-  }
-  return check_workspace_disjoint(std::move(spans), workspace, workspace_bytes);
+  return check_workspace_apart(args.shape, args.varlen, forward_tensors(args, rows), args.lse, workspace,
+                               workspace_bytes);
 }
 
 Status check_workspace_overlap(const BackwardArgs& args, const void* workspace, size_t workspace_bytes) {
   const CallRows rows = call_rows(args.shape, args.varlen);
-  std::vector<ByteSpan> spans = cu_seqlens_spans(args.shape, args.varlen);
-  if (Status s = tensor_spans(args.shape, rows, backward_tensors(args, rows), args.lse, false, &spans); !s.ok()) {
-    return s;
-  }
-  return check_workspace_disjoint(std::move(spans), workspace, workspace_bytes);
+  return check_workspace_apart(args.shape, args.varlen, backward_tensors(args, rows), args.lse, workspace,
+                               workspace_bytes);
 }
 
 }  // namespace dash

@@ -127,14 +127,6 @@ dash::Status check_shape(const dash_shape* shape) {
   return check_shape_flags(*shape);
 }
 
-// The workspace must share no byte with the call's tensors or cu_seqlens (dash::check_workspace_overlap). Checked
-// only for arguments that pass validate(): the call itself reports any other failure, in its own order.
-template <typename Args>
-dash::Status check_workspace_apart(const Args& args, const void* workspace, size_t workspace_bytes) {
-  if (!dash::validate(args).ok()) return dash::Status::success();
-  return dash::check_workspace_overlap(args, workspace, workspace_bytes);
-}
-
 dash::Status parse(const char* schedule, dash::Schedule* parsed) {
   if (schedule == nullptr) return invalid("schedule must not be null (pass a name such as \"auto\")");
   return dash::parse_schedule(schedule, parsed);
@@ -325,7 +317,7 @@ int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tenso
     if (dash::Status s = check_shape(shape); !s.ok()) return s;
     if (dash::Status s = check_present({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) return s;
     const dash::ForwardArgs args = to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin);
-    if (dash::Status s = check_workspace_apart(args, workspace, workspace_bytes); !s.ok()) return s;
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::forward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -339,7 +331,7 @@ int dash_forward_varlen(const dash_shape* shape, const dash_varlen* varlen, cons
     if (dash::Status s = check_varlen_present(varlen); !s.ok()) return s;
     dash::ForwardArgs args = to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin);
     args.varlen = to_varlen(*varlen);
-    if (dash::Status s = check_workspace_apart(args, workspace, workspace_bytes); !s.ok()) return s;
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::forward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -357,7 +349,7 @@ int dash_backward_varlen(const dash_shape* shape, const dash_varlen* varlen, con
     if (dash::Status s = parse(schedule, &args.schedule); !s.ok()) return s;
     args.sm_margin = sm_margin;
     args.varlen = to_varlen(*varlen);
-    if (dash::Status s = check_workspace_apart(args, workspace, workspace_bytes); !s.ok()) return s;
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -372,7 +364,7 @@ int dash_backward(const dash_shape* shape, const dash_tensor* q, const dash_tens
     dash::BackwardArgs args = to_backward_args(*shape, tensors);
     if (dash::Status s = parse(schedule, &args.schedule); !s.ok()) return s;
     args.sm_margin = sm_margin;
-    if (dash::Status s = check_workspace_apart(args, workspace, workspace_bytes); !s.ok()) return s;
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -471,7 +463,7 @@ int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* sha
     // The handle carries the schedule and the SM margin; the C call does not.
     args.schedule = plan->plan.requested_schedule();
     args.sm_margin = plan->plan.sm_margin();
-    if (dash::Status s = check_workspace_apart(args, workspace, workspace_bytes); !s.ok()) return s;
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -490,7 +482,7 @@ int dash_backward_plan_run_varlen(const dash_backward_plan* plan, const dash_sha
     args.schedule = plan->plan.requested_schedule();
     args.sm_margin = plan->plan.sm_margin();
     args.varlen = to_varlen(*varlen);
-    if (dash::Status s = check_workspace_apart(args, workspace, workspace_bytes); !s.ok()) return s;
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
   });
 }

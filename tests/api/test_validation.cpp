@@ -537,6 +537,12 @@ TYPED_TEST(ValidateBoth, RejectsAWorkspaceOverlappingAnyTensor) {
   EXPECT_TRUE(is_ok(check_workspace_overlap(a, shifted(output, -1024), 1024)));
   EXPECT_TRUE(is_ok(check_workspace_overlap(a, nullptr, 1024)));
   EXPECT_TRUE(is_ok(check_workspace_overlap(a, output, 0)));
+  // What validate() refuses is left to it: a null tensor or a bad stride is no overlap of the workspace.
+  TypeParam broken = a;
+  broken.k.data = nullptr;
+  broken.v.strides.seq = -8;
+  EXPECT_TRUE(is_ok(check_workspace_overlap(broken, const_cast<void*>(a.v.data), 1024)));
+  EXPECT_FALSE(is_ok(validate(broken)));
 }
 
 // --- Forward-only and backward-only rules. -------------------------------------------------------------
