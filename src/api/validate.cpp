@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <span>
 #include <sstream>
 #include <string>
@@ -421,6 +422,11 @@ Status validate(const AttentionShape& shape) {
   if (!std::isfinite(shape.softmax_scale) || !(shape.softmax_scale > 0.0f)) {
     return invalid(cat("shape.softmax_scale must be finite and > 0, got ", shape.softmax_scale));
   }
+  // The kernels flush subnormal floats to 0: such a scale or cap would silently be none.
+  if (!std::isnormal(shape.softmax_scale)) {
+    return invalid(cat("shape.softmax_scale must be a normal float (at least ", std::numeric_limits<float>::min(),
+                       "; the kernels flush subnormals to 0), got ", shape.softmax_scale));
+  }
   // FlashAttention's window_size: -1 leaves a side open; causal makes the right bound 0 whatever it is.
   const std::pair<const char*, int64_t> window[] = {{"window_left", shape.window_left},
                                                     {"window_right", shape.window_right}};
@@ -436,6 +442,11 @@ Status validate(const AttentionShape& shape) {
   if (shape.softcap > 0.0f && !std::isfinite(shape.softmax_scale / shape.softcap)) {
     return invalid(cat("shape.softcap must be 0 or large enough that softmax_scale / softcap is finite, got softcap ",
                        shape.softcap, " with softmax_scale ", shape.softmax_scale));
+  }
+  // Past that rule only with a tiny scale; a subnormal cap is still none to the kernels.
+  if (shape.softcap > 0.0f && !std::isnormal(shape.softcap)) {
+    return invalid(cat("shape.softcap must be 0 or a normal float (at least ", std::numeric_limits<float>::min(),
+                       "; the kernels flush subnormals to 0), got ", shape.softcap));
   }
   const int64_t query_tiles_per_head = (shape.seqlen_q + kMinBlockQ - 1) / kMinBlockQ;
   if (Status s = check_index_product({shape.batch, shape.heads_q, query_tiles_per_head},

@@ -68,7 +68,8 @@ enum dash_dtype { DASH_DTYPE_BF16 = 0, DASH_DTYPE_FP16 = 1 };
  * Every flag of these structs and of the functions below (causal, windowed, keys_within_queries,
  * lengths_fill_maxima) must be 0 or 1: any other value is refused with DASH_STATUS_INVALID_ARGUMENT naming it, as C
  * has no bool.
- * softcap > 0 caps each scaled score s to softcap * tanh(s / softcap); 0 does not; it must be finite and >= 0. */
+ * softcap > 0 caps each scaled score s to softcap * tanh(s / softcap); 0 does not; it must be finite and >= 0, and a
+ * normal float when > 0, as softmax_scale must be (> 0): the kernels flush subnormals to 0. */
 typedef struct dash_shape {
   int64_t batch;
   int64_t seqlen_q;

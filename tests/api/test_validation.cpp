@@ -334,6 +334,28 @@ TYPED_TEST(ValidateBoth, RejectsBadSoftmaxScale) {
   }
 }
 
+// A subnormal float is finite and > 0, but the kernels flush it to 0: the scale or the cap would silently vanish.
+TYPED_TEST(ValidateBoth, RejectsSubnormalSoftmaxScaleAndSoftcap) {
+  const float subnormal = std::numeric_limits<float>::denorm_min() * 1024;
+  AttentionShape shape = test_shape();
+  shape.softmax_scale = subnormal;
+  EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kInvalidArgument,
+                         {"shape.softmax_scale must be a normal float", "flush subnormals to 0"}));
+  // With a scale small enough that softmax_scale / softcap stays finite (a larger one meets that rule first).
+  shape = test_shape();
+  shape.softmax_scale = 1e-30f;
+  shape.softcap = subnormal;
+  EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kInvalidArgument,
+                         {"shape.softcap must be 0 or a normal float", "flush subnormals to 0"}));
+  // Negative controls: the smallest normal scale, and no cap.
+  shape = test_shape();
+  shape.softmax_scale = std::numeric_limits<float>::min();
+  EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape))));
+  shape = test_shape();
+  shape.softcap = 0.0f;
+  EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape))));
+}
+
 TYPED_TEST(ValidateBoth, RejectsNullTensors) {
   for_each_tensor<TypeParam>([](TypeParam& a, const TensorField& field) {
     field.clear_data();
