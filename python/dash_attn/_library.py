@@ -82,18 +82,27 @@ class _CheckedStructure(ctypes.Structure):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
-        given = dict(zip((name for name, _ in self._fields_), args))
-        given.update(kwargs)
-        types = dict(self._fields_)
-        for name, value in given.items():
-            c_type = types[name]
-            label = f"{type(self).__name__.lower()}.{name}"
-            if c_type in _C_INTEGER_NAMES:
-                check_c_integer(value, label, _C_INTEGER_NAMES[c_type])
-            elif c_type is ctypes.c_float and isinstance(value, numbers.Real):
-                image = getattr(self, name)
-                if value != 0 and math.isfinite(value) and (image == 0 or not math.isfinite(image)):
-                    raise ValueError(f"{label} = {value!r} is {image} as the C float the library takes it as")
+        checks = type(self)._checks()
+        for (name, _c_type), value in zip(self._fields_, args):
+            self._check_field(checks, name, value)
+        for name, value in kwargs.items():
+            self._check_field(checks, name, value)
+
+    @classmethod
+    @functools.cache
+    def _checks(cls) -> dict[str, tuple[str, str | None]]:
+        """Each field's label in messages ("shape.batch") and its C integer type's name (None for other types)."""
+        prefix = cls.__name__.lower()
+        return {name: (f"{prefix}.{name}", _C_INTEGER_NAMES.get(c_type)) for name, c_type in cls._fields_}
+
+    def _check_field(self, checks: dict[str, tuple[str, str | None]], name: str, value: object) -> None:
+        label, integer = checks[name]
+        if integer is not None:
+            check_c_integer(value, label, integer)
+        elif isinstance(value, numbers.Real) and value != 0 and math.isfinite(value):
+            image = getattr(self, name)
+            if image == 0 or not math.isfinite(image):
+                raise ValueError(f"{label} = {value!r} is {image} as the C float the library takes it as")
 
 
 _C_INTEGER_NAMES = {ctypes.c_int: "int", ctypes.c_int64: "int64_t", ctypes.c_size_t: "size_t"}
