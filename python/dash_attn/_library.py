@@ -83,7 +83,7 @@ class _CheckedStructure(ctypes.Structure):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         checks = type(self)._checks()
-        for (name, _c_type), value in zip(self._fields_, args):
+        for (name, _c_type), value in zip(self._fields_, args, strict=False):  # ctypes takes a prefix
             self._check_field(checks, name, value)
         for name, value in kwargs.items():
             self._check_field(checks, name, value)

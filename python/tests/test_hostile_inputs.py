@@ -35,7 +35,7 @@ _MARK = "CASE_OK"
 
 # Every case's first lines: the package, torch and `refused`, which asserts that a call raises `error` whose message
 # holds every one of `fragments`, and returns the exception.
-_PRELUDE = '''
+_PRELUDE = """
 import math
 import threading
 import torch
@@ -54,7 +54,7 @@ def refused(error, fragments, call, *args, **kwargs):
 
 def cpu_bshd(batch=1, seqlen=8, heads=2, head_dim=128, dtype=torch.bfloat16):
     return torch.zeros(batch, seqlen, heads, head_dim, dtype=dtype)
-'''
+"""
 
 
 def run_case(fresh_interpreter, body: str, timeout: float = CPU_TIMEOUT_S) -> str:
@@ -75,7 +75,9 @@ def run_case(fresh_interpreter, body: str, timeout: float = CPU_TIMEOUT_S) -> st
 
 
 def test_sm_margin_past_a_c_int_is_refused_not_truncated(fresh_interpreter) -> None:
-    run_case(fresh_interpreter, """
+    run_case(
+        fresh_interpreter,
+        """
         q = cpu_bshd()
         for margin in (2**31, 2**32, 2**32 + 5, 2**64):
             error = refused(ValueError, ["sm_margin", "C int", str(margin)], dash_attn.flash_attn_func, q, q, q,
@@ -85,11 +87,14 @@ def test_sm_margin_past_a_c_int_is_refused_not_truncated(fresh_interpreter) -> N
         refused(TypeError, ["sm_margin must be an int"], dash_attn.flash_attn_func, q, q, q, sm_margin=1.0)
         # Negative control: the largest C int passes the argument checks and meets the device check (CPU tensors).
         refused(ValueError, ["must be CUDA tensors"], dash_attn.flash_attn_func, q, q, q, sm_margin=2**31 - 1)
-    """)
+    """,
+    )
 
 
 def test_every_integer_is_range_checked_at_the_ctypes_boundary(fresh_interpreter) -> None:
-    run_case(fresh_interpreter, """
+    run_case(
+        fresh_interpreter,
+        """
         refused(ValueError, ["shape.batch", "C int64_t", "[-9223372036854775808, 9223372036854775807]"],
                 _library.Shape, batch=2**64 + 3)
         refused(ValueError, ["shape.dtype", "C int"], _library.Shape, dtype=2**32)
@@ -110,11 +115,14 @@ def test_every_integer_is_range_checked_at_the_ctypes_boundary(fresh_interpreter
         shape = _library.Shape(batch=2**63 - 1, seqlen_q=-2**63, dtype=2**31 - 1, softmax_scale=1e-30)
         assert (shape.batch, shape.seqlen_q, shape.dtype) == (2**63 - 1, -2**63, 2**31 - 1)
         assert _library.check_c_integer(2**64 - 1, "bytes", "size_t") == 2**64 - 1
-    """)
+    """,
+    )
 
 
 def test_varlen_maxima_and_window_bounds_are_checked_before_ctypes(fresh_interpreter) -> None:
-    run_case(fresh_interpreter, """
+    run_case(
+        fresh_interpreter,
+        """
         q = torch.zeros(16, 2, 128, dtype=torch.bfloat16)
         cu = torch.tensor([0, 16], dtype=torch.int32)
         for bad in (0, 2**40, 2**64 + 8):
@@ -127,14 +135,17 @@ def test_varlen_maxima_and_window_bounds_are_checked_before_ctypes(fresh_interpr
         refused(TypeError, ["window_size must be a pair"], dash_attn.flash_attn_func, x, x, x, window_size=(1, 2, 3))
         # A bound past every key is kept within the C int64 (capped), not wrapped.
         assert _arguments.resolve_window((2**70, 2**64)) == (2**40, 2**40)
-    """)
+    """,
+    )
 
 
 # --- CPU: softmax_scale and softcap, as given and as float32 -----------------------------------------------------
 
 
 def test_softcap_is_checked_as_given_then_as_float32(fresh_interpreter) -> None:
-    run_case(fresh_interpreter, """
+    run_case(
+        fresh_interpreter,
+        """
         x = cpu_bshd()
         refused(ValueError, ["softcap=1e-50", "positive but rounds to 0.0 in float32"], _arguments.resolve_softcap,
                 1e-50)
@@ -151,11 +162,14 @@ def test_softcap_is_checked_as_given_then_as_float32(fresh_interpreter) -> None:
         assert _arguments.resolve_softcap(1.1754943508222875e-38) > 0
         assert _arguments.resolve_softcap(3.4028234663852886e38) > 0
         assert _arguments.resolve_softcap(30) == 30.0
-    """)
+    """,
+    )
 
 
 def test_softmax_scale_is_checked_as_given_then_as_float32(fresh_interpreter) -> None:
-    run_case(fresh_interpreter, """
+    run_case(
+        fresh_interpreter,
+        """
         x = cpu_bshd()
         refused(ValueError, ["softmax_scale=1e-50", "positive but rounds to 0.0 in float32"],
                 dash_attn.flash_attn_func, x, x, x, softmax_scale=1e-50)
@@ -175,14 +189,17 @@ def test_softmax_scale_is_checked_as_given_then_as_float32(fresh_interpreter) ->
         assert _arguments.resolve_scale(None, 64, "softmax_scale") == 0.125
         assert _arguments.resolve_scale(2, 64, "softmax_scale") == 2.0
         refused(ValueError, ["must be CUDA tensors"], dash_attn.flash_attn_func, x, x, x, softmax_scale=0.5)
-    """)
+    """,
+    )
 
 
 # --- CPU: tensors refused before any CUDA call -------------------------------------------------------------------
 
 
 def test_dtypes_shapes_and_devices_are_refused_before_any_cuda_call(fresh_interpreter) -> None:
-    run_case(fresh_interpreter, """
+    run_case(
+        fresh_interpreter,
+        """
         x = cpu_bshd()
         refused(TypeError, ["q.dtype must be torch.bfloat16 or torch.float16"], dash_attn.flash_attn_func,
                 cpu_bshd(dtype=torch.float32), x, x)
@@ -200,11 +217,14 @@ def test_dtypes_shapes_and_devices_are_refused_before_any_cuda_call(fresh_interp
         strided = torch.zeros(1, 8, 2, 256, dtype=torch.bfloat16)[..., ::2]
         refused(ValueError, ["must be CUDA tensors"], dash_attn.flash_attn_func, strided, strided, strided)
         refused(TypeError, ["causal must be a bool"], dash_attn.flash_attn_func, x, x, x, causal=1)
-    """)
+    """,
+    )
 
 
 def test_cu_seqlens_shape_and_dtype_are_refused_by_name(fresh_interpreter) -> None:
-    run_case(fresh_interpreter, """
+    run_case(
+        fresh_interpreter,
+        """
         q = torch.zeros(16, 2, 128, dtype=torch.bfloat16)
         good = torch.tensor([0, 6, 16], dtype=torch.int32)
         refused(TypeError, ["cu_seqlens_q.dtype must be torch.int32"], dash_attn.flash_attn_varlen_func, q, q, q,
@@ -218,14 +238,17 @@ def test_cu_seqlens_shape_and_dtype_are_refused_by_name(fresh_interpreter) -> No
         refused(TypeError, ["cu_seqlens_q must be a torch.Tensor"], dash_attn.flash_attn_varlen_func, q, q, q,
                 [0, 6, 16], good, 10, 10)
         refused(ValueError, ["q must be 3-D"], dash_attn.flash_attn_varlen_func, q[None], q, q, good, good, 10, 10)
-    """)
+    """,
+    )
 
 
 # --- CPU: the exception classes ----------------------------------------------------------------------------------
 
 
 def test_refusals_are_value_errors_and_poisoned_results_runtime_errors(fresh_interpreter) -> None:
-    run_case(fresh_interpreter, """
+    run_case(
+        fresh_interpreter,
+        """
         refusals = {1: "invalid-argument", 2: "not-supported", 6: "workspace-too-small", 7: "schedule-rejected"}
         for code, status in refusals.items():
             error = _library.error_for_status("backward", code, status, "the rule")
@@ -242,11 +265,14 @@ def test_refusals_are_value_errors_and_poisoned_results_runtime_errors(fresh_int
             error = _library.error_for_status("forward", code, "other", "no device")
             assert type(error) is dash_attn.LibraryError, (code, type(error))
             assert not isinstance(error, ValueError)
-    """)
+    """,
+    )
 
 
 def test_the_librarys_own_refusals_are_value_errors(fresh_interpreter, library) -> None:
-    run_case(fresh_interpreter, """
+    run_case(
+        fresh_interpreter,
+        """
         h200 = _library.Device(index=0, compute_major=9, compute_minor=0, multiprocessor_count=132)
         shape = _library.Shape(batch=1, seqlen_q=1024, seqlen_k=1024, heads_q=4, heads_kv=4, head_dim=128, dtype=0,
                                softmax_scale=0.125, causal=0)
@@ -267,7 +293,8 @@ def test_the_librarys_own_refusals_are_value_errors(fresh_interpreter, library) 
         # Negative control: a valid plan for a device described by hand.
         plan = _library.BackwardPlan(shape, "auto", device=h200)
         assert plan.workspace_bytes > 0
-    """)
+    """,
+    )
 
 
 # --- CPU: the command line's size bounds and its JSON ------------------------------------------------------------
@@ -275,8 +302,11 @@ def test_the_librarys_own_refusals_are_value_errors(fresh_interpreter, library) 
 
 def _cli_binary(library) -> Path:
     """dash-attn of this build: $DASH_ATTN_CLI, next to the library (a CMake build directory), or on PATH."""
-    candidates = [os.environ.get("DASH_ATTN_CLI"), str(library.library_path().parent / "dash-attn"),
-                  shutil.which("dash-attn")]
+    candidates = [
+        os.environ.get("DASH_ATTN_CLI"),
+        str(library.library_path().parent / "dash-attn"),
+        shutil.which("dash-attn"),
+    ]
     for candidate in candidates:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return Path(candidate)
@@ -285,20 +315,32 @@ def _cli_binary(library) -> Path:
 
 def _run_cli(binary: Path, *args: str | bytes) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run([os.fsencode(binary), *(a if isinstance(a, bytes) else a.encode() for a in args)],
-                              capture_output=True, timeout=CLI_TIMEOUT_S, check=False)
+        return subprocess.run(
+            [os.fsencode(binary), *(a if isinstance(a, bytes) else a.encode() for a in args)],
+            capture_output=True,
+            timeout=CLI_TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"dash-attn {args} ran past {CLI_TIMEOUT_S} s: a size bound did not refuse it")
 
 
-@pytest.mark.parametrize(("args", "fragments"), [
-    (("emulate", "--block-q", "1", "--block-kv", "1", "--seqlen", "4096", "--heads", "1"),
-     ["at most 600 s are allowed", "--runs", "--max-delay-us"]),
-    (("prove", "--heads", "8", "--seqlen", "1048576", "--reference"),
-     ["--reference expands every tile visit", "2^26"]),
-    (("check", "--heads", "16", "--seqlen", "16384"), ["float64 reference", "2^36", "--seqlen"]),
-    (("plan", "--seqlen", "65536", "--heads", "64"), ["at most 16777216 (2^24)", "--heads"]),
-], ids=["emulate-1x1-tiles", "prove-reference-2^30-visits", "check-reference", "plan-2^25-visits"])
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (
+            ("emulate", "--block-q", "1", "--block-kv", "1", "--seqlen", "4096", "--heads", "1"),
+            ["at most 600 s are allowed", "--runs", "--max-delay-us"],
+        ),
+        (
+            ("prove", "--heads", "8", "--seqlen", "1048576", "--reference"),
+            ["--reference expands every tile visit", "2^26"],
+        ),
+        (("check", "--heads", "16", "--seqlen", "16384"), ["float64 reference", "2^36", "--seqlen"]),
+        (("plan", "--seqlen", "65536", "--heads", "64"), ["at most 16777216 (2^24)", "--heads"]),
+    ],
+    ids=["emulate-1x1-tiles", "prove-reference-2^30-visits", "check-reference", "plan-2^25-visits"],
+)
 def test_cli_refuses_sizes_past_its_bounds_naming_them(library, args: tuple[str, ...], fragments: list[str]) -> None:
     result = _run_cli(_cli_binary(library), *args)
     stderr = result.stderr.decode(errors="replace")
@@ -309,8 +351,19 @@ def test_cli_refuses_sizes_past_its_bounds_naming_them(library, args: tuple[str,
 
 def test_cli_json_is_valid_utf8_with_a_non_utf8_argument(library, tmp_path: Path) -> None:
     svg = os.fsencode(tmp_path) + b"/gantt-\xff\xfe-\xc3\xa9.svg"
-    result = _run_cli(_cli_binary(library), "plan", "--seqlen", "512", "--heads", "1", "--schedule", "ascending",
-                      "--json", "--svg", svg)
+    result = _run_cli(
+        _cli_binary(library),
+        "plan",
+        "--seqlen",
+        "512",
+        "--heads",
+        "1",
+        "--schedule",
+        "ascending",
+        "--json",
+        "--svg",
+        svg,
+    )
     assert result.returncode == 0, result.stderr.decode(errors="replace")
     text = result.stdout.decode("utf-8")  # strict: raises on any ill-formed byte
     report = json.loads(text)
@@ -320,7 +373,7 @@ def test_cli_json_is_valid_utf8_with_a_non_utf8_argument(library, tmp_path: Path
 # --- GPU ---------------------------------------------------------------------------------------------------------
 
 # The GPU cases' first lines: inputs on the GPU and the float32 reference (torch's SDPA on upcast tensors).
-_GPU = '''
+_GPU = """
 torch.manual_seed(0)
 device = torch.device("cuda")
 
@@ -342,7 +395,7 @@ def forward_backward(q, k, v, **options):
 
 def bitwise_equal(a, b):
     return all(torch.equal(x, y) for x, y in zip(a, b))
-'''
+"""
 
 
 @pytest.fixture
@@ -537,7 +590,8 @@ def test_gpu_two_threads_at_once_give_the_single_threads_bits(gpu_case) -> None:
 
 
 def test_gpu_torch_compile_gives_the_eager_bits(gpu_case) -> None:
-    gpu_case("""
+    gpu_case(
+        """
         q, k, v = bshd(), bshd(), bshd()
         expected = forward_backward(q, k, v, causal=True)
         compiled = torch.compile(lambda q, k, v: dash_attn.flash_attn_func(q, k, v, causal=True), fullgraph=True)
@@ -546,7 +600,9 @@ def test_gpu_torch_compile_gives_the_eager_bits(gpu_case) -> None:
         out.backward(torch.ones_like(out))
         torch.cuda.synchronize()
         assert bitwise_equal((out.detach(), q2.grad, k2.grad, v2.grad), expected)
-    """, timeout=COMPILE_TIMEOUT_S)
+    """,
+        timeout=COMPILE_TIMEOUT_S,
+    )
 
 
 def test_gpu_cuda_graph_capture_as_the_first_call_of_a_process(gpu_case) -> None:
