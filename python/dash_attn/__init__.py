@@ -22,7 +22,7 @@ still work, and only the attention entry points are missing, raising ImportError
 asked for. With torch, importing the package registers torch.ops.dash_attn.* as before.
 """
 
-from ._library import SCHEDULES, LibraryError, library_path
+from ._library import SCHEDULES, ArgumentRefusedError, LibraryError, ResultPoisonedError, library_path
 
 _TORCH_ENTRY_POINTS = (
     "attention_backward",
@@ -66,7 +66,9 @@ except ModuleNotFoundError as _error:
 
 __all__ = [
     "SCHEDULES",
+    "ArgumentRefusedError",
     "LibraryError",
+    "ResultPoisonedError",
     "attention_backward",
     "disable_sdpa",
     "enable_sdpa",

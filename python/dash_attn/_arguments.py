@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import struct
 import warnings
 from collections.abc import Sequence
 
@@ -30,7 +31,7 @@ import torch
 from torch import Tensor
 
 from . import _ops
-from ._library import HEAD_DIMS, SCHEDULES
+from ._library import C_INT_MAX, HEAD_DIMS, SCHEDULES
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -87,6 +88,10 @@ def check_sm_margin(sm_margin: object) -> int:
         raise TypeError(f"sm_margin must be an int, got {type(sm_margin).__name__} {sm_margin!r}")
     if sm_margin < 0:
         raise ValueError(f"sm_margin must satisfy 0 <= sm_margin < the device's SM count, got {sm_margin}")
+    # The library takes it as a C int: a larger value would reach it as its low bits (2**32 + 5 as 5).
+    if sm_margin > C_INT_MAX:
+        raise ValueError(f"sm_margin must satisfy 0 <= sm_margin < the device's SM count, got {sm_margin}, which is "
+                         f"past even the C int the library takes it as (at most {C_INT_MAX})")
     return int(sm_margin)
 
 
@@ -191,8 +196,17 @@ def refuse_unsupported(name: str, value: object, accepted: tuple[object, ...], r
 
 # Bounds beyond this reach past every key of any sequence the kernels take (2^24 tokens, src/api/limits.hpp).
 _WINDOW_BOUND_CAP = 1 << 40
-# The largest finite float32: the library takes the softcap as one.
+# The largest finite float32 and the smallest normal one: the library takes the scale and the softcap as float32.
 _FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
+
+
+def _float32_image(number: float) -> float:
+    """`number` rounded to the nearest float32 (to inf past its range), as the library receives it."""
+    try:
+        return struct.unpack("f", struct.pack("f", number))[0]
+    except OverflowError:  # struct refuses what rounds past the largest float32 rather than giving inf
+        return math.copysign(math.inf, number)
 
 
 def _window_side(side: object, which: str, window_size: object) -> int:
@@ -223,21 +237,46 @@ def resolve_window(window_size: object) -> tuple[int, int]:
     return _window_side(window_size[0], "0", window_size), _window_side(window_size[1], "1", window_size)
 
 
+def _checked_real(value: object, name: str, type_rule: str, value_rule: str) -> float:
+    """`value` as a float after the checks of the value as given: a real number (TypeError "{name} must be
+    {type_rule}" for a str, a bool, a complex, a tensor, ...), then finite and > 0 (ValueError "{name} must be
+    {value_rule}")."""
+    if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise TypeError(f"{name} must be {type_rule}, got {_shown(value)}")
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{name} must be {value_rule}, got {value!r}")
+    return number
+
+
+def _checked_float32(number: float, name: str, given: object) -> float:
+    """`number` (finite and > 0) after the checks of its float32 image, which the library computes with: not
+    infinite (overflow), not 0 and not subnormal (underflow; the kernels flush subnormals to 0). The ValueError
+    says that the value as given passed and which check of its image failed."""
+    image = _float32_image(number)
+    if math.isinf(image):
+        raise ValueError(f"{name}={given!r} is finite but rounds to inf in float32: {name} must be a finite float32 "
+                         f"(at most {_FLOAT32_MAX:.7g}), got {given!r}")
+    if image < _FLOAT32_MIN_NORMAL:
+        rounded = "0.0" if image == 0.0 else f"the subnormal {image!r}, which the kernels flush to 0,"
+        raise ValueError(f"{name}={given!r} is positive but rounds to {rounded} in float32: {name} must be a normal "
+                         f"float32 (at least {_FLOAT32_MIN_NORMAL:.7g}) when > 0")
+    return number
+
+
 def resolve_softcap(softcap: object) -> float:
-    """The softcap as a float: 0 (or None) for none, else finite and > 0; each scaled score s becomes
-    softcap * tanh(s / softcap). Raises TypeError or ValueError naming softcap otherwise."""
+    """The softcap as a float: 0 (or None) for none, else a real number, finite and > 0, whose float32 image (the
+    library's) is a normal float32; each scaled score s becomes softcap * tanh(s / softcap). Raises TypeError or
+    ValueError naming softcap and the check that failed otherwise."""
     if type(softcap) is float and softcap == 0.0:  # the default, without the general test below
         return 0.0
     if softcap is None:
         return 0.0
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"softcap must be a real number >= 0 (0: no capping), got {_shown(softcap)}")
-    value = float(softcap)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"softcap must be finite and >= 0 (0: no capping), got {softcap}")
-    if value > _FLOAT32_MAX:
-        raise ValueError(f"softcap must be a finite float32 (at most {_FLOAT32_MAX:.7g}), got {softcap}")
-    return value
+    if isinstance(softcap, numbers.Real) and not isinstance(softcap, bool) and softcap == 0:
+        return 0.0
+    number = _checked_real(softcap, "softcap", "a real number >= 0 (0: no capping)",
+                           "finite and >= 0 (0: no capping)")
+    return _checked_float32(number, "softcap", softcap)
 
 
 def _contiguous_last_dim(t: Tensor) -> Tensor:
@@ -260,14 +299,17 @@ def check_devices(tensors: tuple[Tensor, Tensor, Tensor], layout: Layout) -> Non
         raise ValueError(f"{qn}, {kn} and {vn} must be CUDA tensors, got device {q.device}")
 
 
-def resolve_scale(softmax_scale: float | None, head_dim: int, name: str) -> float:
-    """The softmax scale, head_dim ** -0.5 by default as in FlashAttention and SDPA."""
+def resolve_scale(softmax_scale: object, head_dim: int, name: str) -> float:
+    """The softmax scale, head_dim ** -0.5 by default (None) as in FlashAttention and SDPA; otherwise a real number,
+    finite and > 0, whose float32 image (the library's) is a normal float32. Raises TypeError or ValueError naming
+    `name` and the check that failed."""
     if softmax_scale is None:
         return head_dim**-0.5
-    scale = float(softmax_scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {softmax_scale}")
-    return scale
+    # The common case in one test: a float whose float32 image is normal and finite.
+    if type(softmax_scale) is float and _FLOAT32_MIN_NORMAL <= softmax_scale <= _FLOAT32_MAX:
+        return softmax_scale
+    number = _checked_real(softmax_scale, name, "a real number (finite and > 0)", "finite and > 0")
+    return _checked_float32(number, name, softmax_scale)
 
 
 def resolve_schedule(schedule: str, deterministic: bool) -> str:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
+import numbers
 import os
 import threading
 import weakref
@@ -68,7 +70,45 @@ DEVICE_NAME_BYTES = 256
 _MESSAGE_BYTES = 4096
 
 
-class Shape(ctypes.Structure):
+def _float32_image(value: float) -> float:
+    """`value` as the C float a ctypes c_float field or argument holds (round to nearest)."""
+    return ctypes.c_float(value).value
+
+
+class _CheckedStructure(ctypes.Structure):
+    """A ctypes struct whose constructor refuses, naming the field, an integer its C type cannot hold and a nonzero
+    finite number whose C float image is 0 or infinite, where ctypes would store the low bits or the rounded value
+    silently. Fields assigned after construction are the caller's to check (check_c_integer)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        checks = type(self)._checks()
+        for (name, _c_type), value in zip(self._fields_, args, strict=False):  # ctypes takes a prefix
+            self._check_field(checks, name, value)
+        for name, value in kwargs.items():
+            self._check_field(checks, name, value)
+
+    @classmethod
+    @functools.cache
+    def _checks(cls) -> dict[str, tuple[str, str | None]]:
+        """Each field's label in messages ("shape.batch") and its C integer type's name (None for other types)."""
+        prefix = cls.__name__.lower()
+        return {name: (f"{prefix}.{name}", _C_INTEGER_NAMES.get(c_type)) for name, c_type in cls._fields_}
+
+    def _check_field(self, checks: dict[str, tuple[str, str | None]], name: str, value: object) -> None:
+        label, integer = checks[name]
+        if integer is not None:
+            check_c_integer(value, label, integer)
+        elif isinstance(value, numbers.Real) and value != 0 and math.isfinite(value):
+            image = getattr(self, name)
+            if image == 0 or not math.isfinite(image):
+                raise ValueError(f"{label} = {value!r} is {image} as the C float the library takes it as")
+
+
+_C_INTEGER_NAMES = {ctypes.c_int: "int", ctypes.c_int64: "int64_t", ctypes.c_size_t: "size_t"}
+
+
+class Shape(_CheckedStructure):
     """struct dash_shape. windowed = 0 (ctypes' zero, so also a shape made from the fields before the window's)
     means no window; _ops sets windowed = 1 with the window's bounds."""
 
@@ -95,7 +135,7 @@ class Tensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("strides", ctypes.c_int64 * 4)]
 
 
-class Varlen(ctypes.Structure):
+class Varlen(_CheckedStructure):
     """struct dash_varlen: a packed varlen batch, its cu_seqlens device addresses, the packed row counts and the
     promise that every sequence has seqlen_k <= seqlen_q (keys_within_queries != 0)."""
 
@@ -108,7 +148,7 @@ class Varlen(ctypes.Structure):
     ]
 
 
-class Device(ctypes.Structure):
+class Device(_CheckedStructure):
     """struct dash_device: the current CUDA device as the planner sees it (multiprocessor_count SMs)."""
 
     _fields_ = [
@@ -121,12 +161,73 @@ class Device(ctypes.Structure):
 
 
 class LibraryError(RuntimeError):
-    """A DASH entry point returned a non-zero status; `status` is its stable name, e.g. "invalid-argument"."""
+    """A DASH entry point returned a non-zero status; `status` is its stable name, e.g. "invalid-argument".
+    _check_status raises one of the subclasses below where the status has one, LibraryError itself otherwise."""
 
     def __init__(self, what: str, status: str, message: str) -> None:
         super().__init__(f"dash_attn {what} failed with status {status}: {message}")
         self.status = status
         self.message = message
+
+
+class ArgumentRefusedError(LibraryError, ValueError):
+    """The library refused the call's arguments: a bad shape, stride or pointer, a schedule whose preconditions
+    fail, a size past the kernels' limits, a workspace too small. A ValueError as well, as Python's convention for a
+    bad argument is, so `except ValueError` catches it and `except LibraryError` still does."""
+
+
+class ResultPoisonedError(LibraryError):
+    """An earlier call on the device could not vouch for its result: its rows were filled with NaN on the device
+    (a bounded wait that gave up, a sequence longer than the max_seqlen it was planned for), and the library says
+    which at the next call. A RuntimeError, not a ValueError: the arguments of the call that raises it are not at
+    fault."""
+
+
+# The statuses whose refusals are argument errors (dash_c.h's codes), and those that report a poisoned result.
+# DASH_STATUS_NOT_SUPPORTED is an argument problem too: a head dim, dtype or size the kernels do not take.
+STATUS_INVALID_ARGUMENT = 1
+STATUS_NOT_SUPPORTED = 2
+STATUS_WORKSPACE_TOO_SMALL = 6
+STATUS_SCHEDULE_REJECTED = 7
+STATUS_WAIT_TIMEOUT = 9
+STATUS_SEQLEN_EXCEEDS_MAX = 10
+_ERROR_CLASSES: dict[int, type[LibraryError]] = {
+    STATUS_INVALID_ARGUMENT: ArgumentRefusedError,
+    STATUS_NOT_SUPPORTED: ArgumentRefusedError,
+    STATUS_WORKSPACE_TOO_SMALL: ArgumentRefusedError,
+    STATUS_SCHEDULE_REJECTED: ArgumentRefusedError,
+    STATUS_WAIT_TIMEOUT: ResultPoisonedError,
+    # A library that never returns this code loses nothing by the entry.
+    STATUS_SEQLEN_EXCEEDS_MAX: ResultPoisonedError,
+}
+
+
+def error_for_status(what: str, code: int, status: str, message: str) -> LibraryError:
+    """The exception of a non-zero status `code` (named `status` by the library): the class _ERROR_CLASSES gives
+    it, LibraryError for any other code, one this package does not know included."""
+    return _ERROR_CLASSES.get(code, LibraryError)(what, status, message)
+
+
+# The ranges of the C integer types the arguments below cross ctypes as: ctypes keeps the low bits of a Python int
+# that does not fit, silently (2**32 + 5 becomes 5), so every integer is checked against its type first.
+C_INT_MIN, C_INT_MAX = -(1 << 31), (1 << 31) - 1
+C_INT64_MIN, C_INT64_MAX = -(1 << 63), (1 << 63) - 1
+C_SIZE_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1
+_C_RANGES = {"int": (C_INT_MIN, C_INT_MAX), "int64_t": (C_INT64_MIN, C_INT64_MAX), "size_t": (0, C_SIZE_MAX)}
+
+
+def check_c_integer(value: object, name: str, c_type: str) -> int:
+    """`value` as a Python int after checking that it is an integer (TypeError otherwise; a bool is refused) that the
+    C type `c_type` ("int", "int64_t" or "size_t") holds (ValueError naming `name` and the range otherwise)."""
+    if type(value) is not int:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        value = int(value)
+    low, high = _C_RANGES[c_type]
+    if not low <= value <= high:
+        raise ValueError(f"{name} = {value} does not fit the C {c_type} the library takes it as: it must be in "
+                         f"[{low}, {high}]")
+    return value
 
 
 def _find_library() -> Path:
@@ -266,21 +367,25 @@ def _message_buffer() -> ctypes.Array:
 
 
 def _call(what: str, function_name: str, *args: object) -> None:
-    """Calls a status-returning function; a non-zero status becomes LibraryError with the library's message."""
+    """Calls a status-returning function; a non-zero status becomes error_for_status's LibraryError with the
+    library's message."""
     buffer = _message_buffer()
     _check_status(what, getattr(load(), function_name)(*args, buffer, _MESSAGE_BYTES), buffer)
 
 
 def _check_status(what: str, code: int, buffer: ctypes.Array) -> None:
-    """Raises LibraryError with the message the library wrote into `buffer` unless `code` is STATUS_OK. The
+    """Raises error_for_status's LibraryError with the message the library wrote into `buffer` unless `code` is
+    STATUS_OK. The
     launches, which run at every attention call, call their functions themselves and then this, a frame and an
     argument tuple fewer than _call."""
     if code != STATUS_OK:
-        raise LibraryError(what, load().dash_status_name(code).decode(), buffer.value.decode(errors="replace"))
+        status = load().dash_status_name(code).decode()
+        raise error_for_status(what, code, status, buffer.value.decode(errors="replace"))
 
 
 def kernel_available(head_dim: int, dtype: int, softcap: bool = False) -> bool:
     """Whether the library has kernels for (head_dim, dtype); with softcap=True, its softcap kernels."""
+    head_dim, dtype = check_c_integer(head_dim, "head_dim", "int64_t"), check_c_integer(dtype, "dtype", "int")
     if softcap:
         return bool(load().dash_softcap_kernel_available(head_dim, dtype))
     return bool(load().dash_kernel_available(head_dim, dtype))
@@ -289,6 +394,7 @@ def kernel_available(head_dim: int, dtype: int, softcap: bool = False) -> bool:
 def varlen_kernel_available(head_dim: int, dtype: int, softcap: bool = False) -> bool:
     """Whether the library has the varlen kernels (packed batches with cu_seqlens) for (head_dim, dtype); with
     softcap=True, those of its softcap kernels."""
+    head_dim, dtype = check_c_integer(head_dim, "head_dim", "int64_t"), check_c_integer(dtype, "dtype", "int")
     if softcap:
         return bool(load().dash_varlen_softcap_kernel_available(head_dim, dtype))
     return bool(load().dash_varlen_kernel_available(head_dim, dtype))
@@ -344,6 +450,16 @@ def backward_workspace_size(shape: Shape, schedule: str) -> int:
     return size.value
 
 
+def _check_launch_integers(sm_margin: object, workspace_bytes: object) -> None:
+    """The integers a launch passes besides its structs and device addresses, checked against their C types (the
+    comparisons alone where both are plain ints in range, the common case: this runs at every call)."""
+    if type(sm_margin) is int and type(workspace_bytes) is int and C_INT_MIN <= sm_margin <= C_INT_MAX \
+            and 0 <= workspace_bytes <= C_SIZE_MAX:
+        return
+    check_c_integer(sm_margin, "sm_margin", "int")
+    check_c_integer(workspace_bytes, "workspace_bytes", "size_t")
+
+
 def forward(
     shape: Shape,
     q: Tensor,
@@ -358,6 +474,7 @@ def forward(
 ) -> None:
     """Enqueues the forward on `stream`, leaving `sm_margin` SMs to other work; `lse` and `workspace` are device
     addresses."""
+    _check_launch_integers(sm_margin, workspace_bytes)
     buffer = _message_buffer()
     code = load().dash_forward(
         shape, q, k, v, out, lse, sm_margin, workspace, workspace_bytes, stream, buffer, _MESSAGE_BYTES
@@ -379,6 +496,7 @@ def forward_varlen(
     sm_margin: int = 0,
 ) -> None:
     """forward() of a packed varlen batch: `shape` is its maximum problem, `lse` the (heads_q, total_q) fp32 LSE."""
+    _check_launch_integers(sm_margin, workspace_bytes)
     buffer = _message_buffer()
     code = load().dash_forward_varlen(
         shape, varlen, q, k, v, out, lse, sm_margin, workspace, workspace_bytes, stream, buffer, _MESSAGE_BYTES
@@ -405,6 +523,7 @@ def backward(
 ) -> None:
     """Enqueues the backward on `stream`, summing dQ in the order `schedule` fixes as planned (at every call) for
     the device's SMs less `sm_margin`."""
+    _check_launch_integers(sm_margin, workspace_bytes)
     _call(
         "backward",
         "dash_backward",
@@ -447,6 +566,7 @@ class BackwardPlan:
         with the promise `keys_within_queries` (every sequence has seqlen_k <= seqlen_q) and auto's hint
         `lengths_fill_maxima` (_plans.lengths_fill_maxima of the batches' packed rows; False picks shortest-first under
         the full mask, and restricts no batch the plan runs); run it with backward_varlen."""
+        sm_margin = check_c_integer(sm_margin, "sm_margin", "int")
         lib = load()
         handle = ctypes.c_void_p()
         device_p = None if device is None else ctypes.byref(device)
@@ -514,6 +634,7 @@ class BackwardPlan:
         """Enqueues the planned backward on `stream`; `shape` must be the plan's."""
         if self.closed:
             raise ValueError("this BackwardPlan is closed; make a new one")
+        _check_launch_integers(self.sm_margin, workspace_bytes)
         buffer = _message_buffer()
         code = load().dash_backward_plan_run(
             self._handle, shape, q, k, v, out, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream, buffer,
@@ -541,6 +662,7 @@ class BackwardPlan:
         """backward() of a varlen plan on a packed batch; `varlen` must carry the plan's keys_within_queries."""
         if self.closed:
             raise ValueError("this BackwardPlan is closed; make a new one")
+        _check_launch_integers(self.sm_margin, workspace_bytes)
         buffer = _message_buffer()
         code = load().dash_backward_plan_run_varlen(
             self._handle, shape, varlen, q, k, v, out, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream,

@@ -1,6 +1,7 @@
 // Host-side argument validation: the shape alone (validate(AttentionShape), which every entry point and the
 // tools that plan without tensors run first), the schedule value, sm_margin, and for forward() and backward()
-// also pointers, alignment, strides, self-overlap of each layout and overlap of outputs with the other tensors.
+// also pointers, alignment, strides, self-overlap of each layout, overlap of outputs with the other tensors and a
+// varlen call's cu_seqlens, and (check_workspace_overlap) overlap of the workspace with any of them.
 // Nothing here touches the GPU. Every failure names the argument and the rule, so a caller can fix the
 // call from the message alone. The shape is checked before anything that uses it, so later checks may rely
 // on every size being within the limits of api/limits.hpp.
@@ -9,9 +10,11 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -205,15 +208,59 @@ Status check_packed_strides(std::span<const TensorArg> tensors) {
   return Status::success();
 }
 
-// Checks pointers and layouts of all tensors of a call, then that no output shares a byte with another tensor.
-Status check_tensors(const AttentionShape& shape, const CallRows& rows, std::span<const TensorArg> tensors,
-                     const float* lse, bool lse_output) {
+// The bytes of a varlen call's offset arrays: shape.batch + 1 int32 each, read by the kernels. Empty for a dense call.
+std::vector<ByteSpan> cu_seqlens_spans(const AttentionShape& shape, const VarlenBatch& varlen) {
+  if (!varlen.packed()) return {};
+  // validate(shape) bounds batch by kMaxGridDimYZ, and check_varlen_batch checked both pointers: this cannot
+  // overflow, and make_span refuses a span past the address space.
+  const int64_t last_byte = (shape.batch + 1) * static_cast<int64_t>(sizeof(int32_t)) - 1;
   std::vector<ByteSpan> spans;
+  for (const auto& [name, data] : {std::pair{"varlen.cu_seqlens_q", varlen.cu_seqlens_q},
+                                   std::pair{"varlen.cu_seqlens_k", varlen.cu_seqlens_k}}) {
+    ByteSpan span{};
+    if (make_span(name, false, data, last_byte, &span).ok()) spans.push_back(span);
+  }
+  return spans;
+}
+
+// Refuses the first pair of spans that share a byte where one of them is written (an output, or the workspace).
+// Inputs may share memory (packed QKV, cu_seqlens_k == cu_seqlens_q); an output written while another span is read,
+// or two written together, would make the result depend on the order of memory accesses.
+constexpr const char* kWorkspaceName = "workspace";
+
+// The refusal of `out` (written by the call) sharing bytes with `other`.
+Status overlap_error(const ByteSpan& out, const ByteSpan& other) {
+  const bool workspace = std::string_view(out.name) == kWorkspaceName;
+  return invalid(cat(out.name, " overlaps ", other.name, " (", out.name, " spans bytes [0x", std::hex, out.first,
+                     ", 0x", out.last, "], ", other.name, " [0x", other.first, ", 0x", other.last, "]): ",
+                     workspace ? "the workspace, which the call writes, must not share memory with any tensor of the "
+                                 "call"
+                               : "an output must not share memory with any other tensor of the call"));
+}
+
+bool overlap(const ByteSpan& a, const ByteSpan& b) { return a.first <= b.last && b.first <= a.last; }
+
+Status check_disjoint(std::span<const ByteSpan> spans) {
+  for (size_t i = 0; i < spans.size(); ++i) {
+    for (size_t j = i + 1; j < spans.size(); ++j) {
+      const ByteSpan& a = spans[i];
+      const ByteSpan& b = spans[j];
+      if (!a.output && !b.output) continue;
+      if (!overlap(a, b)) continue;
+      return a.output ? overlap_error(a, b) : overlap_error(b, a);
+    }
+  }
+  return Status::success();
+}
+
+// Checks pointers and layouts of all tensors of a call and appends the bytes each spans (the LSE's last) to *spans.
+Status tensor_spans(const AttentionShape& shape, const CallRows& rows, std::span<const TensorArg> tensors,
+                    const float* lse, bool lse_output, std::vector<ByteSpan>* spans) {
   for (const TensorArg& t : tensors) {
     if (Status s = check_pointer(t.name, t.tensor.data, kTmaAlignmentBytes, "TMA needs it"); !s.ok()) return s;
     ByteSpan span{};
     if (Status s = check_layout(t, rows.batch, shape.head_dim, &span); !s.ok()) return s;
-    spans.push_back(span);
+    spans->push_back(span);
   }
   if (Status s = check_pointer("lse", lse, kLseAlignmentBytes, "it holds floats"); !s.ok()) return s;
   // validate(shape) bounded batch * heads_q * seqlen_q below 2^31 (check_varlen_batch heads_q * total_q), so this
@@ -221,22 +268,89 @@ Status check_tensors(const AttentionShape& shape, const CallRows& rows, std::spa
   const int64_t lse_bytes = rows.lse_floats * static_cast<int64_t>(sizeof(float));
   ByteSpan lse_span{};
   if (Status s = make_span("lse", lse_output, lse, lse_bytes - 1, &lse_span); !s.ok()) return s;
-  spans.push_back(lse_span);
+  spans->push_back(lse_span);
+  return Status::success();
+}
 
-  // Inputs may share memory (packed QKV); an output written while another tensor is read, or two outputs
-  // written together, would make the result depend on the order of memory accesses.
-  for (size_t i = 0; i < spans.size(); ++i) {
-    for (size_t j = i + 1; j < spans.size(); ++j) {
-      const ByteSpan& a = spans[i];
-      const ByteSpan& b = spans[j];
-      if (!a.output && !b.output) continue;
-      if (a.first > b.last || b.first > a.last) continue;
-      const ByteSpan& out = a.output ? a : b;
-      const ByteSpan& other = a.output ? b : a;
-      return invalid(cat(out.name, " overlaps ", other.name, " (", out.name, " spans bytes [0x", std::hex, out.first,
-                         ", 0x", out.last, "], ", other.name, " [0x", other.first, ", 0x", other.last,
-                         "]): an output must not share memory with any other tensor of the call"));
+// Checks pointers and layouts of all tensors of a call, then that no output shares a byte with another tensor or
+// with a varlen call's offset arrays.
+Status check_tensors(const AttentionShape& shape, const VarlenBatch& varlen, const CallRows& rows,
+                     std::span<const TensorArg> tensors, const float* lse, bool lse_output) {
+  std::vector<ByteSpan> spans = cu_seqlens_spans(shape, varlen);
+  if (Status s = tensor_spans(shape, rows, tensors, lse, lse_output, &spans); !s.ok()) return s;
+  return check_disjoint(spans);
+}
+
+// The forward's and the backward's tensors, as validate() checks them.
+std::array<TensorArg, 4> forward_tensors(const ForwardArgs& args, const CallRows& rows) {
+  const AttentionShape& shape = args.shape;
+  return {{
+      {"q", args.q, rows.rows_q, shape.heads_q, false},
+      {"k", args.k, rows.rows_k, shape.heads_kv, false},
+      {"v", args.v, rows.rows_k, shape.heads_kv, false},
+      {"out", args.out, rows.rows_q, shape.heads_q, true},
+  }};
+}
+
+std::array<TensorArg, 8> backward_tensors(const BackwardArgs& args, const CallRows& rows) {
+  const AttentionShape& shape = args.shape;
+  return {{
+      {"q", args.q, rows.rows_q, shape.heads_q, false},
+      {"k", args.k, rows.rows_k, shape.heads_kv, false},
+      {"v", args.v, rows.rows_k, shape.heads_kv, false},
+      {"out", args.out, rows.rows_q, shape.heads_q, false},
+      {"dout", args.dout, rows.rows_q, shape.heads_q, false},
+      {"dq", args.dq, rows.rows_q, shape.heads_q, true},
+      {"dk", args.dk, rows.rows_k, shape.heads_kv, true},
+      {"dv", args.dv, rows.rows_k, shape.heads_kv, true},
+  }};
+}
+
+// The bytes `t` spans when its pointer and strides are ones check_layout accepts (self-overlap aside); false, with
+// *span untouched, otherwise: validate() refuses those, so the workspace check leaves them to it.
+bool accepted_span(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpan* span) {
+  const Strides& st = t.tensor.strides;
+  if (t.tensor.data == nullptr || st.dim != 1) return false;
+  for (int64_t stride : {st.batch, st.seq, st.head}) {
+    if (stride < 0 || stride >= kStrideLimitElements) return false;
+  }
+  // The static_asserts above keep this within int64 for strides and extents within the limits.
+  const int64_t last_element =
+      (batch - 1) * st.batch + (t.seqlen - 1) * st.seq + (t.heads - 1) * st.head + head_dim - 1;
+  return make_span(t.name, t.output, t.tensor.data, last_element * kElementBytes + kElementBytes - 1, span).ok();
+}
+
+// The workspace is written by the call, so it must share no byte with any tensor of the call, its LSE or the offset
+// arrays. Only the workspace is checked here, against each of them: arguments that validate() refuses (a bad shape,
+// a null pointer, a stride out of range) pass, for validate() to refuse by name; a null or empty workspace too, for
+// the workspace size check. No allocation: a call runs it after validate().
+Status check_workspace_apart(const AttentionShape& shape, const VarlenBatch& varlen,
+                             std::span<const TensorArg> tensors, const float* lse, const void* workspace,
+                             size_t workspace_bytes) {
+  if (workspace == nullptr || workspace_bytes == 0) return Status::success();
+  // Sizes past the limits would overflow the spans below.
+  if (!validate(shape).ok()) return Status::success();
+  if (varlen.packed() && !check_varlen_batch(shape, varlen).ok()) return Status::success();
+  if (workspace_bytes - 1 > static_cast<size_t>(INT64_MAX)) {
+    return invalid(cat("workspace_bytes must be < 2^63, got ", workspace_bytes));
+  }
+  ByteSpan written{};
+  const auto last_byte = static_cast<int64_t>(workspace_bytes - 1);
+  if (Status s = make_span(kWorkspaceName, true, workspace, last_byte, &written); !s.ok()) return s;
+  const CallRows rows = call_rows(shape, varlen);
+  for (const TensorArg& t : tensors) {
+    ByteSpan span{};
+    if (accepted_span(t, rows.batch, shape.head_dim, &span) && overlap(written, span)) {
+      return overlap_error(written, span);
     }
+  }
+  ByteSpan lse_span{};
+  const int64_t lse_bytes = rows.lse_floats * static_cast<int64_t>(sizeof(float));
+  if (lse != nullptr && make_span("lse", false, lse, lse_bytes - 1, &lse_span).ok() && overlap(written, lse_span)) {
+    return overlap_error(written, lse_span);
+  }
+  for (const ByteSpan& offsets : cu_seqlens_spans(shape, varlen)) {
+    if (overlap(written, offsets)) return overlap_error(written, offsets);
   }
   return Status::success();
 }
@@ -310,6 +424,11 @@ Status validate(const AttentionShape& shape) {
   if (!std::isfinite(shape.softmax_scale) || !(shape.softmax_scale > 0.0f)) {
     return invalid(cat("shape.softmax_scale must be finite and > 0, got ", shape.softmax_scale));
   }
+  // The kernels flush subnormal floats to 0: such a scale or cap would silently be none.
+  if (!std::isnormal(shape.softmax_scale)) {
+    return invalid(cat("shape.softmax_scale must be a normal float (at least ", std::numeric_limits<float>::min(),
+                       "; the kernels flush subnormals to 0), got ", shape.softmax_scale));
+  }
   // FlashAttention's window_size: -1 leaves a side open; causal makes the right bound 0 whatever it is.
   const std::pair<const char*, int64_t> window[] = {{"window_left", shape.window_left},
                                                     {"window_right", shape.window_right}};
@@ -325,6 +444,11 @@ Status validate(const AttentionShape& shape) {
   if (shape.softcap > 0.0f && !std::isfinite(shape.softmax_scale / shape.softcap)) {
     return invalid(cat("shape.softcap must be 0 or large enough that softmax_scale / softcap is finite, got softcap ",
                        shape.softcap, " with softmax_scale ", shape.softmax_scale));
+  }
+  // Past that rule only with a tiny scale; a subnormal cap is still none to the kernels.
+  if (shape.softcap > 0.0f && !std::isnormal(shape.softcap)) {
+    return invalid(cat("shape.softcap must be 0 or a normal float (at least ", std::numeric_limits<float>::min(),
+                       "; the kernels flush subnormals to 0), got ", shape.softcap));
   }
   const int64_t query_tiles_per_head = (shape.seqlen_q + kMinBlockQ - 1) / kMinBlockQ;
   if (Status s = check_index_product({shape.batch, shape.heads_q, query_tiles_per_head},
@@ -343,16 +467,11 @@ Status validate(const ForwardArgs& args) {
     if (Status s = check_varlen_batch(shape, args.varlen); !s.ok()) return s;
   }
   const CallRows rows = call_rows(shape, args.varlen);
-  const TensorArg tensors[] = {
-      {"q", args.q, rows.rows_q, shape.heads_q, false},
-      {"k", args.k, rows.rows_k, shape.heads_kv, false},
-      {"v", args.v, rows.rows_k, shape.heads_kv, false},
-      {"out", args.out, rows.rows_q, shape.heads_q, true},
-  };
+  const std::array<TensorArg, 4> tensors = forward_tensors(args, rows);
   if (args.varlen.packed()) {
     if (Status s = check_packed_strides(tensors); !s.ok()) return s;
   }
-  if (Status s = check_tensors(shape, rows, tensors, args.lse, true); !s.ok()) return s;
+  if (Status s = check_tensors(shape, args.varlen, rows, tensors, args.lse, true); !s.ok()) return s;
   return check_sm_margin(args.sm_margin);
 }
 
@@ -365,21 +484,24 @@ Status validate(const BackwardArgs& args) {
     if (Status s = check_varlen_batch(shape, args.varlen); !s.ok()) return s;
   }
   const CallRows rows = call_rows(shape, args.varlen);
-  const TensorArg tensors[] = {
-      {"q", args.q, rows.rows_q, shape.heads_q, false},
-      {"k", args.k, rows.rows_k, shape.heads_kv, false},
-      {"v", args.v, rows.rows_k, shape.heads_kv, false},
-      {"out", args.out, rows.rows_q, shape.heads_q, false},
-      {"dout", args.dout, rows.rows_q, shape.heads_q, false},
-      {"dq", args.dq, rows.rows_q, shape.heads_q, true},
-      {"dk", args.dk, rows.rows_k, shape.heads_kv, true},
-      {"dv", args.dv, rows.rows_k, shape.heads_kv, true},
-  };
+  const std::array<TensorArg, 8> tensors = backward_tensors(args, rows);
   if (args.varlen.packed()) {
     if (Status s = check_packed_strides(tensors); !s.ok()) return s;
   }
-  if (Status s = check_tensors(shape, rows, tensors, args.lse, false); !s.ok()) return s;
+  if (Status s = check_tensors(shape, args.varlen, rows, tensors, args.lse, false); !s.ok()) return s;
   return check_sm_margin(args.sm_margin);
+}
+
+Status check_workspace_overlap(const ForwardArgs& args, const void* workspace, size_t workspace_bytes) {
+  const CallRows rows = call_rows(args.shape, args.varlen);
+  return check_workspace_apart(args.shape, args.varlen, forward_tensors(args, rows), args.lse, workspace,
+                               workspace_bytes);
+}
+
+Status check_workspace_overlap(const BackwardArgs& args, const void* workspace, size_t workspace_bytes) {
+  const CallRows rows = call_rows(args.shape, args.varlen);
+  return check_workspace_apart(args.shape, args.varlen, backward_tensors(args, rows), args.lse, workspace,
+                               workspace_bytes);
 }
 
 }  // namespace dash

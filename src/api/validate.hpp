@@ -20,4 +20,11 @@ Status check_sm_margin(int sm_margin, const DeviceInfo& device);
 // head dim today, so validate(shape) refuses first). kNotSupported naming the argument and the values otherwise.
 Status check_backward_head_dim(const AttentionShape& shape);
 
+// The workspace of a call: it is written, so its workspace_bytes bytes at `workspace` must share no byte with any
+// tensor of the call, its LSE or a varlen call's cu_seqlens. kInvalidArgument naming what it overlaps otherwise.
+// Only the workspace is checked: arguments validate() refuses pass here (validate() names them), as does a null or
+// empty workspace (the workspace size check refuses it). It allocates nothing, for a call to run after validate().
+Status check_workspace_overlap(const ForwardArgs& args, const void* workspace, size_t workspace_bytes);
+Status check_workspace_overlap(const BackwardArgs& args, const void* workspace, size_t workspace_bytes);
+
 }  // namespace dash

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <utility>
 
+#include "api/validate.hpp"
 #include "dash/attention.hpp"
 
 // The opaque handle of dash_c.h.
@@ -102,6 +103,31 @@ dash::Status check_present(std::initializer_list<std::pair<const void*, const ch
   return dash::Status::success();
 }
 
+// C has no bool, and the C++ API's flags are bools: a flag of the C structs or arguments must be 0 or 1, so that a
+// field left uninitialized or filled with another field's value is refused, naming it, rather than read as true.
+dash::Status check_flag(int value, const char* name) {
+  if (value == 0 || value == 1) return dash::Status::success();
+  return invalid(std::string(name) + " must be 0 or 1 (a flag), got " + std::to_string(value));
+}
+
+dash::Status check_flags(std::initializer_list<std::pair<int, const char*>> flags) {
+  for (const auto& [value, name] : flags) {
+    if (dash::Status s = check_flag(value, name); !s.ok()) return s;
+  }
+  return dash::Status::success();
+}
+
+// A present shape's flags; windowed's bounds are int64 in both APIs and validate() checks them.
+dash::Status check_shape_flags(const dash_shape& shape) {
+  return check_flags({{shape.causal, "shape.causal"}, {shape.windowed, "shape.windowed"}});
+}
+
+// The shape pointer, then its flags.
+dash::Status check_shape(const dash_shape* shape) {
+  if (dash::Status s = check_present({{shape, "shape"}}); !s.ok()) return s;
+  return check_shape_flags(*shape);
+}
+
 dash::Status parse(const char* schedule, dash::Schedule* parsed) {
   if (schedule == nullptr) return invalid("schedule must not be null (pass a name such as \"auto\")");
   return dash::parse_schedule(schedule, parsed);
@@ -177,7 +203,7 @@ dash::Status check_varlen_present(const dash_varlen* varlen) {
   if (varlen->cu_seqlens_q == nullptr && varlen->cu_seqlens_k == nullptr) {
     return invalid("varlen.cu_seqlens_q and varlen.cu_seqlens_k must not be null in a varlen call");
   }
-  return dash::Status::success();
+  return check_flag(varlen->keys_within_queries, "varlen.keys_within_queries");
 }
 
 dash::ForwardArgs to_forward_args(const dash_shape& shape, const dash_tensor& q, const dash_tensor& k,
@@ -194,7 +220,8 @@ dash::ForwardArgs to_forward_args(const dash_shape& shape, const dash_tensor& q,
 }
 
 dash::Status check_backward_present(const dash_shape* shape, const BackwardTensors& t) {
-  return check_present({{shape, "shape"},
+  if (dash::Status s = check_shape(shape); !s.ok()) return s;
+  return check_present({
                         {t.q, "q"},
                         {t.k, "k"},
                         {t.v, "v"},
@@ -269,7 +296,7 @@ int dash_check_device(char* message, size_t message_size) {
 
 int dash_forward_workspace_size(const dash_shape* shape, size_t* bytes, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
-    if (dash::Status s = check_present({{shape, "shape"}}); !s.ok()) return s;
+    if (dash::Status s = check_shape(shape); !s.ok()) return s;
     return dash::forward_workspace_size(to_shape(*shape), bytes);
   });
 }
@@ -277,7 +304,7 @@ int dash_forward_workspace_size(const dash_shape* shape, size_t* bytes, char* me
 int dash_backward_workspace_size(const dash_shape* shape, const char* schedule, size_t* bytes, char* message,
                                  size_t message_size) {
   return guarded(message, message_size, [&] {
-    if (dash::Status s = check_present({{shape, "shape"}}); !s.ok()) return s;
+    if (dash::Status s = check_shape(shape); !s.ok()) return s;
     dash::Schedule parsed = dash::Schedule::kAuto;
     if (dash::Status s = parse(schedule, &parsed); !s.ok()) return s;
     return dash::backward_workspace_size(to_shape(*shape), parsed, bytes);
@@ -288,11 +315,11 @@ int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tenso
                  const dash_tensor* out, float* lse, int sm_margin, void* workspace, size_t workspace_bytes,
                  void* stream, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
-    if (dash::Status s = check_present({{shape, "shape"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) {
-      return s;
-    }
-    return dash::forward(to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin), workspace, workspace_bytes,
-                         to_stream(stream));
+    if (dash::Status s = check_shape(shape); !s.ok()) return s;
+    if (dash::Status s = check_present({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) return s;
+    const dash::ForwardArgs args = to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin);
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
+    return dash::forward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
 
@@ -300,12 +327,12 @@ int dash_forward_varlen(const dash_shape* shape, const dash_varlen* varlen, cons
                         const dash_tensor* v, const dash_tensor* out, float* lse, int sm_margin, void* workspace,
                         size_t workspace_bytes, void* stream, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
-    if (dash::Status s = check_present({{shape, "shape"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) {
-      return s;
-    }
+    if (dash::Status s = check_shape(shape); !s.ok()) return s;
+    if (dash::Status s = check_present({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) return s;
     if (dash::Status s = check_varlen_present(varlen); !s.ok()) return s;
     dash::ForwardArgs args = to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin);
     args.varlen = to_varlen(*varlen);
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::forward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -323,6 +350,7 @@ int dash_backward_varlen(const dash_shape* shape, const dash_varlen* varlen, con
     if (dash::Status s = parse(schedule, &args.schedule); !s.ok()) return s;
     args.sm_margin = sm_margin;
     args.varlen = to_varlen(*varlen);
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -337,6 +365,7 @@ int dash_backward(const dash_shape* shape, const dash_tensor* q, const dash_tens
     dash::BackwardArgs args = to_backward_args(*shape, tensors);
     if (dash::Status s = parse(schedule, &args.schedule); !s.ok()) return s;
     args.sm_margin = sm_margin;
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -345,6 +374,7 @@ int dash_backward_plan_create(const dash_shape* shape, const char* schedule, int
                               dash_backward_plan** plan, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
     if (dash::Status s = check_present({{shape, "shape"}, {plan, "plan"}}); !s.ok()) return s;
+    if (dash::Status s = check_shape_flags(*shape); !s.ok()) return s;
     dash::Schedule parsed = dash::Schedule::kAuto;
     if (dash::Status s = parse(schedule, &parsed); !s.ok()) return s;
     dash::BackwardPlan made;
@@ -362,8 +392,14 @@ int dash_backward_plan_create_varlen(const dash_shape* shape, int keys_within_qu
                                      dash_backward_plan** plan, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
     if (dash::Status s = check_present({{shape, "shape"}, {plan, "plan"}}); !s.ok()) return s;
+    if (dash::Status s = check_shape_flags(*shape); !s.ok()) return s;
     dash::Schedule parsed = dash::Schedule::kAuto;
     if (dash::Status s = parse(schedule, &parsed); !s.ok()) return s;
+    if (dash::Status s = check_flags({{keys_within_queries, "keys_within_queries"},
+                                      {lengths_fill_maxima, "lengths_fill_maxima"}});
+        !s.ok()) {
+      return s;
+    }
     dash::BackwardPlan made;
     const bool promise = keys_within_queries != 0;
     const bool fill = lengths_fill_maxima != 0;
@@ -428,6 +464,7 @@ int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* sha
     // The handle carries the schedule and the SM margin; the C call does not.
     args.schedule = plan->plan.requested_schedule();
     args.sm_margin = plan->plan.sm_margin();
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -446,6 +483,7 @@ int dash_backward_plan_run_varlen(const dash_backward_plan* plan, const dash_sha
     args.schedule = plan->plan.requested_schedule();
     args.sm_margin = plan->plan.sm_margin();
     args.varlen = to_varlen(*varlen);
+    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
   });
 }

@@ -64,12 +64,16 @@ enum dash_status_code {
 /* dash::DType values. */
 enum dash_dtype { DASH_DTYPE_BF16 = 0, DASH_DTYPE_FP16 = 1 };
 
-/* dash::AttentionShape. causal != 0 selects the bottom-right aligned causal mask. windowed != 0 applies the sliding
+/* dash::AttentionShape. causal = 1 selects the bottom-right aligned causal mask. windowed = 1 applies the sliding
  * window (window_left, window_right), FlashAttention's window_size: with d = seqlen_k - seqlen_q, query row i sees
  * key j iff i + d - window_left <= j <= i + d + window_right; -1 leaves a side open, each must be >= -1, and causal
  * makes window_right 0 whatever it is. windowed == 0 means no window and the two bounds are not read, so that a
  * zeroed struct (or one filled by a caller of version 4's fields) is not the window (0, 0), the diagonal alone.
- * softcap > 0 caps each scaled score s to softcap * tanh(s / softcap); 0 does not; it must be finite and >= 0. */
+ * Every flag of these structs and of the functions below (causal, windowed, keys_within_queries,
+ * lengths_fill_maxima) must be 0 or 1: any other value is refused with DASH_STATUS_INVALID_ARGUMENT naming it, as C
+ * has no bool.
+ * softcap > 0 caps each scaled score s to softcap * tanh(s / softcap); 0 does not; it must be finite and >= 0, and a
+ * normal float when > 0, as softmax_scale must be (> 0): the kernels flush subnormals to 0. */
 typedef struct dash_shape {
   int64_t batch;
   int64_t seqlen_q;
@@ -99,7 +103,7 @@ typedef struct dash_tensor {
  * strides[0] == 0 (no batch dimension), and the LSE is (heads_q, total_q) fp32. cu_seqlens_q and cu_seqlens_k are
  * batch + 1 int32 offsets in device memory, never read on the host (a call is CUDA-graph capturable); their contract
  * and what the kernels do when it is broken (clamp, never hang or touch memory outside the tensors) are those of
- * include/dash/types.hpp. keys_within_queries != 0 promises seqlen_k <= seqlen_q for every sequence (true when
+ * include/dash/types.hpp. keys_within_queries = 1 promises seqlen_k <= seqlen_q for every sequence (true when
  * cu_seqlens_k is cu_seqlens_q), under which the backward may plan shift and symmetric shift. */
 typedef struct dash_varlen {
   const int32_t* cu_seqlens_q;
@@ -150,6 +154,9 @@ typedef struct dash_device {
 /* In every function below, `message` (when not null and message_size > 0) receives the Status message,
  * truncated to message_size - 1 bytes and NUL-terminated; it is the empty string on success. `stream` is a
  * cudaStream_t value (null: the legacy default stream). `schedule` is a canonical name, e.g. "auto".
+ * `workspace` is written by the call: it must share no byte (of its workspace_bytes) with any tensor of the call, the
+ * LSE or cu_seqlens, or the call is refused with DASH_STATUS_INVALID_ARGUMENT naming what it overlaps, as an output
+ * that overlaps another tensor or cu_seqlens is.
  * `sm_margin` is FlashAttention-3's: SMs the launch leaves to other work (communication kernels), 0 for none.
  * The persistent grids then use at most the device's SM count - sm_margin SMs, and the backward is planned for
  * that many; it must satisfy 0 <= sm_margin < the device's SM count. */
@@ -216,7 +223,7 @@ DASH_C_API int dash_backward_plan_create(const dash_shape* shape, const char* sc
  * (batch = sequences, seqlen_q and seqlen_k = the maximum lengths), with the promise keys_within_queries (nonzero:
  * every sequence has seqlen_k <= seqlen_q). The plan holds for every vector of lengths within the maxima; shift and
  * symmetric shift only with the promise (DASH_STATUS_SCHEDULE_REJECTED, naming the rule, otherwise).
- * lengths_fill_maxima is a hint for "auto" alone: nonzero when the batches' packed rows let every sequence be as long
+ * lengths_fill_maxima is a hint for "auto" alone: 1 when the batches' packed rows let every sequence be as long
  * as the maxima (total_q >= batch * seqlen_q and total_k >= batch * seqlen_k, as dash_backward_varlen computes it
  * from its dash_varlen), 0 when they show some sequence shorter, which under the full mask picks shortest-first
  * (shift runs mixed lengths slower). It restricts no batch the plan runs: a call is not checked against it. Freed by

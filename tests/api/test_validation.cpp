@@ -21,6 +21,7 @@
 
 #include "api/device.hpp"
 #include "api/limits.hpp"
+#include "api/validate.hpp"
 #include "dash/attention.hpp"
 #include "rejected_shapes.hpp"
 #include "status_assertions.hpp"
@@ -333,6 +334,28 @@ TYPED_TEST(ValidateBoth, RejectsBadSoftmaxScale) {
   }
 }
 
+// A subnormal float is finite and > 0, but the kernels flush it to 0: the scale or the cap would silently vanish.
+TYPED_TEST(ValidateBoth, RejectsSubnormalSoftmaxScaleAndSoftcap) {
+  const float subnormal = std::numeric_limits<float>::denorm_min() * 1024;
+  AttentionShape shape = test_shape();
+  shape.softmax_scale = subnormal;
+  EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kInvalidArgument,
+                         {"shape.softmax_scale must be a normal float", "flush subnormals to 0"}));
+  // With a scale small enough that softmax_scale / softcap stays finite (a larger one meets that rule first).
+  shape = test_shape();
+  shape.softmax_scale = 1e-30f;
+  shape.softcap = subnormal;
+  EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kInvalidArgument,
+                         {"shape.softcap must be 0 or a normal float", "flush subnormals to 0"}));
+  // Negative controls: the smallest normal scale, and no cap.
+  shape = test_shape();
+  shape.softmax_scale = std::numeric_limits<float>::min();
+  EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape))));
+  shape = test_shape();
+  shape.softcap = 0.0f;
+  EXPECT_TRUE(is_ok(validate(valid_args<TypeParam>(shape))));
+}
+
 TYPED_TEST(ValidateBoth, RejectsNullTensors) {
   for_each_tensor<TypeParam>([](TypeParam& a, const TensorField& field) {
     field.clear_data();
@@ -512,6 +535,36 @@ TYPED_TEST(ValidateBoth, RejectsANegativeSmMargin) {
               "sm_margin must satisfy 0 <= sm_margin < the device's SM count (at least one SM must run the kernel), "
               "got " + std::to_string(margin));
   }
+}
+
+// The workspace is written: dense calls refuse it over an output or an input, naming what it overlaps.
+TYPED_TEST(ValidateBoth, RejectsAWorkspaceOverlappingAnyTensor) {
+  TypeParam a = valid_args<TypeParam>();
+  ASSERT_TRUE(is_ok(validate(a)));
+  void* output = nullptr;
+  const char* output_name = nullptr;
+  if constexpr (std::is_same_v<TypeParam, ForwardArgs>) {
+    output = a.out.data;
+    output_name = "workspace overlaps out";
+  } else {
+    output = a.dk.data;
+    output_name = "workspace overlaps dk";
+  }
+  EXPECT_TRUE(fails_with(check_workspace_overlap(a, shifted(output, 256), 1024), StatusCode::kInvalidArgument,
+                         {output_name, "the workspace, which the call writes, must not share memory"}));
+  EXPECT_TRUE(fails_with(check_workspace_overlap(a, const_cast<void*>(a.k.data), 16), StatusCode::kInvalidArgument,
+                         {"workspace overlaps k"}));
+  // Negative controls: a workspace that ends just before the output, and the null or empty one check_workspace
+  // refuses with its own status.
+  EXPECT_TRUE(is_ok(check_workspace_overlap(a, shifted(output, -1024), 1024)));
+  EXPECT_TRUE(is_ok(check_workspace_overlap(a, nullptr, 1024)));
+  EXPECT_TRUE(is_ok(check_workspace_overlap(a, output, 0)));
+  // What validate() refuses is left to it: a null tensor or a bad stride is no overlap of the workspace.
+  TypeParam broken = a;
+  broken.k.data = nullptr;
+  broken.v.strides.seq = -8;
+  EXPECT_TRUE(is_ok(check_workspace_overlap(broken, const_cast<void*>(a.v.data), 1024)));
+  EXPECT_FALSE(is_ok(validate(broken)));
 }
 
 // --- Forward-only and backward-only rules. -------------------------------------------------------------

@@ -3,8 +3,8 @@
 // message naming the argument and the rule), plan_varlen_backward() on a device described by hand (which schedules
 // a batch admits with and without the promise keys_within_queries, and why the others are refused; what auto picks
 // under the hint lengths_fill_maxima), and a plan's refusal of calls that do not fit it (and acceptance of calls
-// whose packed rows would give the other hint). No GPU: pointers are fake (validate() never dereferences them) and
-// aligned.
+// whose packed rows would give the other hint); cu_seqlens and the workspace overlapping an output. No GPU: pointers
+// are fake (validate() never dereferences them) and aligned.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,9 +14,11 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "api/backward_plan.hpp"
 #include "api/limits.hpp"
+#include "api/validate.hpp"
 #include "dash/attention.hpp"
 #include "status_assertions.hpp"
 
@@ -203,6 +205,62 @@ TYPED_TEST(ValidateVarlen, SizesTheLseByHeadsAndTotalQ) {
     b.dq.data = const_cast<float*>(b.lse) + lse_floats;
   }
   EXPECT_TRUE(is_ok(validate(b)));
+}
+
+// Every output of the call: out for the forward (and the LSE it writes), dq, dk and dv for the backward.
+template <typename Args>
+std::vector<std::pair<const char*, void**>> outputs(Args& a) {
+  if constexpr (std::is_same_v<Args, ForwardArgs>) {
+    return {{"out", &a.out.data}};
+  } else {
+    return {{"dq", &a.dq.data}, {"dk", &a.dk.data}, {"dv", &a.dv.data}};
+  }
+}
+
+TYPED_TEST(ValidateVarlen, RejectsCuSeqlensInsideAnOutput) {
+  // The kernels read the offsets while they write the outputs: an output over them changes what they read.
+  for (const bool query_side : {true, false}) {
+    TypeParam probe = valid_args<TypeParam>();
+    for (const auto& [name, data] : outputs(probe)) {
+      TypeParam a = valid_args<TypeParam>();
+      void** output = nullptr;
+      for (const auto& [other, field] : outputs(a)) {
+        if (std::string_view(other) == name) output = field;
+      }
+      // The last offset lies inside the output's first row.
+      const auto* inside = reinterpret_cast<const int32_t*>(*output) + 4 - a.shape.batch;
+      (query_side ? a.varlen.cu_seqlens_q : a.varlen.cu_seqlens_k) = inside;
+      const std::string offsets = query_side ? "varlen.cu_seqlens_q" : "varlen.cu_seqlens_k";
+      EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                             {std::string(name) + " overlaps " + offsets, "an output must not share memory"}));
+    }
+  }
+}
+
+TYPED_TEST(ValidateVarlen, AcceptsCuSeqlensNextToAnOutputAndSharedBetweenQueryAndKey) {
+  // Negative control: the offsets end one byte before the output starts, and both sides share one array.
+  TypeParam a = valid_args<TypeParam>();
+  void* output = *outputs(a).front().second;
+  const auto* before = reinterpret_cast<const int32_t*>(output) - (a.shape.batch + 1);
+  a.varlen.cu_seqlens_q = a.varlen.cu_seqlens_k = before;
+  EXPECT_TRUE(is_ok(validate(a)));
+}
+
+TYPED_TEST(ValidateVarlen, RejectsAWorkspaceOverCuSeqlensOrAnyTensor) {
+  TypeParam a = valid_args<TypeParam>();
+  ASSERT_TRUE(is_ok(validate(a)));
+  // The workspace's last byte is the first byte of cu_seqlens_k.
+  void* ending_on_offsets = reinterpret_cast<char*>(const_cast<int32_t*>(a.varlen.cu_seqlens_k)) - 63;
+  EXPECT_TRUE(fails_with(check_workspace_overlap(a, ending_on_offsets, 64), StatusCode::kInvalidArgument,
+                         {"workspace overlaps varlen.cu_seqlens_k", "the workspace, which the call writes, must not "
+                                                                    "share memory with any tensor of the call"}));
+  // An input is refused as well: the call writes the workspace while it reads q.
+  EXPECT_TRUE(fails_with(check_workspace_overlap(a, const_cast<void*>(a.q.data), 64), StatusCode::kInvalidArgument,
+                         {"workspace overlaps q"}));
+  EXPECT_TRUE(fails_with(check_workspace_overlap(a, const_cast<float*>(a.lse) + 16, 64), StatusCode::kInvalidArgument,
+                         {"workspace overlaps lse"}));
+  // Negative control: the same workspace one byte shorter touches nothing.
+  EXPECT_TRUE(is_ok(check_workspace_overlap(a, ending_on_offsets, 63)));
 }
 
 // --- plan_varlen_backward on a device described by hand --------------------------------------------------

@@ -6,7 +6,8 @@
 // included); each refused creation with its own message and the handle untouched; a run whose shape is not
 // the plan's is refused naming the field, before anything else. The SM margin: a plan records the SM count it
 // was planned for, and a margin outside [0, SM count) is refused naming the rule. A plan names the schedule it runs,
-// and a varlen plan's hint lengths_fill_maxima reaches auto alone. Runs without a GPU; the test
+// and a varlen plan's hint lengths_fill_maxima reaches auto alone. A flag other than 0 or 1 and a workspace that
+// overlaps a tensor of the call are refused, naming them. Runs without a GPU; the test
 // links the shared library exactly as a C caller would.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -557,12 +558,13 @@ struct FakeBackwardCall {
   dash_shape shape;
   std::array<dash_tensor, kTensors> tensors{};
 
+  static const float* lse() { return static_cast<const float*>(region(kTensors)); }
+
  private:
   // Each tensor in its own 64 GiB region far above any real allocation.
   static void* region(int i) {
     return reinterpret_cast<void*>((uintptr_t{1} << 44) + static_cast<uintptr_t>(i) * (uintptr_t{1} << 36));
   }
-  static const float* lse() { return static_cast<const float*>(region(kTensors)); }
 };
 
 TEST(CBackwardPlanRun, RefusesANullPlan) {
@@ -623,6 +625,90 @@ TEST(CBackwardPlanRun, AMatchingCallGetsPastThePlanChecks) {
     EXPECT_EQ(r.message.find("but the plan was made for"), std::string::npos) << r.message;
   }
   dash_backward_plan_destroy(plan);
+}
+
+// The workspace is written: a run whose workspace overlaps an output (or any tensor) is refused naming both, before
+// the device is asked; the same run with the workspace elsewhere gets past that check.
+TEST(CBackwardPlanRun, RefusesAWorkspaceOverlappingAnOutputOrAnInput) {
+  const AttentionShape shape = testing::valid_workspace_shape();
+  dash_backward_plan* plan = create_plan(shape, "auto");
+  ASSERT_NE(plan, nullptr);
+  const FakeBackwardCall c(shape);
+  const dash_tensor* t = c.tensors.data();
+  const auto run_with = [&](void* workspace) {
+    return call([&](char* m, size_t n) {
+      return dash_backward_plan_run(plan, &c.shape, &t[0], &t[1], &t[2], &t[3], &t[4], c.lse(), &t[5], &t[6], &t[7],
+                                    workspace, plan_workspace_size(plan), nullptr, m, n);
+    });
+  };
+  for (const auto& [index, name] : {std::pair{6, "dk"}, std::pair{0, "q"}}) {
+    const Result r = run_with(static_cast<char*>(t[index].data) + 4096);
+    EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT) << r.message;
+    EXPECT_NE(r.message.find(std::string("workspace overlaps ") + name), std::string::npos) << r.message;
+  }
+  // Negative control: a workspace in a region of its own is not refused for overlap.
+  const Result apart = run_with(reinterpret_cast<void*>(uintptr_t{1} << 46));
+  EXPECT_EQ(apart.message.find("overlaps"), std::string::npos) << apart.message;
+  dash_backward_plan_destroy(plan);
+}
+
+TEST(CForward, RefusesAWorkspaceOverlappingOut) {
+  const AttentionShape shape = testing::valid_workspace_shape();
+  const FakeBackwardCall c(shape);  // its q, k, v and out serve the forward
+  const dash_tensor* t = c.tensors.data();
+  float* lse = const_cast<float*>(c.lse());
+  const Result r = call([&](char* m, size_t n) {
+    return dash_forward(&c.shape, &t[0], &t[1], &t[2], &t[3], lse, 0, t[3].data, 64, nullptr, m, n);
+  });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT) << r.message;
+  EXPECT_NE(r.message.find("workspace overlaps out"), std::string::npos) << r.message;
+}
+
+// C has no bool: a flag other than 0 or 1 (uninitialized memory, another field's value) is refused naming it.
+TEST(CFlags, AFlagOtherThanZeroOrOneIsRefusedNamingIt) {
+  const AttentionShape shape = testing::valid_workspace_shape();
+  size_t bytes = kUntouched;
+  for (const int bad : {2, -1, 0x7f3a}) {
+    dash_shape c_shape = to_c(shape);
+    c_shape.causal = bad;
+    Result r = call([&](char* m, size_t n) { return dash_forward_workspace_size(&c_shape, &bytes, m, n); });
+    EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(r.message, "shape.causal must be 0 or 1 (a flag), got " + std::to_string(bad));
+    c_shape = to_c(shape);
+    c_shape.windowed = bad;
+    r = call([&](char* m, size_t n) { return dash_backward_workspace_size(&c_shape, "auto", &bytes, m, n); });
+    EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(r.message, "shape.windowed must be 0 or 1 (a flag), got " + std::to_string(bad));
+  }
+  EXPECT_EQ(bytes, kUntouched);
+  const dash_shape c_shape = to_c(shape);
+  const dash_device device = h200();
+  dash_backward_plan* plan = nullptr;
+  Result r = call([&](char* m, size_t n) {
+    return dash_backward_plan_create_varlen(&c_shape, 2, 1, "auto", 0, &device, &plan, m, n);
+  });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "keys_within_queries must be 0 or 1 (a flag), got 2");
+  r = call([&](char* m, size_t n) {
+    return dash_backward_plan_create_varlen(&c_shape, 1, 5, "auto", 0, &device, &plan, m, n);
+  });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "lengths_fill_maxima must be 0 or 1 (a flag), got 5");
+  EXPECT_EQ(plan, nullptr);
+  // Negative control: 0 and 1 are taken.
+  r = call([&](char* m, size_t n) {
+    return dash_backward_plan_create_varlen(&c_shape, 1, 0, "auto", 0, &device, &plan, m, n);
+  });
+  EXPECT_EQ(r.code, DASH_STATUS_OK) << r.message;
+  dash_backward_plan_destroy(plan);
+  dash_tensor t{};
+  const dash_varlen varlen{reinterpret_cast<const int32_t*>(uintptr_t{1} << 44),
+                           reinterpret_cast<const int32_t*>(uintptr_t{1} << 44), 8, 8, 3};
+  r = call([&](char* m, size_t n) {
+    return dash_forward_varlen(&c_shape, &varlen, &t, &t, &t, &t, nullptr, 0, nullptr, 0, nullptr, m, n);
+  });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "varlen.keys_within_queries must be 0 or 1 (a flag), got 3");
 }
 
 // --- packed varlen batches (dash_varlen, ABI 6) ------------------------------------------------------------

@@ -1,8 +1,9 @@
 // Tests of the dash-attn command line: runs the built binary with popen and checks exit codes, usage
 // messages (including shapes the library refuses and cost models that overflow), the --json output (read
-// back with a minimal JSON parser, as no JSON library is available), the Gantt SVG, and varlen batches
-// (--cu-seqlens) in plan and emulate, and check's and bench's refusals of them before the device check (their GPU
-// runs are the GPU tests' subject: without a GPU they stop at the device check).
+// back with a minimal JSON parser, as no JSON library is available; valid UTF-8 whatever bytes an argument holds), the
+// Gantt SVG, varlen batches (--cu-seqlens) and sliding windows in plan, prove and emulate, and check's and bench's
+// refusals of them before the device check (their GPU runs are the GPU tests' subject: without a GPU they stop at the
+// device check), and each command's size bound, named with the flags that lower it.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -477,16 +478,132 @@ TEST(Cli, EmulateWithASlidingWindow) {
 
 // --- varlen batches (--cu-seqlens): plan and emulate model them, check and bench run the kernels on them ---------
 
-TEST(Cli, VarlenFlagsAreOfferedByEveryCommandButProve) {
-  for (const char* command : {"plan", "emulate", "check", "bench"}) {
+TEST(Cli, VarlenAndWindowFlagsAreOfferedByEveryCommand) {
+  for (const char* command : {"plan", "prove", "emulate", "check", "bench"}) {
     SCOPED_TRACE(command);
     const Output help = run(std::string(command) + " --help");
     ASSERT_EQ(help.status, 0);
-    for (const char* flag : {"--cu-seqlens OFFSETS", "--cu-seqlens-k OFFSETS", "--keys-within-queries"}) {
+    for (const char* flag : {"--cu-seqlens OFFSETS", "--cu-seqlens-k OFFSETS", "--keys-within-queries", "--window L,R",
+                             "--window-left", "--window-right"}) {
       EXPECT_NE(help.text.find(flag), std::string::npos) << flag;
     }
   }
-  EXPECT_TRUE(refused_with("prove --cu-seqlens 0,100", "unknown flag '--cu-seqlens'"));
+}
+
+// prove plans and proves a sliding window as the library does, and a varlen batch from its maxima for every length
+// it admits; --reference's expanding validator agrees (on the batch's own lengths).
+TEST(Cli, ProveTakesAWindowAndAVarlenBatch) {
+  const Output windowed = run("prove --heads 4 --seqlen 1000 --causal --window 100,0 --sms 13 --reference");
+  ASSERT_EQ(windowed.status, 0) << windowed.text;
+  EXPECT_NE(windowed.text.find("sliding window left 100, right 0"), std::string::npos) << windowed.text;
+  EXPECT_EQ(windowed.text.find("disagrees"), std::string::npos) << windowed.text;
+  const Output varlen = run("prove --cu-seqlens 0,100,100,700 --heads 4 --sms 13 --reference");
+  ASSERT_EQ(varlen.status, 0) << varlen.text;
+  EXPECT_NE(varlen.text.find("varlen:  3 sequences, 700 query and 700 key tokens"), std::string::npos)
+      << varlen.text;
+  EXPECT_NE(varlen.text.find("lengths: 100/100, 0/0, 600/600"), std::string::npos) << varlen.text;
+  std::istringstream lines(varlen.text);
+  int proven = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("  valid (by structure)") != std::string::npos) ++proven;
+    EXPECT_EQ(line.find("disagrees"), std::string::npos) << line;
+  }
+  EXPECT_EQ(proven, 5) << "every schedule of the full mask but symmetric shift: " << varlen.text;
+  // Without the promise (keys of their own) the shift schedules are refused, naming the flag that makes it.
+  const Output own_keys = run("prove --cu-seqlens 0,100,700 --cu-seqlens-k 0,50,400 --heads 4 --schedule shift");
+  EXPECT_EQ(own_keys.status, 0) << own_keys.text;
+  EXPECT_NE(own_keys.text.find("--keys-within-queries makes the promise"), std::string::npos) << own_keys.text;
+  EXPECT_TRUE(refused_with("prove --cu-seqlens 0,100 --enumerate", "drop --enumerate or --cu-seqlens"));
+  EXPECT_TRUE(refused_with("prove --window 1,2,3", "--window takes two bounds"));
+}
+
+// --- size bounds: a command refuses a shape past its stated bound, naming it and the flags, instead of running for
+// hours or running out of memory -------------------------------------------------------------------------------
+
+TEST(Cli, ProveReferenceRefusesAnExpansionPastItsBound) {
+  // 1 x 8 x 2^20 is 2^30 visits (about 48 GiB expanded): std::bad_alloc before the bound existed.
+  EXPECT_TRUE(refused_with("prove --heads 8 --seqlen 1048576 --reference",
+                           "--reference expands every tile visit of the shape, 1073741824 of them"));
+  EXPECT_TRUE(refused_with("prove --heads 8 --seqlen 1048576 --reference", "at most 67108864 (2^26"));
+  // Negative control: the proof itself, by structure, expands nothing and takes the shape.
+  const Output proof = run("prove --heads 8 --seqlen 1048576 --schedule ascending");
+  EXPECT_EQ(proof.status, 0) << proof.text;
+  EXPECT_NE(proof.text.find("valid (by structure)"), std::string::npos) << proof.text;
+}
+
+TEST(Cli, EmulateRefusesARunEstimatedPastItsBound) {
+  // 1x1 tiles at seqlen 4096: about half a billion delayed reductions.
+  EXPECT_TRUE(refused_with("emulate --block-q 1 --block-kv 1 --seqlen 4096 --heads 1",
+                           "at most 600 s are allowed: lower --runs, --max-delay-us"));
+  // Its float64 reference alone is bounded too.
+  EXPECT_TRUE(refused_with("emulate --seqlen 65536 --heads 8 --head-dim 128",
+                           "the float64 reference of this shape has"));
+  // Negative control: the defaults, and the same tiles on a small shape, run and finish.
+  const Output small = run("emulate --block-q 1 --block-kv 1 --seqlen 32 --runs 2 --schedule ascending");
+  EXPECT_EQ(small.status, 0) << small.text;
+}
+
+TEST(Cli, CheckRefusesAReferencePastItsBoundBeforeTheDevice) {
+  EXPECT_TRUE(refused_with("check --heads 16 --seqlen 16384", "the float64 reference of this shape has"));
+  EXPECT_TRUE(refused_with("check --heads 16 --seqlen 16384", "at most 68719476736 (2^36"));
+  EXPECT_TRUE(refused_with("check --cu-seqlens 0,65536,131072 --heads 16", "summed over the batch"));
+  // Negative control: a small shape passes the bound (and meets the device check, or runs, on a GPU).
+  const Output small = run("check --heads 1 --seqlen 128 --head-dim 64 --schedule ascending --runs 1",
+                           /*want_stderr=*/true);
+  EXPECT_NE(small.status, 2) << small.text;
+}
+
+TEST(Cli, PlanNamesItsBoundAndTheFlags) {
+  EXPECT_TRUE(refused_with("plan --seqlen 65536 --heads 64", "at most 16777216 (2^24) are supported"));
+  EXPECT_TRUE(refused_with("plan --seqlen 65536 --heads 64", "lower --batch, --heads, --seqlen"));
+}
+
+// Whether `text` is well-formed UTF-8 (RFC 3629).
+bool valid_utf8(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    size_t length = 1;
+    unsigned low = 0x80, high = 0xBF;
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      length = 3;
+      low = lead == 0xE0 ? 0xA0 : low;
+      high = lead == 0xED ? 0x9F : high;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      length = 4;
+      low = lead == 0xF0 ? 0x90 : low;
+      high = lead == 0xF4 ? 0x8F : high;
+    } else {
+      return false;
+    }
+    if (i + length > text.size()) return false;
+    for (size_t k = 1; k < length; ++k) {
+      const auto c = static_cast<unsigned char>(text[i + k]);
+      if (c < (k == 1 ? low : 0x80) || c > (k == 1 ? high : 0xBF)) return false;
+    }
+    i += length;
+  }
+  return true;
+}
+
+// An argument may hold any bytes; --json prints valid UTF-8 whatever they are, each ill-formed byte as U+FFFD, and
+// keeps well-formed multibyte characters.
+TEST(Cli, JsonIsValidUtf8WhateverTheArgumentsHold) {
+  const std::string directory = testing::TempDir();
+  const std::string name = "dash_attn_test_\xff\xfe_\xc3\xa9_\xed\xa0\x80.svg";
+  const Output out = run("plan --seqlen 512 --heads 1 --schedule ascending --json --svg '" + directory + name + "'");
+  ASSERT_EQ(out.status, 0) << out.text;
+  EXPECT_TRUE(valid_utf8(out.text));
+  const Json report = parse_json(out.text);
+  const std::string svg = report["svg"].string;
+  EXPECT_NE(svg.find("dash_attn_test_\xef\xbf\xbd\xef\xbf\xbd_\xc3\xa9_"), std::string::npos) << svg;
+  EXPECT_EQ(svg.find('\xff'), std::string::npos);
+  std::remove((directory + name).c_str());
 }
 
 // Self-attention (no --cu-seqlens-k): the keys are the queries, so the plan promises seqlen_k <= seqlen_q and every

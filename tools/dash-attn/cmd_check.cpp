@@ -5,7 +5,8 @@
 // promise) and every run launches that plan on freshly poisoned gradients; --sm-margin plans for the SMs left when
 // that many are left to other work. A varlen batch is packed with kPaddingRows rows after its last sequence, which
 // every run must clear to 0 (as in tests/kernels/test_sm90_varlen.cpp); each sequence's reference is computed on
-// its own. Every bad command line (the varlen flags included) is refused before the device is touched. Exit code 1
+// its own. Every bad command line (the varlen flags included, and a shape whose float64 reference would run for more
+// than a few minutes, check_reference_size) is refused before the device is touched. Exit code 1
 // when a deterministic schedule changed bits, missed the tolerance or left padding uncleared; 1 with a message when
 // there is no usable GPU or the build lacks the varlen kernel.
 #include <cstring>
@@ -177,6 +178,7 @@ int cmd_check(const std::vector<std::string>& args) {
   if (dtype != "bf16" && dtype != "fp16") parser.fail("--dtype must be bf16 or fp16, got '" + dtype + "'");
   shape.dtype = dtype == "bf16" ? DType::kBF16 : DType::kFP16;
   check_library_accepts_backward(shape, parser);
+  check_reference_size(shape, varlen.lengths, parser);
   std::vector<Schedule> schedules(std::begin(kAllSchedules), std::end(kAllSchedules));
   if (parser.given("schedule")) {
     Schedule s{};

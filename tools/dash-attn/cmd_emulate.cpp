@@ -4,7 +4,9 @@
 // --window-left/--window-right, planned as the library plans the shape's window), with softcap (--softcap X) and on
 // varlen batches
 // (--cu-seqlens, varlen.hpp: each schedule planned from the maxima, its jobs fitted to each sequence as the kernels
-// will fit them). Exit code 1 when a deterministic schedule changed bits, deadlocked or missed the tolerance, or
+// will fit them). Shapes whose float64 reference or emulation would run for more than a few minutes are refused,
+// naming the estimate and the flags that lower it. Exit code 1 when a deterministic schedule changed bits,
+// deadlocked or missed the tolerance, or
 // when a schedule asked for by name does not apply.
 #include <algorithm>
 #include <chrono>
@@ -13,6 +15,7 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include "commands.hpp"
 #include "emulator/emulator.hpp"
@@ -35,6 +38,17 @@ constexpr int64_t kMaxBlock = 1024;
 constexpr int64_t kMaxGroupSplits = 1 << 16;
 constexpr int kErrorDigits = 3;
 constexpr int kSecondsDigits = 3;
+
+// The emulator's cost, measured on a 2-core machine: each delayed dQ reduction sleeps its random delay (on average
+// half of --max-delay-us) plus about kSleepOverheadUs of timer slack and wake-up, on one of --sms threads that sleep
+// side by side; each visit's float32 tile arithmetic costs about kTileNsPerElement per block_q * block_kv * head_dim
+// element, on the machine's cores. A run estimated past kMaxEmulateSeconds is refused rather than left to run for
+// hours (1x1 tiles at seqlen 4096 would take days).
+constexpr double kSleepOverheadUs = 110.0;
+constexpr double kTileNsPerElement = 3.0;
+constexpr double kMaxEmulateSeconds = 600.0;
+constexpr double kUsPerSecond = 1e6;
+constexpr double kNsPerSecond = 1e9;
 
 constexpr int kNameWidth = 17;
 constexpr int kIdenticalWidth = 19;
@@ -66,6 +80,29 @@ struct Outcome {
   int distinct = 0;  // distinct results among the runs
   bool ok = false;   // as expected: deterministic schedules identical, every schedule complete and accurate
 };
+
+// Refuses, naming the estimate, the bound and the flags that lower it, an emulation estimated past kMaxEmulateSeconds
+// (the model above, with the maximum problem's visits for a varlen batch).
+void check_emulation_cost(const TiledProblem& problem, const TileShape& tiles, int64_t head_dim, int64_t schedules,
+                          int64_t runs, int64_t max_delay_us, int sms, const FlagParser& parser) {
+  const double visits = static_cast<double>(problem.batch) * problem.heads_kv * problem.group_size *
+                        problem.real_q_tiles() * problem.num_kv_tiles() * static_cast<double>(runs * schedules);
+  const double sleep_us = max_delay_us > 0 ? kSleepOverheadUs + static_cast<double>(max_delay_us) / 2 : 0.0;
+  const double cores = std::max(1U, std::min(std::thread::hardware_concurrency(), static_cast<unsigned>(sms)));
+  const double tile_elements = static_cast<double>(tiles.block_q) * tiles.block_kv * static_cast<double>(head_dim);
+  const double seconds =
+      visits * (sleep_us / kUsPerSecond / sms + tile_elements * kTileNsPerElement / kNsPerSecond / cores);
+  if (seconds <= kMaxEmulateSeconds) return;
+  parser.fail("the emulation would run about " + format_number(seconds, 3) + " s (" +
+              std::to_string(static_cast<long long>(visits)) +
+              " tile visits over --runs and the schedules, each about " + format_number(sleep_us, 3) +
+              " us of delay on one of --sms " + std::to_string(sms) + " threads and " +
+              format_number(tile_elements * kTileNsPerElement * kUsPerSecond / kNsPerSecond, 3) +
+              " us of tile arithmetic); at most " +
+              format_number(kMaxEmulateSeconds) + " s are allowed: lower --runs, --max-delay-us, --seqlen " +
+              "(--seqlen-q, --seqlen-k), --batch or --heads, raise --block-q and --block-kv, or emulate one " +
+              "--schedule");
+}
 
 int count_distinct(const std::vector<uint64_t>& hashes) {
   std::vector<uint64_t> sorted = hashes;
@@ -192,6 +229,7 @@ int cmd_emulate(const std::vector<std::string>& args) {
   const TiledProblem problem =
       make_emulator_problem(shape, tiles, static_cast<int>(f.group_splits), f.window.window());
   check_problem_size(problem, parser);
+  check_reference_size(shape, varlen.lengths, parser);
   std::vector<Schedule> schedules;
   if (parser.given("schedule")) {
     Schedule s{};
@@ -207,6 +245,8 @@ int cmd_emulate(const std::vector<std::string>& args) {
     }
   }
 
+  check_emulation_cost(problem, tiles, shape.head_dim, static_cast<int64_t>(schedules.size()), f.runs, f.max_delay_us,
+                       sms, parser);
   EmulatorOptions options;
   options.runs = static_cast<int>(f.runs);
   options.max_delay_us = static_cast<int>(f.max_delay_us);

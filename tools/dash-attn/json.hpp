@@ -1,5 +1,6 @@
 // Minimal JSON output for the --json modes of dash-attn (no JSON library is available): escaped
-// strings, finite numbers, and objects and arrays assembled from already-encoded values.
+// strings, always valid UTF-8 (ill-formed bytes become U+FFFD), finite numbers, and objects and arrays assembled
+// from already-encoded values.
 #pragma once
 
 #include <concepts>

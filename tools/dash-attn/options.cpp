@@ -3,8 +3,10 @@
 // rules of the library itself are not repeated here but asked of dash::validate.
 #include "options.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <iostream>
 #include <sstream>
 
@@ -18,8 +20,16 @@ namespace {
 constexpr size_t kFlagColumn = 26;
 constexpr int64_t kMaxHeadDim = 1024;
 constexpr int64_t kMaxSms = 4096;
-// Tile visits the planner expands (12 bytes each, plus the DAG): ~16 M stays within a few GiB.
+// Tile visits plan and emulate model (the planner's expansion and the DAG, or the emulator's jobs): plan takes about
+// 2 minutes and 0.9 GiB at 2^24 on a 2-core machine, which is where the bound is.
 constexpr long long kMaxTileVisits = 1LL << 24;
+// The float64 reference (check's, emulate's) costs about 10 ns per (query row, key row, head dim) element of each
+// head on one core of a 2-core machine, and runs one thread per sequence: 2^36 elements, four times check's default
+// shape, are about 11 minutes of one core.
+constexpr long long kMaxReferenceElements = 1LL << 36;
+constexpr double kReferenceNsPerElement = 10.0;
+constexpr double kNsPerSecond = 1e9;
+constexpr double kSecondsPerMinute = 60.0;
 
 template <class T>
 bool parse_number(const std::string& text, T* value) {
@@ -263,8 +273,38 @@ void check_problem_size(const TiledProblem& p, const FlagParser& parser) {
   const long long visits = 1LL * p.batch * p.heads_kv * p.group_size * p.real_q_tiles() * p.num_kv_tiles();
   if (visits > kMaxTileVisits) {
     parser.fail("the shape has " + std::to_string(visits) + " (key/value tile, query tile) visits; at most " +
-                std::to_string(kMaxTileVisits) + " are supported");
+                std::to_string(kMaxTileVisits) + " (2^24) are supported, the bound of the planner's model (" +
+                "about 2 minutes and 0.9 GiB there): lower --batch, --heads, --seqlen (--seqlen-q, --seqlen-k) or " +
+                "the maxima of --cu-seqlens");
   }
+}
+
+long long reference_elements(const AttentionShape& shape, const std::vector<SequenceLengths>& lengths) {
+  // Summed in double, which cannot overflow here, and saturated on the way back to an integer.
+  const auto head_elements = [&](int64_t seqlen_q, int64_t seqlen_k) {
+    return static_cast<double>(shape.heads_q) * static_cast<double>(seqlen_q) * static_cast<double>(seqlen_k) *
+           static_cast<double>(shape.head_dim);
+  };
+  double total = 0.0;
+  if (lengths.empty()) {
+    total = static_cast<double>(shape.batch) * head_elements(shape.seqlen_q, shape.seqlen_k);
+  } else {
+    for (const SequenceLengths& l : lengths) total += head_elements(l.seqlen_q, l.seqlen_k);
+  }
+  constexpr double kSaturated = static_cast<double>(std::numeric_limits<long long>::max() / 2);
+  return static_cast<long long>(std::min(total, kSaturated));
+}
+
+void check_reference_size(const AttentionShape& shape, const std::vector<SequenceLengths>& lengths,
+                          const FlagParser& parser) {
+  const long long elements = reference_elements(shape, lengths);
+  if (elements <= kMaxReferenceElements) return;
+  const double minutes = static_cast<double>(elements) * kReferenceNsPerElement / kNsPerSecond / kSecondsPerMinute;
+  parser.fail("the float64 reference of this shape has " + std::to_string(elements) +
+              " elements (heads_q * seqlen_q * seqlen_k * head_dim, summed over the batch), about " +
+              format_number(minutes, 3) + " minutes of one core; at most " + std::to_string(kMaxReferenceElements) +
+              " (2^36, about 11 minutes) are supported: lower --batch, --heads, --seqlen (--seqlen-q, --seqlen-k), " +
+              "--head-dim or the lengths of --cu-seqlens");
 }
 
 std::string describe_shape(const AttentionShape& s) {

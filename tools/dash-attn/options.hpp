@@ -13,6 +13,7 @@
 #include "dash/attention.hpp"
 #include "schedule/mask.hpp"
 #include "schedule/tiled_problem.hpp"
+#include "schedule/varlen.hpp"
 
 namespace dash::cli {
 
@@ -101,8 +102,9 @@ void add_sm_margin_flag(FlagParser& parser, int64_t* sm_margin);
 void check_sm_margin_fits_device(int64_t sm_margin, const FlagParser& parser);
 
 // --window L,R (or --window-left L and --window-right R): FlashAttention's sliding window (window_size), -1
-// leaving a side open, --causal making R 0. Every command takes them: plan and emulate plan and emulate the window
-// (make_tiled_problem), check and bench run the library's kernels under it (AttentionShape's window fields).
+// leaving a side open, --causal making R 0. Every command takes them: plan, prove and emulate plan (and prove or
+// emulate) the window (make_tiled_problem), check and bench run the library's kernels under it (AttentionShape's
+// window fields).
 struct WindowFlags {
   int64_t left = kNoWindowBound;
   int64_t right = kNoWindowBound;
@@ -138,8 +140,16 @@ void check_library_accepts(const AttentionShape& shape, const FlagParser& parser
 // no backward kernel (kBackwardHeadDims; every supported head dim has one now).
 void check_library_accepts_backward(const AttentionShape& shape, const FlagParser& parser);
 
-// Refuses shapes with more tile visits than the planner and emulator enumerate in reasonable memory.
+// Refuses shapes with more tile visits than the planner and emulator enumerate in reasonable memory, naming the bound
+// and the flags that lower it.
 void check_problem_size(const TiledProblem& problem, const FlagParser& parser);
+// The elements of the float64 reference of `shape` (heads_q * seqlen_q * seqlen_k * head_dim per sequence): of
+// batch sequences at the shape's lengths, or of the (seqlen_q, seqlen_k) of each of `lengths` when it is not empty.
+long long reference_elements(const AttentionShape& shape, const std::vector<SequenceLengths>& lengths);
+// Refuses, naming the bound, its cost and the flags that lower it, a shape whose float64 reference (check, emulate)
+// would run for more than a few minutes.
+void check_reference_size(const AttentionShape& shape, const std::vector<SequenceLengths>& lengths,
+                          const FlagParser& parser);
 
 // "batch 1, heads 16 (kv 16), seqlen_q 4096, seqlen_k 4096, head_dim 128, full mask"
 std::string describe_shape(const AttentionShape& shape);

@@ -1,8 +1,7 @@
-// The varlen flags of dash-attn plan, emulate, check and bench: a batch of sequences of different lengths, given as
-// FlashAttention gives it (cu_seqlens), checked against the shape flags, and planned as planner/varlen_plan.hpp plans
-// it (plan, emulate) or as the library plans it (plan_varlen_backward: check and bench, which run the library's
-// varlen kernels on a packed batch of these lengths, harness/varlen_harness.hpp). prove does not take them: it proves
-// the library's dense plans, and plan proves varlen plans.
+// The varlen flags of dash-attn plan, prove, emulate, check and bench: a batch of sequences of different lengths,
+// given as FlashAttention gives it (cu_seqlens), checked against the shape flags, and planned as
+// planner/varlen_plan.hpp plans it (plan, prove, emulate) or as the library plans it (plan_varlen_backward: check and
+// bench, which run the library's varlen kernels on a packed batch of these lengths, harness/varlen_harness.hpp).
 //
 //   --cu-seqlens 0,100,100,3100   b + 1 query offsets of b sequences (here 100, 0 and 3000 queries): FlashAttention's
 //                                 cu_seqlens_q. Offsets start at 0 and never decrease; sequence i has
