@@ -28,10 +28,9 @@ Status cuda_status(cudaError_t err, const char* what) {
 // The status of a launcher's result; `what` names the launch.
 Status launch_status(const kernels::LaunchResult& result, const char* what) {
   if (result.unencoded_tensor != nullptr) {
-    return {StatusCode::kCudaError, std::string(what) + ": the driver refused to encode the TMA descriptor of " +
-                                        result.unencoded_tensor +
-                                        " (cuTensorMapEncodeTiled, from its address, extents and strides), so no "
-                                        "kernel was launched"};
+    return {StatusCode::kCudaError, std::string(what) + ": the TMA descriptor of " + result.unencoded_tensor +
+                                        " cannot be encoded: " + result.broken_rule +
+                                        " (a rule of cuTensorMapEncodeTiled), so no kernel was launched"};
   }
   return cuda_status(static_cast<cudaError_t>(result.cuda_error), what);
 }

@@ -100,10 +100,12 @@ struct BackwardWorkspace {
 inline constexpr size_t kForwardWorkspaceBytes = 256;
 
 // What a launcher returns: the cudaError_t value of its launches, or the tensor whose TMA descriptor the driver would
-// not encode, in which case it launched nothing (a kernel given that descriptor would fault or read wrong memory).
+// refuse to encode and the rule its geometry breaks (sm90::first_tma_refusal), in which case it encoded no descriptor
+// and launched nothing (a kernel given a refused descriptor would fault or read wrong memory).
 struct LaunchResult {
   int cuda_error = 0;
-  const char* unencoded_tensor = nullptr;  // "q", "dout", ...; null when every descriptor was encoded
+  const char* unencoded_tensor = nullptr;  // "q", "dout", ...; null when every descriptor can be encoded
+  const char* broken_rule = nullptr;       // e.g. "its strides.seq is not a multiple of 16 bytes"
 };
 
 using ForwardLauncher = LaunchResult (*)(const ForwardParams&, cudaStream_t);

@@ -7,8 +7,9 @@
 //   naming the sequence, its length and the maximum, and runs nothing; the call after it runs (the record was
 //   cleared). A sequence with more keys than queries under keys_within_queries is poisoned and reported the same way.
 //   The negative control: the same batch with maxima that hold it leaves no NaN and no report.
-// - Sm90TmaDescriptor: a descriptor the driver refuses is caught by the launchers' check (first_unencoded), which
-//   names it, and an encoded one is not (tma_probe.cu, in a debug build CuTe asserts first and the test skips).
+// - Sm90TmaDescriptor: the launchers' geometry check (first_tma_refusal) and cuTensorMapEncodeTiled agree on a valid
+//   tensor, a row stride that is no multiple of 16 bytes, an address off 16-byte alignment and batch strides just
+//   below and at 2^40 bytes; the check names "q" for each the driver refuses (tma_probe.cu).
 // - CaptureFirstCall: a process whose very first DASH call, forward and backward, is captured into a CUDA graph in
 //   the global mode (which refuses unsafe calls from any thread): the calls return OK, the graph instantiates, and
 //   its replay matches the reference. It runs this binary again with only CaptureFirstCallChild selected, so the
@@ -244,12 +245,31 @@ TEST(Sm90SeqlenGuard, WithinTheMaximaNothingIsNanAndNothingIsReported) {
 
 // --- TMA descriptors the driver refuses ------------------------------------------------------------------
 
-TEST(Sm90TmaDescriptor, ARefusedEncodeIsCaughtAndNamedAndAnEncodedOneIsNot) {
+TEST(Sm90TmaDescriptor, TheLaunchersCheckRefusesExactlyWhatTheDriverRefuses) {
   if (const std::string why = testing::tma_probe_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
   if (Status s = check_current_device(); !s.ok()) GTEST_SKIP() << "no Hopper GPU: " << s.message();
-  EXPECT_EQ(testing::unencoded_descriptor(/*refused=*/false), "") << "a valid tensor's descriptor was not encoded";
-  EXPECT_EQ(testing::unencoded_descriptor(/*refused=*/true), "q")
-      << "the driver refused the descriptor (a row stride that is no multiple of 16 bytes), and the check missed it";
+  struct Case {
+    testing::TmaGeometry geometry;
+    const char* what;
+    bool refused;  // by the driver, per cuTensorMapEncodeTiled's documented rules
+  };
+  const Case cases[] = {
+      {testing::TmaGeometry::kValid, "a valid tensor", false},
+      {testing::TmaGeometry::kRowStridePlusOneElement, "a 514-byte row stride", true},
+      {testing::TmaGeometry::kAddressPlusTwoBytes, "an address 2 bytes past a 16-byte boundary", true},
+      {testing::TmaGeometry::kBatchStrideBelowLimit, "a batch stride of 2^40 - 16 bytes", false},
+      {testing::TmaGeometry::kBatchStrideAtLimit, "a batch stride of 2^40 bytes", true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const testing::TmaVerdicts v = testing::tma_verdicts(c.geometry);
+    ASSERT_EQ(v.failure, "");
+    // The driver first: it confirms that the case is the geometry it is meant to be.
+    EXPECT_EQ(v.driver_result == 0, !c.refused) << "cuTensorMapEncodeTiled returned CUresult " << v.driver_result;
+    EXPECT_EQ(v.check, c.refused ? "q" : "") << "the launchers' check (rule: \"" << v.rule
+                                             << "\") disagrees with cuTensorMapEncodeTiled (CUresult "
+                                             << v.driver_result << ")";
+  }
 }
 
 // --- CUDA graph capture as a process's first call -------------------------------------------------------

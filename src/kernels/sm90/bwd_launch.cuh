@@ -3,7 +3,8 @@
 // postprocess (which fills dq, dk and dv with NaN if the main kernel gave up its dQ order, so it runs after every
 // kernel that writes them) and, for a varlen batch, the kernel that clears its padding rows and poisons its sequences
 // over the maxima (varlen_padding.cuh), on the stream. Returns the launches' cudaError_t value, or the tensor whose
-// TMA descriptor the driver refused (kernels::LaunchResult), in which case nothing is launched.
+// TMA descriptor the driver would refuse and the rule it breaks (kernels::LaunchResult), found from the tensors'
+// geometry before any descriptor is encoded, in which case nothing is encoded or launched.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,28 +28,34 @@ kernels::LaunchResult launch_backward(const kernels::BackwardParams& params, cud
   const TiledProblem& problem = params.plan.problem;
 
   typename Config::Params p{};
+  const auto gmem = [&](const void* data, int64_t seqlen, int64_t total_rows, int64_t heads, const Strides& strides) {
+    if constexpr (kVarlen) {
+      return make_gmem_packed<Element, kHeadDim>(data, total_rows, heads, strides);
+    } else {
+      return make_gmem_bshd<Element, kHeadDim>(data, seqlen, heads, shape.batch, strides);
+    }
+  };
+  const GmemTensor<Element> q = gmem(a.q.data, shape.seqlen_q, a.varlen.total_q, shape.heads_q, a.q.strides);
+  const GmemTensor<Element> dout =
+      gmem(a.dout.data, shape.seqlen_q, a.varlen.total_q, shape.heads_q, a.dout.strides);
+  const GmemTensor<Element> k = gmem(a.k.data, shape.seqlen_k, a.varlen.total_k, shape.heads_kv, a.k.strides);
+  const GmemTensor<Element> v = gmem(a.v.data, shape.seqlen_k, a.varlen.total_k, shape.heads_kv, a.v.strides);
+  // Before any descriptor is encoded: the driver's refusal would only be printed, and the kernel would get it.
+  if (const TmaRefusal refusal = first_tma_refusal<Element>({{q, "q"}, {dout, "dout"}, {k, "k"}, {v, "v"}});
+      refusal.tensor != nullptr) {
+    return refused(refusal);
+  }
   const auto q_tile_layout = take<0, 2>(typename Config::SmemLayoutQ{});
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, q_tile_layout);
+  p.tma_dout = make_tma_copy(SM90_TMA_LOAD{}, dout, q_tile_layout);
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, typename Config::SmemLayoutKV{});
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Config::SmemLayoutKV{});
   PackedBatch packed{};
   if constexpr (kVarlen) {
-    const VarlenBatch& v = a.varlen;
-    p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.q.data, v.total_q, shape.heads_q, a.q.strides), q_tile_layout);
-    p.tma_dout = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.dout.data, v.total_q, shape.heads_q, a.dout.strides), q_tile_layout);
-    p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.k.data, v.total_k, shape.heads_kv, a.k.strides), typename Config::SmemLayoutKV{});
-    p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.v.data, v.total_k, shape.heads_kv, a.v.strides), typename Config::SmemLayoutKV{});
-    packed = PackedBatch{v.cu_seqlens_q, v.cu_seqlens_k, static_cast<int>(v.total_q), static_cast<int>(v.total_k),
-                         static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k), v.keys_within_queries};
+    const VarlenBatch& vb = a.varlen;
+    packed = PackedBatch{vb.cu_seqlens_q, vb.cu_seqlens_k, static_cast<int>(vb.total_q), static_cast<int>(vb.total_k),
+                         static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k), vb.keys_within_queries};
     p.packed = packed;
-  } else {
-    p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), q_tile_layout);
-    p.tma_dout = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.dout.data, shape.seqlen_q, shape.heads_q, shape.batch, a.dout.strides), q_tile_layout);
-    p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.k.strides), typename Config::SmemLayoutKV{});
-    p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.v.strides), typename Config::SmemLayoutKV{});
-  }
-  if (const char* unencoded = first_unencoded({{p.tma_q.get_tma_descriptor(), "q"},
-                                               {p.tma_dout.get_tma_descriptor(), "dout"},
-                                               {p.tma_k.get_tma_descriptor(), "k"},
-                                               {p.tma_v.get_tma_descriptor(), "v"}})) {
-    return {0, unencoded};
   }
   p.plan = params.plan;
   p.buffers = params.buffers;

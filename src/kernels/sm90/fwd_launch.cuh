@@ -1,8 +1,9 @@
 // Host side of the forward pass for one (head dim, element type): the tile shape for the problem's shape
 // (schedule/tile_config.hpp), TMA descriptors, parameters, and the launch (the tile counter is zeroed on
 // the stream first; a varlen batch's padding rows are cleared and its sequences over the maxima poisoned after,
-// varlen_padding.cuh). Returns the launches' cudaError_t value, or the tensor whose TMA descriptor the driver
-// refused (kernels::LaunchResult), in which case nothing is launched.
+// varlen_padding.cuh). Returns the launches' cudaError_t value, or the tensor whose TMA descriptor the driver would
+// refuse and the rule it breaks (kernels::LaunchResult), found from the tensors' geometry before any descriptor is
+// encoded, in which case nothing is encoded or launched.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,34 +23,37 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap, kLeftBounded, kVarlen>;
   const AttentionShape& shape = a.shape;
   typename Config::Params p{};
-  const auto kv_tile_layout = take<0, 2>(typename Config::SmemLayoutKV{});
-  if constexpr (kVarlen) {
-    // The packed tensors' descriptors span every row; the loader steps to each sequence's offset.
-    const VarlenBatch& packed = a.varlen;
-    p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.q.data, packed.total_q, shape.heads_q, a.q.strides), typename Config::SmemLayoutQ{});
-    p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.k.data, packed.total_k, shape.heads_kv, a.k.strides), kv_tile_layout);
-    p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_packed<Element, kHeadDim>(a.v.data, packed.total_k, shape.heads_kv, a.v.strides), kv_tile_layout);
-    if constexpr (Config::kStagedO) {
-      p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_gmem_packed<Element, kHeadDim>(a.out.data, packed.total_q, shape.heads_q, a.out.strides), take<0, 2>(typename Config::SmemLayoutO{}));
+  // The packed tensors of a varlen batch span every row; the loader steps to each sequence's offset.
+  const auto gmem = [&](const void* data, int64_t seqlen, int64_t total_rows, int64_t heads, const Strides& strides) {
+    if constexpr (kVarlen) {
+      return make_gmem_packed<Element, kHeadDim>(data, total_rows, heads, strides);
+    } else {
+      return make_gmem_bshd<Element, kHeadDim>(data, seqlen, heads, shape.batch, strides);
     }
+  };
+  const GmemTensor<Element> q = gmem(a.q.data, shape.seqlen_q, a.varlen.total_q, shape.heads_q, a.q.strides);
+  const GmemTensor<Element> k = gmem(a.k.data, shape.seqlen_k, a.varlen.total_k, shape.heads_kv, a.k.strides);
+  const GmemTensor<Element> v = gmem(a.v.data, shape.seqlen_k, a.varlen.total_k, shape.heads_kv, a.v.strides);
+  const GmemTensor<Element> o = gmem(a.out.data, shape.seqlen_q, a.varlen.total_q, shape.heads_q, a.out.strides);
+  // Before any descriptor is encoded: the driver's refusal would only be printed, and the kernel would get it.
+  TmaRefusal refusal = first_tma_refusal<Element>({{q, "q"}, {k, "k"}, {v, "v"}});
+  if constexpr (Config::kStagedO) {
+    if (refusal.tensor == nullptr) refusal = first_tma_refusal<Element>({{o, "out"}});
+  }
+  if (refusal.tensor != nullptr) return refused(refusal);
+  const auto kv_tile_layout = take<0, 2>(typename Config::SmemLayoutKV{});
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, typename Config::SmemLayoutQ{});
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, kv_tile_layout);
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, kv_tile_layout);
+  if constexpr (Config::kStagedO) {
+    p.tma_o = make_tma_copy(SM90_TMA_STORE{}, o, take<0, 2>(typename Config::SmemLayoutO{}));
+  }
+  if constexpr (kVarlen) {
+    const VarlenBatch& packed = a.varlen;
     p.packed = PackedBatch{packed.cu_seqlens_q, packed.cu_seqlens_k, static_cast<int>(packed.total_q),
                            static_cast<int>(packed.total_k), static_cast<int>(shape.seqlen_q),
                            static_cast<int>(shape.seqlen_k), packed.keys_within_queries};
-  } else {
-    p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.q.data, shape.seqlen_q, shape.heads_q, shape.batch, a.q.strides), typename Config::SmemLayoutQ{});
-    p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.k.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.k.strides), kv_tile_layout);
-    p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem_bshd<Element, kHeadDim>(a.v.data, shape.seqlen_k, shape.heads_kv, shape.batch, a.v.strides), kv_tile_layout);
-    if constexpr (Config::kStagedO) {
-      p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_gmem_bshd<Element, kHeadDim>(a.out.data, shape.seqlen_q, shape.heads_q, shape.batch, a.out.strides), take<0, 2>(typename Config::SmemLayoutO{}));
-    }
   }
-  const char* unencoded = first_unencoded({{p.tma_q.get_tma_descriptor(), "q"},
-                                           {p.tma_k.get_tma_descriptor(), "k"},
-                                           {p.tma_v.get_tma_descriptor(), "v"}});
-  if constexpr (Config::kStagedO) {
-    if (unencoded == nullptr) unencoded = first_unencoded({{p.tma_o.get_tma_descriptor(), "out"}});
-  }
-  if (unencoded != nullptr) return {0, unencoded};
   p.out = static_cast<Element*>(a.out.data);
   copy_strides(p.out_strides, a.out.strides);
   p.lse = a.lse;

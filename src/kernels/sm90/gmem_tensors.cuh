@@ -2,17 +2,17 @@
 // (seqlen, head_dim, heads, batch) with head_dim contiguous, which is what the TMA descriptors are built
 // from; the one TMA load of a sequence tile that both kernels' loaders issue (and, for packed varlen tensors, of
 // the rows from a sequence's offset on); the (batch, seq, head) strides the plain-store epilogues use; and the check
-// that every descriptor of a launch was encoded (first_unencoded), without which the launchers launch nothing.
+// of a tensor's geometry against cuTensorMapEncodeTiled's rules (first_tma_refusal), which the launchers make before
+// they encode any descriptor; a tensor that breaks one fails the launch, and nothing is launched.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cute/tensor.hpp>
-#include <cute/arch/copy_sm90_desc.hpp>
 
-#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <utility>
 
 #include "dash/types.hpp"
@@ -92,20 +92,71 @@ __device__ void tma_store_rows(const Tma& tma, const Extent& extent, int head, i
   copy(tma, smem_part, gmem_part(_, 0));
 }
 
-// The name of the first of `descriptors` that the driver did not encode, or null if it encoded them all. CuTe's
-// make_tma_copy value-initializes a descriptor (all zero) before cuTensorMapEncodeTiled fills it, and on a failure
-// only prints to stderr (an assert, compiled out in release builds) and returns it as it is; an encoded descriptor is
-// never all zero (it holds the tensor's address, which the API holds non-null, and its element format).
-inline const char* first_unencoded(
-    std::initializer_list<std::pair<const cute::TmaDescriptor*, const char*>> descriptors) {
-  for (const auto& [descriptor, name] : descriptors) {
-    const auto* bytes = reinterpret_cast<const unsigned char*>(descriptor);
-    bool encoded = false;
-    for (size_t i = 0; i < sizeof(cute::TmaDescriptor) && !encoded; ++i) encoded = bytes[i] != 0;
-    if (!encoded) return name;
+// cuTensorMapEncodeTiled's rules on a tiled descriptor without interleave (CUDA driver API reference), as they bear
+// on a GmemTensor: the global address 16-byte aligned; every global stride (all but the contiguous head_dim's) a
+// multiple of 16 bytes and below 2^40 bytes; every extent in [1, 2^32]. Its other arguments (box dims, element
+// strides, swizzle) are compile-time constants of the kernels' configs, known valid: every config runs with them.
+inline constexpr uintptr_t kTmaAddressAlignmentBytes = 16;
+inline constexpr int64_t kTmaStrideMultipleBytes = 16;
+inline constexpr int64_t kTmaStrideLimitBytes = int64_t{1} << 40;
+inline constexpr int64_t kTmaExtentLimit = int64_t{1} << 32;
+
+// Why the driver would refuse the TMA descriptor of `tensor`, or null if it breaks none of the rules above (callers
+// name Element: GmemTensor cannot deduce it). It reads only the tensor's geometry, before any descriptor is encoded:
+// CuTe's make_tma_copy only prints a refusal (outside debug builds) and returns the descriptor as the driver left
+// it, which need not be all zero, so a refusal cannot be recognized from the descriptor afterwards.
+template <class Element>
+const char* tma_geometry_fault(const GmemTensor<Element>& tensor) {
+  using namespace cute;
+  if (reinterpret_cast<uintptr_t>(raw_pointer_cast(tensor.data())) % kTmaAddressAlignmentBytes != 0) {
+    return "its address is not 16-byte aligned";
+  }
+  // GmemShape's extents are int32_t, so none exceeds 2^32: only the lower bound can be broken.
+  static_assert(std::numeric_limits<int32_t>::max() <= kTmaExtentLimit);
+  const int64_t extents[] = {get<0>(tensor.shape()), get<1>(tensor.shape()), get<2>(tensor.shape()),
+                             get<3>(tensor.shape())};
+  for (const int64_t extent : extents) {
+    if (extent < 1) return "an extent is below 1";
+  }
+  struct GlobalStride {
+    int64_t elements;
+    const char* not_a_multiple;
+    const char* out_of_range;
+  };
+  // Named as the API's Strides fields are: a packed varlen tensor's rows step by strides.seq as a dense one's do.
+  const GlobalStride strides[] = {
+      {get<0>(tensor.stride()), "its strides.seq is not a multiple of 16 bytes",
+       "its strides.seq is negative or not below 2^40 bytes"},
+      {get<2>(tensor.stride()), "its strides.head is not a multiple of 16 bytes",
+       "its strides.head is negative or not below 2^40 bytes"},
+      {get<3>(tensor.stride()), "its strides.batch is not a multiple of 16 bytes",
+       "its strides.batch is negative or not below 2^40 bytes"},
+  };
+  constexpr int64_t kElementBytes = sizeof(Element);
+  for (const GlobalStride& stride : strides) {
+    // Compared in elements first, so that the product in bytes cannot overflow.
+    if (stride.elements < 0 || stride.elements >= kTmaStrideLimitBytes / kElementBytes) return stride.out_of_range;
+    if (stride.elements * kElementBytes % kTmaStrideMultipleBytes != 0) return stride.not_a_multiple;
   }
   return nullptr;
 }
+
+// The first of a launch's tensors whose TMA descriptor the driver would refuse, and the rule it breaks.
+struct TmaRefusal {
+  const char* tensor = nullptr;  // "q", "dout", ...; null when every tensor keeps the rules
+  const char* rule = nullptr;
+};
+
+template <class Element>
+TmaRefusal first_tma_refusal(std::initializer_list<std::pair<GmemTensor<Element>, const char*>> tensors) {
+  for (const auto& [tensor, name] : tensors) {
+    if (const char* rule = tma_geometry_fault<Element>(tensor)) return {name, rule};
+  }
+  return {};
+}
+
+// The launcher's result when it refuses `refusal` and launches nothing.
+inline kernels::LaunchResult refused(const TmaRefusal& refusal) { return {0, refusal.tensor, refusal.rule}; }
 
 // The launcher's result of a launch sequence that returned `error`.
 inline kernels::LaunchResult launched(cudaError_t error) { return {static_cast<int>(error), nullptr}; }
