@@ -251,14 +251,18 @@ TEST(Sm90TmaDescriptor, TheLaunchersCheckRefusesExactlyWhatTheDriverRefuses) {
   struct Case {
     testing::TmaGeometry geometry;
     const char* what;
-    bool refused;  // by the driver, per cuTensorMapEncodeTiled's documented rules
+    bool refused;      // by the driver, per cuTensorMapEncodeTiled's documented rules
+    const char* rule;  // what the check's reason says, when it refuses
   };
   const Case cases[] = {
-      {testing::TmaGeometry::kValid, "a valid tensor", false},
-      {testing::TmaGeometry::kRowStridePlusOneElement, "a 514-byte row stride", true},
-      {testing::TmaGeometry::kAddressPlusTwoBytes, "an address 2 bytes past a 16-byte boundary", true},
-      {testing::TmaGeometry::kBatchStrideBelowLimit, "a batch stride of 2^40 - 16 bytes", false},
-      {testing::TmaGeometry::kBatchStrideAtLimit, "a batch stride of 2^40 bytes", true},
+      {testing::TmaGeometry::kValid, "a valid tensor", false, ""},
+      {testing::TmaGeometry::kRowStridePlusOneElement, "a 514-byte row stride", true,
+       "its strides.seq is not a multiple of 16 bytes"},
+      {testing::TmaGeometry::kAddressPlusTwoBytes, "an address 2 bytes past a 16-byte boundary", true,
+       "its address is not 16-byte aligned"},
+      {testing::TmaGeometry::kBatchStrideBelowLimit, "a batch stride of 2^40 - 16 bytes", false, ""},
+      {testing::TmaGeometry::kBatchStrideAtLimit, "a batch stride of 2^40 bytes", true,
+       "its strides.batch is negative or not below 2^40 bytes"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -269,6 +273,7 @@ TEST(Sm90TmaDescriptor, TheLaunchersCheckRefusesExactlyWhatTheDriverRefuses) {
     EXPECT_EQ(v.check, c.refused ? "q" : "") << "the launchers' check (rule: \"" << v.rule
                                              << "\") disagrees with cuTensorMapEncodeTiled (CUresult "
                                              << v.driver_result << ")";
+    EXPECT_EQ(v.rule, c.rule);
   }
 }
 
