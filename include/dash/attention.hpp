@@ -84,7 +84,8 @@ Status current_device_info(DeviceInfo* info);
 Status forward_workspace_size(const AttentionShape& shape, size_t* bytes);
 Status backward_workspace_size(const AttentionShape& shape, Schedule schedule, size_t* bytes);
 
-// O, LSE = attention(Q, K, V). Deterministic for every input.
+// O, LSE = attention(Q, K, V). Deterministic for every input. The workspace, which the kernels write, may share no
+// byte with a tensor, the LSE or cu_seqlens (kInvalidArgument naming what it overlaps); backward() checks the same.
 Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 struct BackwardPlanData;  // api/backward_plan.hpp: what a plan holds, private to the library

@@ -189,6 +189,7 @@ namespace {
 
 Status run_forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
+  if (Status s = check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
   const kernels::KernelInstance* instance = nullptr;
   if (Status s = find_call_instance(args.shape, args.varlen, Pass::kForward, &instance); !s.ok()) return s;
   const RelaxedCaptureMode relaxed;  // as in launch_backward
@@ -220,6 +221,7 @@ Status run_planned_backward(const BackwardArgs& args, const BackwardPlan& plan, 
   if (data == nullptr) return {StatusCode::kInvalidArgument, "plan is empty (make it with plan_backward())"};
   if (Status s = check_args_match_plan(args, *data); !s.ok()) return s;
   if (Status s = validate(args); !s.ok()) return s;
+  if (Status s = check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
   const kernels::KernelInstance* instance = nullptr;
   if (Status s = find_call_instance(args.shape, args.varlen, Pass::kBackward, &instance); !s.ok()) return s;
   return launch_backward(args, *data, *instance, workspace, workspace_bytes, stream);
@@ -228,6 +230,7 @@ Status run_planned_backward(const BackwardArgs& args, const BackwardPlan& plan, 
 // The kernel is looked up before planning, so a build without it says so before any device query.
 Status run_backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
+  if (Status s = check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
   const kernels::KernelInstance* instance = nullptr;
   if (Status s = find_call_instance(args.shape, args.varlen, Pass::kBackward, &instance); !s.ok()) return s;
   BackwardPlan plan;

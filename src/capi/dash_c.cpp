@@ -16,7 +16,6 @@
 #include <string_view>
 #include <utility>
 
-#include "api/validate.hpp"
 #include "dash/attention.hpp"
 
 // The opaque handle of dash_c.h.
@@ -318,7 +317,6 @@ int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tenso
     if (dash::Status s = check_shape(shape); !s.ok()) return s;
     if (dash::Status s = check_present({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) return s;
     const dash::ForwardArgs args = to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin);
-    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::forward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -332,7 +330,6 @@ int dash_forward_varlen(const dash_shape* shape, const dash_varlen* varlen, cons
     if (dash::Status s = check_varlen_present(varlen); !s.ok()) return s;
     dash::ForwardArgs args = to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin);
     args.varlen = to_varlen(*varlen);
-    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::forward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -350,7 +347,6 @@ int dash_backward_varlen(const dash_shape* shape, const dash_varlen* varlen, con
     if (dash::Status s = parse(schedule, &args.schedule); !s.ok()) return s;
     args.sm_margin = sm_margin;
     args.varlen = to_varlen(*varlen);
-    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -365,7 +361,6 @@ int dash_backward(const dash_shape* shape, const dash_tensor* q, const dash_tens
     dash::BackwardArgs args = to_backward_args(*shape, tensors);
     if (dash::Status s = parse(schedule, &args.schedule); !s.ok()) return s;
     args.sm_margin = sm_margin;
-    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -464,7 +459,6 @@ int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* sha
     // The handle carries the schedule and the SM margin; the C call does not.
     args.schedule = plan->plan.requested_schedule();
     args.sm_margin = plan->plan.sm_margin();
-    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
   });
 }
@@ -483,7 +477,6 @@ int dash_backward_plan_run_varlen(const dash_backward_plan* plan, const dash_sha
     args.schedule = plan->plan.requested_schedule();
     args.sm_margin = plan->plan.sm_margin();
     args.varlen = to_varlen(*varlen);
-    if (dash::Status s = dash::check_workspace_overlap(args, workspace, workspace_bytes); !s.ok()) return s;
     return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
   });
 }
