@@ -41,7 +41,18 @@ _TORCH_ENTRY_POINTS = (
     "unpad_input",
 )
 
-try:
+def _import_torch() -> BaseException | None:
+    """None when torch imports; else why not. A torch that is installed but broken (a CUDA library it cannot load,
+    say) is reported as such, so `python -m dash_attn.info` still runs and says so instead of a traceback."""
+    try:
+        import torch  # noqa: F401
+    except (ImportError, OSError) as error:  # ModuleNotFoundError included: torch or one of its own modules
+        return error
+    return None
+
+
+_torch_missing = _import_torch()
+if _torch_missing is None:
     from . import fa3
     from .fa2 import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
     from .gradients import attention_backward
@@ -51,16 +62,16 @@ try:
     from .varlen import flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func
 
     _transformers_hook.install()
-except ModuleNotFoundError as _error:
-    if _error.name != "torch":
-        raise
-    _torch_missing = _error
+else:
+    _torch_problem = (
+        "which is not installed"
+        if isinstance(_torch_missing, ModuleNotFoundError) and _torch_missing.name == "torch"
+        else f"which failed to import: {_torch_missing}"
+    )
 
     def __getattr__(name: str) -> object:
         if name in _TORCH_ENTRY_POINTS:
-            raise ImportError(
-                f"dash_attn.{name} needs PyTorch (torch>=2.4), which is not installed"
-            ) from _torch_missing
+            raise ImportError(f"dash_attn.{name} needs PyTorch (torch>=2.4), {_torch_problem}") from _torch_missing
         raise AttributeError(f"module 'dash_attn' has no attribute {name!r}")
 
 

@@ -336,9 +336,17 @@ def load() -> ctypes.CDLL:
     except OSError as error:
         raise ImportError(f"dash_attn cannot load {path}: {error}") from error
     # The version first: a library of another version may lack functions _declare() looks up.
-    lib.dash_abi_version.restype = ctypes.c_int
-    lib.dash_abi_version.argtypes = []
-    version = lib.dash_abi_version()
+    try:
+        abi_version = lib.dash_abi_version
+    except AttributeError as error:
+        raise ImportError(
+            f"{path} is not DASH's library: it exports no dash_abi_version(). ${LIBRARY_ENV} must name "
+            f"libdash_attn_c.so built from DASH (or the directory that holds it); unset it to use the library "
+            f"installed with the package"
+        ) from error
+    abi_version.restype = ctypes.c_int
+    abi_version.argtypes = []
+    version = abi_version()
     if version != ABI_VERSION:
         raise ImportError(f"{path} has C ABI version {version}, this package needs {ABI_VERSION}; rebuild it")
     _declare(lib)

@@ -27,9 +27,6 @@ EXIT_CANNOT_RUN = 1
 # Driver Version".
 MINIMUM_DRIVER = {12: "R525 (525.60.13)", 13: "R580 (580.65.06)"}
 
-# The symbol every DASH library exports first; a library without it is some other library.
-ABI_VERSION_SYMBOL = "dash_abi_version"
-
 
 def _cuda_version_text(encoded: int) -> str:
     """12.8 for CUDA's encoding 12080."""
@@ -89,15 +86,11 @@ def _load() -> str | None:
     except ImportError as error:
         return str(error)
     except AttributeError as error:
-        # ctypes raises AttributeError for a symbol the file does not export.
-        path = _requested_library()
-        if ABI_VERSION_SYMBOL in str(error):
-            return (
-                f"{path} is not DASH's library: it exports no {ABI_VERSION_SYMBOL}(). ${_library.LIBRARY_ENV} must "
-                f"name libdash_attn_c.so built from DASH (or the directory that holds it); unset it to use the library "
-                f"installed with the package"
-            )
-        return f"{path} lacks a function this package calls ({error}); rebuild the library from this version of DASH"
+        # ctypes raises AttributeError for a symbol the file does not export (load() names a missing ABI query).
+        return (
+            f"{_requested_library()} lacks a function this package calls ({error}); rebuild the library from this "
+            "version of DASH"
+        )
     return None
 
 

@@ -48,6 +48,34 @@ def test_a_library_that_is_not_dash_is_named_as_such() -> None:
     assert _library.LIBRARY_ENV in reason
 
 
+def test_loading_a_library_that_is_not_dash_raises_import_error_naming_the_variable() -> None:
+    # The package's own loader, not only info: a user's first call gets the same sentence.
+    other = str(Path(_ctypes.__file__))
+    package_parent = str(Path(dash_attn.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=package_parent, **{_library.LIBRARY_ENV: other})
+    code = "from dash_attn import _library\ntry:\n    _library.load()\nexcept ImportError as e:\n    print(e)\n"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout.startswith(f"{other} is not DASH's library: it exports no dash_abi_version()"), result.stdout
+    assert _library.LIBRARY_ENV in result.stdout
+
+
+def test_a_torch_that_fails_to_import_leaves_info_working_and_names_the_failure(tmp_path: Path) -> None:
+    # A stand-in torch package that raises OSError on import, as a torch missing one of its CUDA libraries does.
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise OSError('libcudart.so.13: cannot open shared object file')\n")
+    package_parent = str(Path(dash_attn.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(tmp_path), package_parent)))
+    code = (
+        "import dash_attn\n"
+        "try:\n    dash_attn.flash_attn_func\nexcept ImportError as e:\n    print(e)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "failed to import: libcudart.so.13" in result.stdout, result.stdout
+
+
 def test_a_file_that_is_no_library_is_refused_with_the_loader_reason(tmp_path: Path) -> None:
     text = tmp_path / "libdash_attn_c.so"
     text.write_text("not an ELF file\n")
