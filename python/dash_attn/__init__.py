@@ -77,6 +77,7 @@ else:
 
 __all__ = [
     "SCHEDULES",
+    "__version__",
     "ArgumentRefusedError",
     "LibraryError",
     "ResultPoisonedError",
