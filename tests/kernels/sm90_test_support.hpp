@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -88,6 +90,27 @@ inline std::vector<uint16_t> download_gradients(const harness::Problem& p) {
   p.d_dk.download(bits.data() + p.q_elements(), p.kv_elements() * 2);
   p.d_dv.download(bits.data() + p.q_elements() + p.kv_elements(), p.kv_elements() * 2);
   return bits;
+}
+
+// Runs this test binary again as a child process, with `environment` ("VAR=value ...") set and only the tests of
+// `child_filter`, under `timeout_seconds`, and expects it to pass: for what must be a process's first CUDA work, or
+// must not take the parent's process down with it.
+inline void expect_child_passes(const std::string& environment, int timeout_seconds, const std::string& child_filter) {
+  std::array<char, 4096> self{};
+  const ssize_t length = readlink("/proc/self/exe", self.data(), self.size() - 1);
+  ASSERT_GT(length, 0) << "cannot find this test binary to run the child";
+  const std::string command = environment + " timeout " + std::to_string(timeout_seconds) + " '" +
+                              std::string(self.data(), static_cast<size_t>(length)) + "' --gtest_filter=" +
+                              child_filter + " 2>&1";
+  FILE* child = popen(command.c_str(), "r");
+  ASSERT_NE(child, nullptr) << command;
+  std::string output;
+  std::array<char, 512> chunk{};
+  while (std::fgets(chunk.data(), static_cast<int>(chunk.size()), child) != nullptr) output += chunk.data();
+  const int status = pclose(child);
+  std::printf("%s", output.c_str());
+  EXPECT_EQ(status, 0) << "the child failed or hung (timeout exits 124):\n" << output;
+  EXPECT_NE(output.find("[  PASSED  ] 1 test"), std::string::npos) << output;
 }
 
 }  // namespace dash::gpu_testing

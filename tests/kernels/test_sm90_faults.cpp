@@ -18,9 +18,7 @@
 // Without a Hopper GPU or the kernels every test skips and says why.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -341,22 +339,8 @@ TEST(CaptureFirstCallChild, AForwardAndABackwardCapturedAsTheFirstCallsReplayCor
 
 TEST(CaptureFirstCall, AProcessWhoseFirstCallsAreCapturedRunsThem) {
   if (std::string why = gpu_testing::skip_reason(kInstance); !why.empty()) GTEST_SKIP() << why;
-  std::array<char, 4096> self{};
-  const ssize_t length = readlink("/proc/self/exe", self.data(), self.size() - 1);
-  ASSERT_GT(length, 0) << "cannot find this test binary to run the child";
-  const std::string command = std::string(kCaptureChildVariable) + "=1 timeout " +
-                              std::to_string(kCaptureChildTimeoutSeconds) + " '" +
-                              std::string(self.data(), static_cast<size_t>(length)) +
-                              "' --gtest_filter=CaptureFirstCallChild.* 2>&1";
-  FILE* child = popen(command.c_str(), "r");
-  ASSERT_NE(child, nullptr) << command;
-  std::string output;
-  std::array<char, 512> chunk{};
-  while (std::fgets(chunk.data(), static_cast<int>(chunk.size()), child) != nullptr) output += chunk.data();
-  const int status = pclose(child);
-  std::printf("%s", output.c_str());
-  EXPECT_EQ(status, 0) << "the child failed or hung (timeout exits 124):\n" << output;
-  EXPECT_NE(output.find("[  PASSED  ] 1 test"), std::string::npos) << output;
+  gpu_testing::expect_child_passes(std::string(kCaptureChildVariable) + "=1", kCaptureChildTimeoutSeconds,
+                                   "CaptureFirstCallChild.*");
 }
 
 }  // namespace

@@ -15,9 +15,7 @@
 // without the kernels or without the probe and occupier.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -171,22 +169,8 @@ TEST(WaitTimeoutChild, AStaticScheduleThatCannotBeResidentGivesUpAndTheNextCallS
 
 TEST(WaitTimeout, AStaticScheduleThatCannotBeResidentEndsAndIsReportedNotAHang) {
   if (const std::string why = api_skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  std::array<char, 4096> self{};
-  const ssize_t length = readlink("/proc/self/exe", self.data(), self.size() - 1);
-  ASSERT_GT(length, 0) << "cannot find this test binary to run the child";
-  const std::string command = std::string(kChildVariable) + "=1 DASH_WAIT_TIMEOUT_SECONDS=" + kChildBound +
-                              " timeout " + std::to_string(kChildTimeoutSeconds) + " '" +
-                              std::string(self.data(), static_cast<size_t>(length)) +
-                              "' --gtest_filter=WaitTimeoutChild.* 2>&1";
-  FILE* child = popen(command.c_str(), "r");
-  ASSERT_NE(child, nullptr) << command;
-  std::string output;
-  std::array<char, 512> chunk{};
-  while (std::fgets(chunk.data(), static_cast<int>(chunk.size()), child) != nullptr) output += chunk.data();
-  const int status = pclose(child);
-  std::printf("%s", output.c_str());
-  EXPECT_EQ(status, 0) << "the child failed or hung (timeout exits 124):\n" << output;
-  EXPECT_NE(output.find("[  PASSED  ] 1 test"), std::string::npos) << output;
+  gpu_testing::expect_child_passes(std::string(kChildVariable) + "=1 DASH_WAIT_TIMEOUT_SECONDS=" + kChildBound,
+                                   kChildTimeoutSeconds, "WaitTimeoutChild.*");
 }
 
 }  // namespace
