@@ -29,11 +29,7 @@ kernels::LaunchResult launch_backward(const kernels::BackwardParams& params, cud
 
   typename Config::Params p{};
   const auto gmem = [&](const void* data, int64_t seqlen, int64_t total_rows, int64_t heads, const Strides& strides) {
-    if constexpr (kVarlen) {
-      return make_gmem_packed<Element, kHeadDim>(data, total_rows, heads, strides);
-    } else {
-      return make_gmem_bshd<Element, kHeadDim>(data, seqlen, heads, shape.batch, strides);
-    }
+    return make_gmem_call_tensor<Element, kHeadDim, kVarlen>(data, seqlen, total_rows, heads, shape.batch, strides);
   };
   const GmemTensor<Element> q = gmem(a.q.data, shape.seqlen_q, a.varlen.total_q, shape.heads_q, a.q.strides);
   const GmemTensor<Element> dout =

@@ -23,13 +23,8 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap, kLeftBounded, kVarlen>;
   const AttentionShape& shape = a.shape;
   typename Config::Params p{};
-  // The packed tensors of a varlen batch span every row; the loader steps to each sequence's offset.
   const auto gmem = [&](const void* data, int64_t seqlen, int64_t total_rows, int64_t heads, const Strides& strides) {
-    if constexpr (kVarlen) {
-      return make_gmem_packed<Element, kHeadDim>(data, total_rows, heads, strides);
-    } else {
-      return make_gmem_bshd<Element, kHeadDim>(data, seqlen, heads, shape.batch, strides);
-    }
+    return make_gmem_call_tensor<Element, kHeadDim, kVarlen>(data, seqlen, total_rows, heads, shape.batch, strides);
   };
   const GmemTensor<Element> q = gmem(a.q.data, shape.seqlen_q, a.varlen.total_q, shape.heads_q, a.q.strides);
   const GmemTensor<Element> k = gmem(a.k.data, shape.seqlen_k, a.varlen.total_k, shape.heads_kv, a.k.strides);

@@ -41,6 +41,19 @@ GmemTensor<Element> make_gmem_packed(const void* data, int64_t total_rows, int64
   return make_gmem_bshd<Element, kHeadDim>(data, total_rows, heads, 1, Strides{0, s.seq, s.head, s.dim});
 }
 
+// A call's (B, S, H, D) tensor as the launchers' descriptors see it: dense, (seqlen, head_dim, heads, batch); of a
+// packed varlen batch (kVarlen), every row of the batch, total_rows of them, from which the loaders step to each
+// sequence's offset.
+template <class Element, int kHeadDim, bool kVarlen>
+GmemTensor<Element> make_gmem_call_tensor(const void* data, int64_t seqlen, int64_t total_rows, int64_t heads,
+                                          int64_t batch, const Strides& s) {
+  if constexpr (kVarlen) {
+    return make_gmem_packed<Element, kHeadDim>(data, total_rows, heads, s);
+  } else {
+    return make_gmem_bshd<Element, kHeadDim>(data, seqlen, heads, batch, s);
+  }
+}
+
 // One TMA load of sequence tile `tile` of slice (head, batch) of a tensor of extent (seqlen, head_dim,
 // heads, batch) into the shared-memory tile `dst`, completing on mbarrier `full`. One thread issues it.
 template <class Tma, class Extent, class SmemTensor>
