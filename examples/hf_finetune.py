@@ -79,8 +79,10 @@ def main() -> int:
     device = torch.device("cuda")
 
     model, losses = finetune(args.steps, device)
-    print(f"hf_finetune: {type(model).__name__}, attn_implementation={model.config._attn_implementation!r}, "
-          f"{sum(p.numel() for p in model.parameters())} parameters, {torch.cuda.get_device_name()}")
+    print(
+        f"hf_finetune: {type(model).__name__}, attn_implementation={model.config._attn_implementation!r}, "
+        f"{sum(p.numel() for p in model.parameters())} parameters, {torch.cuda.get_device_name()}"
+    )
     for step in range(0, len(losses), max(1, len(losses) // 6)):
         print(f"  step {step:4d}  loss {losses[step].item():.4f}")
     print(f"  step {len(losses) - 1:4d}  loss {losses[-1].item():.4f}")
@@ -95,8 +97,10 @@ def main() -> int:
         same = torch.equal(losses, again_losses) and all(
             torch.equal(weights[name], tensor) for name, tensor in again.state_dict().items()
         )
-        print(f"hf_finetune: a second run from the same seed: losses and weights "
-              f"{'bitwise identical' if same else 'DIFFER'}")
+        print(
+            f"hf_finetune: a second run from the same seed: losses and weights "
+            f"{'bitwise identical' if same else 'DIFFER'}"
+        )
         failed |= not same
 
     if args.output is not None:

@@ -39,6 +39,7 @@ found. Code reached only through CALL counts in the kernel totals but is not sea
 Spill bytes are not stored in the cubin (only ptxas prints them while compiling), so local memory
 is shown as LDL / STL instruction counts (spill reloads and spills, and any local arrays).
 """
+
 import argparse
 import csv
 import os
@@ -48,19 +49,37 @@ import subprocess
 import sys
 import tempfile
 
-COUNTED_OPCODES = ["HGMMA", "STSM", "LDSM", "LDL", "STL", "R2UR", "STG", "ST/STS", "BAR", "SHFL",
-                   "MUFU.EX2"]
-DTYPE_NAMES = {"bfloat16_t": "bf16", "half_t": "fp16", "__nv_bfloat16": "bf16", "__half": "fp16",
-               "float_e4m3_t": "e4m3", "float_e5m2_t": "e5m2", "float": "fp32"}
+COUNTED_OPCODES = ["HGMMA", "STSM", "LDSM", "LDL", "STL", "R2UR", "STG", "ST/STS", "BAR", "SHFL", "MUFU.EX2"]
+DTYPE_NAMES = {
+    "bfloat16_t": "bf16",
+    "half_t": "fp16",
+    "__nv_bfloat16": "bf16",
+    "__half": "fp16",
+    "float_e4m3_t": "e4m3",
+    "float_e5m2_t": "e5m2",
+    "float": "fp32",
+}
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_OBJECT_PATTERN = ("build/src/kernels", "instance_*.cu.o")
-FIELDS = (["file", "kernel", "registers", "setmaxnreg", "stack_bytes", "kernel_instructions",
-           "loop_range", "loop_instructions", "loop_path_min", "loop_path_max"]
-          + ["loop_" + o for o in COUNTED_OPCODES] + ["kernel_" + o for o in COUNTED_OPCODES])
+FIELDS = (
+    [
+        "file",
+        "kernel",
+        "registers",
+        "setmaxnreg",
+        "stack_bytes",
+        "kernel_instructions",
+        "loop_range",
+        "loop_instructions",
+        "loop_path_min",
+        "loop_path_max",
+    ]
+    + ["loop_" + o for o in COUNTED_OPCODES]
+    + ["kernel_" + o for o in COUNTED_OPCODES]
+)
 FIELDS_NOT_DIFFED = ("file", "kernel", "loop_range")  # the loop's addresses move with any code change
 
-INSTRUCTION_RE = re.compile(
-    r"^\s+/\*([0-9a-f]+)\*/\s+(?:@(!?U?P(?:T|\d+))\s+)?([A-Z][A-Z0-9_.]*)(.*)$")
+INSTRUCTION_RE = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(?:@(!?U?P(?:T|\d+))\s+)?([A-Z][A-Z0-9_.]*)(.*)$")
 LABEL_RE = re.compile(r"^(\S+):\s*$")
 SECTION_RE = re.compile(r"^\s*\.section\s+\.text\.([^,\s]+)")
 BRANCH_TARGET_RE = re.compile(r"`\(([^)]+)\)")
@@ -247,7 +266,7 @@ class Loop:
         return min(shortest[b] for b in reached), max(longest[b] for b in reached)
 
     def address_range(self):
-        return "0x%x-0x%x" % (self.first_address, self.last_address)
+        return f"0x{self.first_address:x}-0x{self.last_address:x}"
 
 
 def find_loops(instructions):
@@ -276,8 +295,7 @@ def find_loops(instructions):
 def find_step_loop(loops):
     """The innermost loop with HGMMA that has the most HGMMA (see the module comment), or None."""
     with_hgmma = [loop for loop in loops if loop.hgmma]
-    innermost = [loop for loop in with_hgmma
-                 if not any(other.blocks < loop.blocks for other in with_hgmma)]
+    innermost = [loop for loop in with_hgmma if not any(other.blocks < loop.blocks for other in with_hgmma)]
     return max(innermost, key=lambda loop: (loop.hgmma, -loop.first_address), default=None)
 
 
@@ -316,7 +334,7 @@ def short_kernel_name(demangled):
     else:
         flag_names = ("varlen",)
     parts += [name for name, flag in zip(flag_names, flags) if flag == "true"]
-    return "%s<%s>" % (name.split("::")[-1], ",".join(parts))
+    return "{}<{}>".format(name.split("::")[-1], ",".join(parts))
 
 
 def run(command, **options):
@@ -330,17 +348,20 @@ def demangle(names):
 def resource_usage(cuobjdump, cubin):
     """{mangled name: {"REG": n, "STACK": n, ...}} from `cuobjdump -res-usage`."""
     text = run([cuobjdump, "-res-usage", cubin])
-    return {name: {key: int(value) for key, value in re.findall(r"([A-Z]+):(\d+)", fields)}
-            for name, fields in re.findall(r"Function (\S+):\s*\n\s*(.*)", text)}
+    return {
+        name: {key: int(value) for key, value in re.findall(r"([A-Z]+):(\d+)", fields)}
+        for name, fields in re.findall(r"Function (\S+):\s*\n\s*(.*)", text)
+    }
 
 
 def extract_cubins(cuobjdump, path, directory):
     if path.endswith(".cubin"):
         return [path]
-    result = subprocess.run([cuobjdump, "-xelf", "all", os.path.abspath(path)], cwd=directory,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [cuobjdump, "-xelf", "all", os.path.abspath(path)], cwd=directory, capture_output=True, text=True
+    )
     if result.returncode != 0:
-        print("sass_report: %s: skipped (%s)" % (path, result.stderr.strip()), file=sys.stderr)
+        print(f"sass_report: {path}: skipped ({result.stderr.strip()})", file=sys.stderr)
     return sorted(str(p) for p in pathlib.Path(directory).glob("*.cubin"))
 
 
@@ -348,16 +369,28 @@ def kernel_row(file, name, usage, instructions):
     """The report row of one kernel: FIELDS, plus its loops under "loops"."""
     loops = find_loops(instructions)
     step = find_step_loop(loops)
-    setmaxnreg = sorted({int(value.group(1), 16) for ins in instructions
-                         if ins.opcode.startswith("USETMAXREG")
-                         for value in [SETMAXNREG_RE.search(ins.operands)] if value})
-    row = {"file": file, "kernel": name, "registers": usage.get("REG", ""),
-           "setmaxnreg": "/".join(map(str, setmaxnreg)), "stack_bytes": usage.get("STACK", ""),
-           "kernel_instructions": len(instructions),
-           "loop_range": step.address_range() if step else "",
-           "loop_instructions": len(step.instructions) if step else "",
-           "loop_path_min": step.path_min if step else "",
-           "loop_path_max": step.path_max if step else "", "loops": loops}
+    setmaxnreg = sorted(
+        {
+            int(value.group(1), 16)
+            for ins in instructions
+            if ins.opcode.startswith("USETMAXREG")
+            for value in [SETMAXNREG_RE.search(ins.operands)]
+            if value
+        }
+    )
+    row = {
+        "file": file,
+        "kernel": name,
+        "registers": usage.get("REG", ""),
+        "setmaxnreg": "/".join(map(str, setmaxnreg)),
+        "stack_bytes": usage.get("STACK", ""),
+        "kernel_instructions": len(instructions),
+        "loop_range": step.address_range() if step else "",
+        "loop_instructions": len(step.instructions) if step else "",
+        "loop_path_min": step.path_min if step else "",
+        "loop_path_max": step.path_max if step else "",
+        "loops": loops,
+    }
     for opcode, count in count_opcodes(instructions).items():
         row["kernel_" + opcode] = count
     for opcode, count in count_opcodes(step.instructions if step else []).items():
@@ -373,32 +406,48 @@ def analyze_file(cuobjdump, nvdisasm, path):
             usage = resource_usage(cuobjdump, cubin)
             names = demangle(list(kernels))
             for mangled, instructions in kernels.items():
-                rows.append(kernel_row(os.path.basename(path), short_kernel_name(names[mangled]),
-                                       usage.get(mangled, {}), strip_padding(instructions)))
+                rows.append(
+                    kernel_row(
+                        os.path.basename(path),
+                        short_kernel_name(names[mangled]),
+                        usage.get(mangled, {}),
+                        strip_padding(instructions),
+                    )
+                )
     return rows
 
 
 def print_markdown(rows):
-    print("Counts are `step loop / whole kernel`, static (instructions in the code: both sides of a"
-          " branch count). Step loop: the innermost loop with the most HGMMA (its address range);")
-    print("step path: the fewest–most instructions through one iteration. Regs: registers at launch"
-          " (setmaxnreg values of the warp roles). Stack: stack frame bytes.")
-    print("LDL / STL: local load / store instructions, i.e. spill reloads / spills (spill bytes are not"
-          " in the cubin). Method and limits: scripts/sass_report.py.")
+    print(
+        "Counts are `step loop / whole kernel`, static (instructions in the code: both sides of a"
+        " branch count). Step loop: the innermost loop with the most HGMMA (its address range);"
+    )
+    print(
+        "step path: the fewest–most instructions through one iteration. Regs: registers at launch"
+        " (setmaxnreg values of the warp roles). Stack: stack frame bytes."
+    )
+    print(
+        "LDL / STL: local load / store instructions, i.e. spill reloads / spills (spill bytes are not"
+        " in the cubin). Method and limits: scripts/sass_report.py."
+    )
     print()
-    header = (["kernel", "file", "regs", "stack", "step loop", "step path", "instrs"]
-              + COUNTED_OPCODES)
+    header = ["kernel", "file", "regs", "stack", "step loop", "step path", "instrs"] + COUNTED_OPCODES
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join(["---"] * 2 + ["--:"] * 2 + ["---"] + ["--:"] * (len(header) - 5)) + "|")
     for row in rows:
         has_loop = bool(row["loop_range"])
-        cells = [row["kernel"], row["file"],
-                 "%s (%s)" % (row["registers"], row["setmaxnreg"]) if row["setmaxnreg"]
-                 else str(row["registers"]),
-                 str(row["stack_bytes"]), row["loop_range"] or "none",
-                 "%s–%s" % (row["loop_path_min"], row["loop_path_max"]) if has_loop else "-"]
-        cells += ["%s / %s" % (row["loop_" + name] if has_loop else "-", row["kernel_" + name])
-                  for name in ["instructions"] + COUNTED_OPCODES]
+        cells = [
+            row["kernel"],
+            row["file"],
+            "{} ({})".format(row["registers"], row["setmaxnreg"]) if row["setmaxnreg"] else str(row["registers"]),
+            str(row["stack_bytes"]),
+            row["loop_range"] or "none",
+            "{}–{}".format(row["loop_path_min"], row["loop_path_max"]) if has_loop else "-",
+        ]
+        cells += [
+            "{} / {}".format(row["loop_" + name] if has_loop else "-", row["kernel_" + name])
+            for name in ["instructions"] + COUNTED_OPCODES
+        ]
         print("| " + " | ".join(cells) + " |")
 
 
@@ -412,9 +461,20 @@ def print_loops(rows):
         for loop in row["loops"]:
             if loop.hgmma:
                 mark = " *" if loop.address_range() == row["loop_range"] else ""
-                print("| %s | %s | %s%s | %d | %d | %d–%d | %d |"
-                      % (row["kernel"], row["file"], loop.address_range(), mark, loop.depth,
-                         len(loop.instructions), loop.path_min, loop.path_max, loop.hgmma))
+                print(
+                    "| %s | %s | %s%s | %d | %d | %d–%d | %d |"
+                    % (
+                        row["kernel"],
+                        row["file"],
+                        loop.address_range(),
+                        mark,
+                        loop.depth,
+                        len(loop.instructions),
+                        loop.path_min,
+                        loop.path_max,
+                        loop.hgmma,
+                    )
+                )
 
 
 def default_objects():
@@ -425,10 +485,11 @@ def default_objects():
 def report(arguments):
     files = arguments.files or default_objects()
     if not files:
-        sys.exit("sass_report: no %s under %s; build first (scripts/bootstrap.sh)"
-                 % (DEFAULT_OBJECT_PATTERN[1], REPOSITORY / DEFAULT_OBJECT_PATTERN[0]))
-    rows = [row for path in files
-            for row in analyze_file(arguments.cuobjdump, arguments.nvdisasm, path)]
+        sys.exit(
+            f"sass_report: no {DEFAULT_OBJECT_PATTERN[1]} under {REPOSITORY / DEFAULT_OBJECT_PATTERN[0]}; "
+            "build first (scripts/bootstrap.sh)"
+        )
+    rows = [row for path in files for row in analyze_file(arguments.cuobjdump, arguments.nvdisasm, path)]
     if not rows:
         sys.exit("sass_report: no kernels in " + " ".join(files))
     print_markdown(rows)
@@ -448,7 +509,7 @@ def read_rows_by_kernel(path):
     names = [r["kernel"] for r in rows]
     keyed = {}
     for row in rows:
-        key = row["kernel"] + (" (%s)" % row["file"] if names.count(row["kernel"]) > 1 else "")
+        key = row["kernel"] + (" ({})".format(row["file"]) if names.count(row["kernel"]) > 1 else "")
         number = 2
         unique = key
         while unique in keyed:
@@ -465,19 +526,19 @@ def diff(old_path, new_path):
     print("|---|---|")
     for key in list(old) + [k for k in new if k not in old]:
         if key not in old or key not in new:
-            print("| %s | %s |" % (key, "added" if key not in old else "removed"))
+            print("| {} | {} |".format(key, "added" if key not in old else "removed"))
             continue
         changes = []
         for field in FIELDS:
             before, after = old[key].get(field, ""), new[key].get(field, "")
             if field in FIELDS_NOT_DIFFED or before == after:
                 continue
-            change = "%s %s → %s" % (field, before or "-", after or "-")
+            change = "{} {} → {}".format(field, before or "-", after or "-")
             if before.isdigit() and after.isdigit():
                 change += " (%+d)" % (int(after) - int(before))
             changes.append(change)
         if changes:
-            print("| %s | %s |" % (key, ", ".join(changes)))
+            print("| {} | {} |".format(key, ", ".join(changes)))
         else:
             unchanged.append(key)
     print()

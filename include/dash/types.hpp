@@ -58,12 +58,12 @@ struct AttentionShape {
 // the build wherever it is not handled.
 enum class Schedule : int {
   kAuto = 0,
-  kAscending,        // Q tiles ascending, dQ summed in ascending KV-tile order (FA3's deterministic baseline)
-  kDescending,       // Q tiles descending, ascending KV order
-  kShortestFirst,    // shortest KV tiles dispatched first, dQ summed in descending KV order (FA3's causal)
-  kShift,            // DASH shift scheduling (full mask)
-  kSymmetricShift,   // DASH symmetric shift scheduling (causal mask)
-  kNondeterministic, // unordered atomic reduction: fastest order, bits vary from run to run
+  kAscending,         // Q tiles ascending, dQ summed in ascending KV-tile order (FA3's deterministic baseline)
+  kDescending,        // Q tiles descending, ascending KV order
+  kShortestFirst,     // shortest KV tiles dispatched first, dQ summed in descending KV order (FA3's causal)
+  kShift,             // DASH shift scheduling (full mask)
+  kSymmetricShift,    // DASH symmetric shift scheduling (causal mask)
+  kNondeterministic,  // unordered atomic reduction: fastest order, bits vary from run to run
 };
 
 inline constexpr Schedule kAllSchedules[] = {

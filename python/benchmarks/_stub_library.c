@@ -10,9 +10,9 @@
  * a benchmark fixture only: it computes nothing and must never be installed. */
 
 #define DASH_C_BUILDING
-#include "dash_c.h"
-
 #include <string.h>
+
+#include "dash_c.h"
 
 /* A plan handle needs an address the package can hold and pass back; nothing reads through it. */
 static int stub_plan;
@@ -85,8 +85,8 @@ int dash_backward(const dash_shape* s, const dash_tensor* q, const dash_tensor* 
 }
 
 int dash_forward_varlen(const dash_shape* s, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
-                        const dash_tensor* v, const dash_tensor* out, float* lse, int margin, void* ws,
-                        size_t ws_bytes, void* stream, char* m, size_t n) {
+                        const dash_tensor* v, const dash_tensor* out, float* lse, int margin, void* ws, size_t ws_bytes,
+                        void* stream, char* m, size_t n) {
   (void)varlen;
   return dash_forward(s, q, k, v, out, lse, margin, ws, ws_bytes, stream, m, n);
 }

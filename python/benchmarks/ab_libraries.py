@@ -67,8 +67,9 @@ def main() -> None:
     parser.add_argument("--schedules", default="auto", help="dash_attn schedules, as compare.py takes them")
     parser.add_argument("--forward-only", action="store_true", help="time the forward alone (compare.py's flag)")
     parser.add_argument("--out", type=Path, default=Path("ab_out"), help="where the per-run CSVs go")
-    parser.add_argument("--compare-args", default="",
-                        help="more compare.py arguments, one string, e.g. \"--head-dims 128 --softcap 50\"")
+    parser.add_argument(
+        "--compare-args", default="", help='more compare.py arguments, one string, e.g. "--head-dims 128 --softcap 50"'
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     libraries = {"a": args.a} | {chr(ord("b") + i): library for i, library in enumerate(args.changes)}
@@ -84,8 +85,11 @@ def main() -> None:
     if args.rounds > 1:
         first, last = runs["a"][0], runs["a"][-1]
         for pass_name, field in (("forward", "fwd_tflops"), ("backward", "bwd_tflops")):
-            noise = [float(last[k][field]) / float(first[k][field])
-                     for k in first if k in last and first[k][field] and last[k][field]]
+            noise = [
+                float(last[k][field]) / float(first[k][field])
+                for k in first
+                if k in last and first[k][field] and last[k][field]
+            ]
             print(f"A's last round / first round, {pass_name}, geometric mean: {geomean(noise):.4f} (the noise floor)")
 
 
@@ -93,8 +97,9 @@ def print_ratios(baseline: list[dict], change: list[dict], label: str) -> None:
     keys = list(baseline[0])
     shapes = list(dict.fromkeys(shape for shape, _ in keys))
     impls = list(dict.fromkeys(impl for _, impl in keys))
-    columns = [("fwd", "dash:auto", "fwd_tflops")] + [(f"bwd {impl.split(':', 1)[1]}", impl, "bwd_tflops")
-                                                      for impl in impls]
+    columns = [("fwd", "dash:auto", "fwd_tflops")] + [
+        (f"bwd {impl.split(':', 1)[1]}", impl, "bwd_tflops") for impl in impls
+    ]
     print("| shape | " + " | ".join(f"{title} {label}/A" for title, _, _ in columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
     ratios: dict[str, list[float]] = {title: [] for title, _, _ in columns}
@@ -110,6 +115,7 @@ def print_ratios(baseline: list[dict], change: list[dict], label: str) -> None:
                 cells.append("-")
         print(f"| {shape} | " + " | ".join(cells) + " |")
     print("| geometric mean | " + " | ".join(f"{geomean(ratios[t]):.4f}" for t, _, _ in columns) + " |")
+
 
 if __name__ == "__main__":
     main()

@@ -34,12 +34,11 @@ import sys
 from dataclasses import dataclass
 
 import torch
-
 from _common import milliseconds_per_call
 
 DASH_SCHEDULES = ("auto", "ascending", "descending", "shortest-first", "shift", "symmetric-shift")
-TOKENS = 16384          # tokens per grid point (batch = TOKENS / seqlen)
-PAPER_HIDDEN = 2048     # paper grid: heads = hidden / head_dim
+TOKENS = 16384  # tokens per grid point (batch = TOKENS / seqlen)
+PAPER_HIDDEN = 2048  # paper grid: heads = hidden / head_dim
 TARGET_FLOPS_PER_LOOP = 2e12
 FA3_DETERMINISTIC_MAX_HEAD_DIM = 192  # FA3 (0251105) refuses, or crashes on, a deterministic backward past it
 
@@ -103,8 +102,9 @@ def grid(which: list[str]) -> list[Shape]:
     return shapes
 
 
-def implementations(impls: list[str], schedules: list[str], window: tuple[int, int] = (-1, -1),
-                    softcap: float = 0.0) -> dict:
+def implementations(
+    impls: list[str], schedules: list[str], window: tuple[int, int] = (-1, -1), softcap: float = 0.0
+) -> dict:
     """name -> call(q, k, v, causal) for every implementation that imports here, with the window and softcap;
     says which are missing."""
     calls = {}
@@ -114,8 +114,15 @@ def implementations(impls: list[str], schedules: list[str], window: tuple[int, i
 
         def dash(schedule: str, deterministic: bool):
             return lambda q, k, v, causal: dash_attn.flash_attn_func(
-                q, k, v, causal=causal, deterministic=deterministic, schedule=schedule, window_size=window,
-                softcap=softcap)
+                q,
+                k,
+                v,
+                causal=causal,
+                deterministic=deterministic,
+                schedule=schedule,
+                window_size=window,
+                softcap=softcap,
+            )
 
         for s in schedules:
             calls[f"dash:{s}"] = dash(s, True)
@@ -126,28 +133,35 @@ def implementations(impls: list[str], schedules: list[str], window: tuple[int, i
         except ImportError as e:
             print(f"fa3 not measured: {e}", file=sys.stderr)
         else:
+
             def fa3_call(deterministic: bool):
                 def call(q, k, v, causal):
                     if deterministic and q.shape[-1] > FA3_DETERMINISTIC_MAX_HEAD_DIM:
                         raise NotImplementedError(
                             f"FA3's deterministic backward stops at head dim {FA3_DETERMINISTIC_MAX_HEAD_DIM} "
-                            "(at 256 it killed the process)")
-                    out = fa3(q, k, v, causal=causal, deterministic=deterministic, window_size=window,
-                              softcap=softcap)
+                            "(at 256 it killed the process)"
+                        )
+                    out = fa3(q, k, v, causal=causal, deterministic=deterministic, window_size=window, softcap=softcap)
                     return out[0] if isinstance(out, tuple) else out
+
                 return call
+
             calls["fa3:det"] = fa3_call(True)
             calls["fa3:nondet"] = fa3_call(False)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def sdpa(backend):
         def call(q, k, v, causal):
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             with sdpa_kernel(backend):
-                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=qt.shape[1] != kt.shape[1])
+                out = F.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=causal, enable_gqa=qt.shape[1] != kt.shape[1]
+                )
             return out.transpose(1, 2)
+
         return call
+
     if variant and ("cudnn" in impls or "flash" in impls):
         print("sdpa not measured: it has no sliding window or softcap", file=sys.stderr)
         return calls
@@ -198,38 +212,53 @@ def markdown(rows: list[dict], shapes: list[Shape], schedules: list[str]) -> str
     by = {(r["shape"], r["impl"]): r for r in rows}
     fmt = lambda x: f"{x:.0f}" if x else "-"  # noqa: E731
     fmtr = lambda x: f"{x:.2f}" if x else "-"  # noqa: E731
-    lines = ["Backward TFLOPS", "",
-             "| shape | FA3 non-det | FA3 det | DASH non-det | DASH auto | DASH best det (schedule) | cuDNN "
-             "| best det / FA3 det | DASH non-det / FA3 non-det | best det / FA3 non-det |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "Backward TFLOPS",
+        "",
+        "| shape | FA3 non-det | FA3 det | DASH non-det | DASH auto | DASH best det (schedule) | cuDNN "
+        "| best det / FA3 det | DASH non-det / FA3 non-det | best det / FA3 non-det |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     det_ratios, nondet_ratios, det_to_nondet_ratios, fwd_ratios = [], [], [], []
     for sh in shapes:
         n = sh.name()
-        get = lambda impl, key="bwd_tflops": by.get((n, impl), {}).get(key)  # noqa: E731
+        get = lambda impl, key="bwd_tflops", n=n: by.get((n, impl), {}).get(key)  # noqa: E731
         best = max(((get(f"dash:{s}"), s) for s in schedules if get(f"dash:{s}")), default=(None, ""))
         r_det, r_nondet = ratio(best[0], get("fa3:det")), ratio(get("dash:nondet"), get("fa3:nondet"))
         r_det_to_nondet = ratio(best[0], get("fa3:nondet"))
         det_ratios.append(r_det)
         nondet_ratios.append(r_nondet)
         det_to_nondet_ratios.append(r_det_to_nondet)
-        lines.append(f"| {n} | {fmt(get('fa3:nondet'))} | {fmt(get('fa3:det'))} | {fmt(get('dash:nondet'))} | "
-                     f"{fmt(get('dash:auto'))} | {fmt(best[0])} ({best[1]}) | {fmt(get('sdpa:cudnn'))} | "
-                     f"{fmtr(r_det)} | {fmtr(r_nondet)} | {fmtr(r_det_to_nondet)} |")
-    lines += ["", "Forward TFLOPS", "", "| shape | FA3 | cuDNN | SDPA flash | DASH | DASH / max(FA3, cuDNN) |",
-              "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {n} | {fmt(get('fa3:nondet'))} | {fmt(get('fa3:det'))} | {fmt(get('dash:nondet'))} | "
+            f"{fmt(get('dash:auto'))} | {fmt(best[0])} ({best[1]}) | {fmt(get('sdpa:cudnn'))} | "
+            f"{fmtr(r_det)} | {fmtr(r_nondet)} | {fmtr(r_det_to_nondet)} |"
+        )
+    lines += [
+        "",
+        "Forward TFLOPS",
+        "",
+        "| shape | FA3 | cuDNN | SDPA flash | DASH | DASH / max(FA3, cuDNN) |",
+        "|---|---|---|---|---|---|",
+    ]
     for sh in shapes:
         n = sh.name()
-        get = lambda impl: by.get((n, impl), {}).get("fwd_tflops")  # noqa: E731
+        get = lambda impl, n=n: by.get((n, impl), {}).get("fwd_tflops")  # noqa: E731
         peers = [x for x in (get("fa3:det") or get("fa3:nondet"), get("sdpa:cudnn")) if x]
         r = ratio(get("dash:auto"), max(peers) if peers else None)
         fwd_ratios.append(r)
         fa3_forward = get("fa3:det") or get("fa3:nondet")
-        lines.append(f"| {n} | {fmt(fa3_forward)} | {fmt(get('sdpa:cudnn'))} | {fmt(get('sdpa:flash'))} | "
-                     f"{fmt(get('dash:auto'))} | {fmtr(r)} |")
-    lines += ["", f"Geometric means: DASH best det / FA3 det {fmtr(geomean(det_ratios))}; "
-              f"DASH non-det / FA3 non-det {fmtr(geomean(nondet_ratios))}; "
-              f"DASH best det / FA3 non-det {fmtr(geomean(det_to_nondet_ratios))}; "
-              f"DASH forward / max(FA3, cuDNN) {fmtr(geomean(fwd_ratios))}."]
+        lines.append(
+            f"| {n} | {fmt(fa3_forward)} | {fmt(get('sdpa:cudnn'))} | {fmt(get('sdpa:flash'))} | "
+            f"{fmt(get('dash:auto'))} | {fmtr(r)} |"
+        )
+    lines += [
+        "",
+        f"Geometric means: DASH best det / FA3 det {fmtr(geomean(det_ratios))}; "
+        f"DASH non-det / FA3 non-det {fmtr(geomean(nondet_ratios))}; "
+        f"DASH best det / FA3 non-det {fmtr(geomean(det_to_nondet_ratios))}; "
+        f"DASH forward / max(FA3, cuDNN) {fmtr(geomean(fwd_ratios))}.",
+    ]
     return "\n".join(lines)
 
 
@@ -244,8 +273,11 @@ def main() -> None:
     parser.add_argument("--schedules", default=",".join(DASH_SCHEDULES), help="dash_attn schedules to time")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--forward-only", action="store_true",
-                        help="time the forward alone (a forward kernel's A/B in half the time); no backward columns")
+    parser.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="time the forward alone (a forward kernel's A/B in half the time); no backward columns",
+    )
     parser.add_argument("--csv", help="write every row here")
     parser.add_argument("--markdown", help="write the tables here")
     args = parser.parse_args()
@@ -265,18 +297,37 @@ def main() -> None:
     for shape in shapes:
         inputs = make_inputs(shape)
         for impl, call in calls.items():
-            row = dict(shape=shape.name(), tag=shape.tag, batch=shape.batch, seqlen=shape.seqlen,
-                       heads_q=shape.heads_q, heads_kv=shape.heads_kv, head_dim=shape.head_dim, causal=shape.causal,
-                       impl=impl, fwd_ms=None, bwd_ms=None, fwd_tflops=None, bwd_tflops=None, error="")
+            row = dict(
+                shape=shape.name(),
+                tag=shape.tag,
+                batch=shape.batch,
+                seqlen=shape.seqlen,
+                heads_q=shape.heads_q,
+                heads_kv=shape.heads_kv,
+                head_dim=shape.head_dim,
+                causal=shape.causal,
+                impl=impl,
+                fwd_ms=None,
+                bwd_ms=None,
+                fwd_tflops=None,
+                bwd_tflops=None,
+                error="",
+            )
             try:
                 f_ms, b_ms = measure(shape, call, inputs, args.repeats, args.warmup, backward=not args.forward_only)
                 flops = shape.forward_flops()
-                row.update(fwd_ms=f_ms, bwd_ms=b_ms, fwd_tflops=flops / f_ms / 1e9,
-                           bwd_tflops=2.5 * flops / b_ms / 1e9 if b_ms else None)
+                row.update(
+                    fwd_ms=f_ms,
+                    bwd_ms=b_ms,
+                    fwd_tflops=flops / f_ms / 1e9,
+                    bwd_tflops=2.5 * flops / b_ms / 1e9 if b_ms else None,
+                )
             except Exception as e:  # a schedule that does not apply to a shape keeps its row, with the reason
                 row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
             rows.append(row)
-            shown = row["error"] or f"fwd {row['fwd_tflops']:.0f}" + (f"  bwd {row['bwd_tflops']:.0f}" if row["bwd_tflops"] else "")
+            shown = row["error"] or f"fwd {row['fwd_tflops']:.0f}" + (
+                f"  bwd {row['bwd_tflops']:.0f}" if row["bwd_tflops"] else ""
+            )
             print(f"{impl:22s} {shape.name():32s} {shown}", flush=True)
         del inputs
         torch.cuda.empty_cache()

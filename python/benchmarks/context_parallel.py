@@ -28,9 +28,9 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from _common import environment, markdown_table, median_ms
 from torch import Tensor
 
-from _common import environment, markdown_table, median_ms
 from dash_attn import flash_attn_func, parallel
 
 # The backward of attention costs 2.5 forwards (FlashAttention's convention); forward+backward is 3.5.

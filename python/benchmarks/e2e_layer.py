@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from _common import environment, markdown_table, median_ms
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from _common import environment, markdown_table, median_ms
 from dash_attn import flash_attn_func
 
 ROPE_BASE = 500_000.0  # LLaMA3's rotary base; Qwen2.5 uses 1e6, which costs the same

@@ -72,27 +72,39 @@ def main() -> None:
     stream = torch.cuda.current_stream().cuda_stream
     forward_workspace = torch.empty(max(forward_bytes, 1), dtype=torch.uint8, device="cuda")
     forward_tensors = [_ops._c_tensor(t) for t in (qd, kd, vd, out)]
-    row("ctypes forward (prebuilt args)",
-        lambda: _library.forward(shape, *forward_tensors, lse.data_ptr(), forward_workspace.data_ptr(), forward_bytes,
-                                 stream, 0))
+    row(
+        "ctypes forward (prebuilt args)",
+        lambda: _library.forward(
+            shape, *forward_tensors, lse.data_ptr(), forward_workspace.data_ptr(), forward_bytes, stream, 0
+        ),
+    )
     backward_call = _ops._backward_call(q.device.index, dout, qd, kd, vd, out, SCALE, True, SCHEDULE, 0)
     plan = _plans.backward_plans.get(backward_call.plan_key)
     backward_workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
     grads = [torch.empty_like(t) for t in (qd, kd, vd)]
-    backward_tensors = ([_ops._c_tensor(t) for t in (qd, kd, vd, out, dout)] + [lse.data_ptr()]
-                        + [_ops._c_tensor(t) for t in grads])
-    row("ctypes backward (prebuilt args, plan)",
-        lambda: plan.backward(shape, *backward_tensors, backward_workspace.data_ptr(), plan.workspace_bytes, stream))
+    backward_tensors = (
+        [_ops._c_tensor(t) for t in (qd, kd, vd, out, dout)] + [lse.data_ptr()] + [_ops._c_tensor(t) for t in grads]
+    )
+    row(
+        "ctypes backward (prebuilt args, plan)",
+        lambda: plan.backward(shape, *backward_tensors, backward_workspace.data_ptr(), plan.workspace_bytes, stream),
+    )
 
     # The functions torch.library.custom_op wraps, then the ops through the dispatcher.
     forward_body, backward_body = _ops.forward._init_fn, _ops.backward._init_fn
     row("_ops.forward python body (no custom op)", lambda: forward_body(qd, kd, vd, SCALE, True, SCHEDULE, 0))
-    row("_ops.backward python body (no custom op)",
-        lambda: backward_body(dout, qd, kd, vd, out, lse, SCALE, True, SCHEDULE, 0))
-    row("torch.ops.dash_attn.forward (detached)",
-        lambda: torch.ops.dash_attn.forward(qd, kd, vd, SCALE, True, SCHEDULE, 0))
-    row("torch.ops.dash_attn.backward",
-        lambda: torch.ops.dash_attn.backward(dout, qd, kd, vd, out, lse, SCALE, True, SCHEDULE, 0))
+    row(
+        "_ops.backward python body (no custom op)",
+        lambda: backward_body(dout, qd, kd, vd, out, lse, SCALE, True, SCHEDULE, 0),
+    )
+    row(
+        "torch.ops.dash_attn.forward (detached)",
+        lambda: torch.ops.dash_attn.forward(qd, kd, vd, SCALE, True, SCHEDULE, 0),
+    )
+    row(
+        "torch.ops.dash_attn.backward",
+        lambda: torch.ops.dash_attn.backward(dout, qd, kd, vd, out, lse, SCALE, True, SCHEDULE, 0),
+    )
 
     def forward_without_grad() -> None:
         with torch.no_grad():

@@ -34,14 +34,16 @@ PAIRED = ("dash_attn", "sdpa:flash")  # --paired's two implementations, in the o
 
 
 def implementations() -> dict:
-    import dash_attn
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import dash_attn
 
     def sdpa(q, k, v):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                  is_causal=True).transpose(1, 2)
+            return F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            ).transpose(1, 2)
 
     cu_seqlens = torch.tensor([0, SHAPE[1]], dtype=torch.int32, device="cuda")
 
@@ -118,17 +120,24 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return first, median, third
 
 
-def paired_report(names: tuple[str, str], times: tuple[list[float], list[float]], ratios: list[float],
-                  block_steps: int) -> str:
-    lines = [f"Paired blocks of {block_steps} forward + backward steps, ABBA order, {len(ratios)} pairs", "",
-             "| implementation | blocks | median (us/step) | least (us/step) |", "|---|---|---|---|"]
+def paired_report(
+    names: tuple[str, str], times: tuple[list[float], list[float]], ratios: list[float], block_steps: int
+) -> str:
+    lines = [
+        f"Paired blocks of {block_steps} forward + backward steps, ABBA order, {len(ratios)} pairs",
+        "",
+        "| implementation | blocks | median (us/step) | least (us/step) |",
+        "|---|---|---|---|",
+    ]
     for name, block_times in zip(names, times):
-        lines.append(f"| {name} | {len(block_times)} | {statistics.median(block_times):.1f} | "
-                     f"{min(block_times):.1f} |")
+        lines.append(f"| {name} | {len(block_times)} | {statistics.median(block_times):.1f} | {min(block_times):.1f} |")
     first, median, third = quartiles(ratios)
     at_most = sum(r <= 1.0 for r in ratios)
-    lines += ["", f"{names[0]} / {names[1]} per pair: median {median:.3f}, interquartile range "
-              f"[{first:.3f}, {third:.3f}]; {names[0]} <= {names[1]} in {at_most} of {len(ratios)} pairs."]
+    lines += [
+        "",
+        f"{names[0]} / {names[1]} per pair: median {median:.3f}, interquartile range "
+        f"[{first:.3f}, {third:.3f}]; {names[0]} <= {names[1]} in {at_most} of {len(ratios)} pairs.",
+    ]
     return "\n".join(lines)
 
 
@@ -136,8 +145,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--paired", type=int, metavar="BLOCKS",
-                        help=f"time BLOCKS blocks of each of {' and '.join(PAIRED)} in ABBA order (see above)")
+    parser.add_argument(
+        "--paired",
+        type=int,
+        metavar="BLOCKS",
+        help=f"time BLOCKS blocks of each of {' and '.join(PAIRED)} in ABBA order (see above)",
+    )
     parser.add_argument("--block-steps", type=int, default=200, help="steps per block of --paired")
     args = parser.parse_args()
     if args.paired is not None and (args.paired < 1 or args.block_steps < 1):
@@ -155,8 +168,11 @@ def main() -> None:
     for round_index in range(args.rounds):
         for name, (call, shape) in calls.items():
             forward, step = forward_and_step(call, shape)
-            print(f"| {round_index + 1} | {name} | {microseconds_per_call(forward, args.iters):.0f} | "
-                  f"{microseconds_per_call(step, args.iters):.0f} |", flush=True)
+            print(
+                f"| {round_index + 1} | {name} | {microseconds_per_call(forward, args.iters):.0f} | "
+                f"{microseconds_per_call(step, args.iters):.0f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

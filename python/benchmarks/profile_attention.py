@@ -36,8 +36,13 @@ def forward_of(impl: str, causal: bool) -> Callable[[torch.Tensor, torch.Tensor,
         def cudnn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             # SDPA takes (batch, heads, seqlen, head_dim); the views keep the (batch, seqlen, heads) memory.
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                    is_causal=causal, enable_gqa=k.shape[2] != q.shape[2])
+                return scaled_dot_product_attention(
+                    q.transpose(1, 2),
+                    k.transpose(1, 2),
+                    v.transpose(1, 2),
+                    is_causal=causal,
+                    enable_gqa=k.shape[2] != q.shape[2],
+                )
 
         return cudnn_forward
     from flash_attn_interface import flash_attn_func as fa3
@@ -64,8 +69,9 @@ def main() -> None:
     batch = TOKENS // args.seqlen
 
     def tensor(heads: int, requires_grad: bool) -> torch.Tensor:
-        return torch.randn(batch, args.seqlen, heads, args.head_dim, device="cuda", dtype=torch.bfloat16,
-                           requires_grad=requires_grad)
+        return torch.randn(
+            batch, args.seqlen, heads, args.head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=requires_grad
+        )
 
     backward = args.pass_ == "backward"
     if backward and args.impl == "cudnn":
@@ -79,6 +85,7 @@ def main() -> None:
         def call() -> None:
             torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     else:
+
         def call() -> None:
             forward(q, k, v)
 

@@ -51,8 +51,21 @@ C_ABI_HEADER_DIR = Path(__file__).resolve().parents[2] / "src" / "capi"  # dash_
 def build_stub_library(directory: Path) -> Path:
     """Compiles _stub_library.c into `directory` and returns the shared library's path."""
     library = directory / "libdash_attn_c.so"
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", f"-I{C_ABI_HEADER_DIR}", "-o", str(library),
-                    str(STUB_SOURCE)], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Werror",
+            f"-I{C_ABI_HEADER_DIR}",
+            "-o",
+            str(library),
+            str(STUB_SOURCE),
+        ],
+        check=True,
+    )
     return library
 
 
@@ -116,8 +129,16 @@ def torch_floor_steps() -> dict[str, Callable[[], object]]:
 
     @torch.library.custom_op("dash_overhead_floor::backward", mutates_args=())
     def floor_backward(
-        dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
-        causal: bool, schedule: str, sm_margin: int = 0,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        softmax_scale: float,
+        causal: bool,
+        schedule: str,
+        sm_margin: int = 0,
     ) -> tuple[Tensor, Tensor, Tensor]:
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
@@ -385,8 +406,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--rows", choices=("all", "fixed", "varlen"), default="all",
-                        help="flash_attn_func's rows, flash_attn_varlen_func's, or both")
+    parser.add_argument(
+        "--rows",
+        choices=("all", "fixed", "varlen"),
+        default="all",
+        help="flash_attn_func's rows, flash_attn_varlen_func's, or both",
+    )
     parser.add_argument("--profile", action="store_true", help="also print a cProfile breakdown of the step")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:

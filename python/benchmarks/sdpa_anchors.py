@@ -19,9 +19,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
 from _common import environment, markdown_table, median_ms
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 GRID_TOKENS = 16384
 GRID_HIDDEN = 2048

@@ -37,7 +37,6 @@ import inspect
 import sys
 
 import torch
-
 from _common import environment, markdown_table
 from compare import FA3_DETERMINISTIC_MAX_HEAD_DIM, PAPER_HIDDEN, geomean, ratio
 from varlen_vs_fixed import TOKENS, forward_flops, measure, mixed_lengths
@@ -63,9 +62,12 @@ def fa3_varlen(impls: list[str]):
     open_keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     # The seven packed-batch arguments go by position, so their order must be FA3's; causal and deterministic go by
     # keyword. A version without `deterministic` would silently time its default backward under both labels.
-    if tuple(names[:len(FA3_ARGUMENTS)]) != FA3_ARGUMENTS:
-        print(f"fa3 not measured: flash_attn_varlen_func's arguments begin {names[:len(FA3_ARGUMENTS)]}, "
-              f"not {list(FA3_ARGUMENTS)}", file=sys.stderr)
+    if tuple(names[: len(FA3_ARGUMENTS)]) != FA3_ARGUMENTS:
+        print(
+            f"fa3 not measured: flash_attn_varlen_func's arguments begin {names[: len(FA3_ARGUMENTS)]}, "
+            f"not {list(FA3_ARGUMENTS)}",
+            file=sys.stderr,
+        )
         return None
     missing = [name for name in ("causal", "deterministic") if name not in parameters and not open_keywords]
     if missing:
@@ -84,22 +86,27 @@ def implementations(impls: list[str], schedules: list[str]) -> dict:
             # One tensor for both offsets (self-attention; FA3 is given the same): it promises seqlen_k <= seqlen_q,
             # which lets "auto" consider the shift schedules.
             return lambda q, k, v, cu, longest, causal: dash_attn.flash_attn_varlen_func(
-                q, k, v, cu, cu, longest, longest, causal=causal, deterministic=deterministic, schedule=schedule)
+                q, k, v, cu, cu, longest, longest, causal=causal, deterministic=deterministic, schedule=schedule
+            )
 
         for s in schedules:
             calls[f"dash:{s}"] = dash(s, True)
         calls["dash:nondet"] = dash("auto", False)
     fa3 = fa3_varlen(impls)
     if fa3 is not None:
+
         def fa3_call(deterministic: bool):
             def call(q, k, v, cu, longest, causal):
                 if deterministic and q.shape[-1] > FA3_DETERMINISTIC_MAX_HEAD_DIM:
                     raise NotImplementedError(
-                        f"FA3's deterministic backward stops at head dim {FA3_DETERMINISTIC_MAX_HEAD_DIM} (compare.py)")
+                        f"FA3's deterministic backward stops at head dim {FA3_DETERMINISTIC_MAX_HEAD_DIM} (compare.py)"
+                    )
                 out = fa3(q, k, v, cu, cu, longest, longest, causal=causal, deterministic=deterministic)
                 # Some FA3 versions return (out, lse): the backward is taken of out alone either way.
                 return out[0] if isinstance(out, tuple) else out
+
             return call
+
         calls["fa3:det"] = fa3_call(True)
         calls["fa3:nondet"] = fa3_call(False)
     return calls
@@ -117,7 +124,7 @@ def markdown(rows: list[dict], points: list[tuple[str, str]], schedules: list[st
     backward_rows, forward_rows = [], []
     det, nondet, fwd = ({"all": [], "equal": [], "mixed": []} for _ in range(3))
     for name, lengths in points:
-        get = lambda impl, key="bwd_tflops": by.get((name, impl), {}).get(key)  # noqa: E731
+        get = lambda impl, key="bwd_tflops", name=name: by.get((name, impl), {}).get(key)  # noqa: E731
         best = max(((get(f"dash:{s}"), s) for s in schedules if get(f"dash:{s}")), default=(None, ""))
         r_det, r_nondet = ratio(best[0], get("fa3:det")), ratio(get("dash:nondet"), get("fa3:nondet"))
         # One forward column per library: FA3's forward takes no determinism flag, and DASH's is shown as "auto" runs
@@ -128,30 +135,65 @@ def markdown(rows: list[dict], points: list[tuple[str, str]], schedules: list[st
         for means, r in ((det, r_det), (nondet, r_nondet), (fwd, r_fwd)):
             means["all"].append(r)
             means[lengths].append(r)
-        backward_rows.append([name, fmt(get("fa3:nondet")), fmt(get("fa3:det")), fmt(get("dash:nondet")),
-                              fmt(get("dash:auto")), f"{fmt(best[0])} ({best[1]})", fmtr(r_det), fmtr(r_nondet)])
+        backward_rows.append(
+            [
+                name,
+                fmt(get("fa3:nondet")),
+                fmt(get("fa3:det")),
+                fmt(get("dash:nondet")),
+                fmt(get("dash:auto")),
+                f"{fmt(best[0])} ({best[1]})",
+                fmtr(r_det),
+                fmtr(r_nondet),
+            ]
+        )
         forward_rows.append([name, fmt(fa3_forward), fmt(dash_forward), fmtr(r_fwd)])
     means = "\n".join(
         f"Geometric means over {which} points: DASH best det / FA3 det {fmtr(geomean(det[which]))}; "
         f"DASH non-det / FA3 non-det {fmtr(geomean(nondet[which]))}; DASH forward / FA3 {fmtr(geomean(fwd[which]))}."
-        for which in ("all", "equal", "mixed"))
-    return "\n".join([
-        "Backward TFLOPS", "",
-        markdown_table(["point", "FA3 non-det", "FA3 det", "DASH non-det", "DASH auto", "DASH best det (schedule)",
-                        "best det / FA3 det", "DASH non-det / FA3 non-det"], backward_rows),
-        "", "Forward TFLOPS", "",
-        markdown_table(["point", "FA3", "DASH", "DASH / FA3"], forward_rows),
-        "", means])
+        for which in ("all", "equal", "mixed")
+    )
+    return "\n".join(
+        [
+            "Backward TFLOPS",
+            "",
+            markdown_table(
+                [
+                    "point",
+                    "FA3 non-det",
+                    "FA3 det",
+                    "DASH non-det",
+                    "DASH auto",
+                    "DASH best det (schedule)",
+                    "best det / FA3 det",
+                    "DASH non-det / FA3 non-det",
+                ],
+                backward_rows,
+            ),
+            "",
+            "Forward TFLOPS",
+            "",
+            markdown_table(["point", "FA3", "DASH", "DASH / FA3"], forward_rows),
+            "",
+            means,
+        ]
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head-dims", default="64,128")
-    parser.add_argument("--seqlens", default="512,1024,2048,4096,8192",
-                        help="S: the equal batch's length, the middle of the mixed batch's range")
+    parser.add_argument(
+        "--seqlens",
+        default="512,1024,2048,4096,8192",
+        help="S: the equal batch's length, the middle of the mixed batch's range",
+    )
     parser.add_argument("--lengths", default="equal,mixed", help="comma-separated: equal, mixed")
-    parser.add_argument("--schedules", default=DEFAULT_SCHEDULES,
-                        help="dash_attn's deterministic schedules to time (the best of them is DASH's best det)")
+    parser.add_argument(
+        "--schedules",
+        default=DEFAULT_SCHEDULES,
+        help="dash_attn's deterministic schedules to time (the best of them is DASH's best det)",
+    )
     parser.add_argument("--impls", default="dash,fa3", help="comma-separated: dash, fa3")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
@@ -175,8 +217,10 @@ def main() -> int:
         heads = PAPER_HIDDEN // head_dim
         for causal in (False, True):
             for seqlen in (int(s) for s in args.seqlens.split(",")):
-                q, k, v = (torch.randn(TOKENS, heads, head_dim, device="cuda", dtype=torch.bfloat16,
-                                       requires_grad=True) for _ in range(3))
+                q, k, v = (
+                    torch.randn(TOKENS, heads, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(3)
+                )
                 inputs = (q, k, v, torch.randn(TOKENS, heads, head_dim, device="cuda", dtype=torch.bfloat16))
                 for kind in kinds:
                     lengths = [seqlen] * (TOKENS // seqlen) if kind == "equal" else mixed_lengths(seqlen)
@@ -189,16 +233,28 @@ def main() -> int:
                     name = point_name(head_dim, causal, seqlen, kind)
                     points.append((name, kind))
                     for impl, call in calls.items():
-                        row = dict(point=name, head_dim=head_dim, heads=heads, causal=causal, seqlen=seqlen,
-                                   lengths=kind, sequences=len(lengths), max_seqlen=longest, impl=impl,
-                                   fwd_tflops=None, bwd_tflops=None, error="")
+                        row = dict(
+                            point=name,
+                            head_dim=head_dim,
+                            heads=heads,
+                            causal=causal,
+                            seqlen=seqlen,
+                            lengths=kind,
+                            sequences=len(lengths),
+                            max_seqlen=longest,
+                            impl=impl,
+                            fwd_tflops=None,
+                            bwd_tflops=None,
+                            error="",
+                        )
 
                         def forward(q, k, v, call=call, cu=cu, longest=longest, causal=causal):
                             return call(q, k, v, cu, longest, causal)
 
                         try:
-                            row["fwd_tflops"], row["bwd_tflops"] = measure(forward, inputs, flops, args.repeats,
-                                                                           args.warmup)
+                            row["fwd_tflops"], row["bwd_tflops"] = measure(
+                                forward, inputs, flops, args.repeats, args.warmup
+                            )
                         except Exception as e:  # a refused call keeps its row, with the reason
                             row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
                         rows.append(row)

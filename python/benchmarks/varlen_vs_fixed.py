@@ -30,7 +30,6 @@ import random
 import sys
 
 import torch
-
 from _common import environment, markdown_table, milliseconds_per_call
 
 TOKENS = 16384
@@ -95,8 +94,9 @@ def forward_kernel_microseconds(forward, inputs, label: str, calls: int = 10) ->
         if device_us <= 0:
             continue
         total += device_us
-        print(f"  {label}: {device_us / calls:9.1f} us/call  {event.count // calls} x {event.key[:100]}",
-              file=sys.stderr)
+        print(
+            f"  {label}: {device_us / calls:9.1f} us/call  {event.count // calls} x {event.key[:100]}", file=sys.stderr
+        )
     return total / calls
 
 
@@ -104,11 +104,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--kernel-times", action="store_true",
-                        help="also profile each forward's kernels (GPU µs per call, see above)")
-    parser.add_argument("--schedule", default="auto",
-                        help="the deterministic backward's schedule, for the fixed and the varlen batches (one that "
-                             "every mask admits: auto, ascending, descending, shortest-first)")
+    parser.add_argument(
+        "--kernel-times", action="store_true", help="also profile each forward's kernels (GPU µs per call, see above)"
+    )
+    parser.add_argument(
+        "--schedule",
+        default="auto",
+        help="the deterministic backward's schedule, for the fixed and the varlen batches (one that "
+        "every mask admits: auto, ascending, descending, shortest-first)",
+    )
     parser.add_argument("--csv")
     parser.add_argument("--markdown")
     args = parser.parse_args()
@@ -127,18 +131,26 @@ def main() -> int:
                 def tensor(*shape: int, grad: bool = True) -> torch.Tensor:
                     return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
 
-                fixed = (tensor(batch, seqlen, heads, head_dim), tensor(batch, seqlen, heads, head_dim),
-                         tensor(batch, seqlen, heads, head_dim), tensor(batch, seqlen, heads, head_dim, grad=False))
-                packed = tuple(t.detach().reshape(TOKENS, heads, head_dim).requires_grad_(t.requires_grad)
-                               for t in fixed)
+                fixed = (
+                    tensor(batch, seqlen, heads, head_dim),
+                    tensor(batch, seqlen, heads, head_dim),
+                    tensor(batch, seqlen, heads, head_dim),
+                    tensor(batch, seqlen, heads, head_dim, grad=False),
+                )
+                packed = tuple(
+                    t.detach().reshape(TOKENS, heads, head_dim).requires_grad_(t.requires_grad) for t in fixed
+                )
                 mask = "causal" if causal else "full"
                 shape = f"hd{head_dim} {mask} {seqlen}"
 
                 def fixed_forward(q, k, v, causal=causal):
                     return dash_attn.flash_attn_func(q, k, v, causal=causal, schedule=args.schedule)
 
-                results = {"fixed": measure(fixed_forward, fixed, forward_flops([seqlen] * batch, heads, head_dim,
-                                                                               causal), args.repeats)}
+                results = {
+                    "fixed": measure(
+                        fixed_forward, fixed, forward_flops([seqlen] * batch, heads, head_dim, causal), args.repeats
+                    )
+                }
                 kernel_us = {}
                 if args.kernel_times:
                     kernel_us["fixed"] = forward_kernel_microseconds(fixed_forward, fixed, f"{shape} fixed")
@@ -148,12 +160,15 @@ def main() -> int:
                         offsets.append(offsets[-1] + s)
                     cu = torch.tensor(offsets, device="cuda", dtype=torch.int32)
                     longest = max(lengths)
-                    def varlen_forward(q, k, v, cu=cu, longest=longest, causal=causal):
-                        return dash_attn.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal,
-                                                                schedule=args.schedule)
 
-                    results[name] = measure(varlen_forward, packed, forward_flops(lengths, heads, head_dim, causal),
-                                            args.repeats)
+                    def varlen_forward(q, k, v, cu=cu, longest=longest, causal=causal):
+                        return dash_attn.flash_attn_varlen_func(
+                            q, k, v, cu, cu, longest, longest, causal=causal, schedule=args.schedule
+                        )
+
+                    results[name] = measure(
+                        varlen_forward, packed, forward_flops(lengths, heads, head_dim, causal), args.repeats
+                    )
                     if args.kernel_times:
                         kernel_us[name] = forward_kernel_microseconds(varlen_forward, packed, f"{shape} {name}")
                 row = {"shape": shape}

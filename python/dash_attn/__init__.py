@@ -41,6 +41,7 @@ _TORCH_ENTRY_POINTS = (
     "unpad_input",
 )
 
+
 def _import_torch() -> BaseException | None:
     """None when torch imports; else why not. A torch that is installed but broken (a CUDA library it cannot load,
     say) is reported as such, so `python -m dash_attn.info` still runs and says so instead of a traceback."""

@@ -90,8 +90,10 @@ def check_sm_margin(sm_margin: object) -> int:
         raise ValueError(f"sm_margin must satisfy 0 <= sm_margin < the device's SM count, got {sm_margin}")
     # The library takes it as a C int: a larger value would reach it as its low bits (2**32 + 5 as 5).
     if sm_margin > C_INT_MAX:
-        raise ValueError(f"sm_margin must satisfy 0 <= sm_margin < the device's SM count, got {sm_margin}, which is "
-                         f"past even the C int the library takes it as (at most {C_INT_MAX})")
+        raise ValueError(
+            f"sm_margin must satisfy 0 <= sm_margin < the device's SM count, got {sm_margin}, which is "
+            f"past even the C int the library takes it as (at most {C_INT_MAX})"
+        )
     return int(sm_margin)
 
 
@@ -111,8 +113,9 @@ def check_tensors(tensors: tuple[object, object, object], layout: Layout) -> Non
     # Each shape is read once: every call runs these checks, and each .shape builds a new torch.Size.
     q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
     # Each group of checks tests the common case at once and names the culprit only when it fails.
-    if not (len(q_shape) == len(k_shape) == len(v_shape) == 4 and 0 not in q_shape and 0 not in k_shape
-            and 0 not in v_shape):
+    if not (
+        len(q_shape) == len(k_shape) == len(v_shape) == 4 and 0 not in q_shape and 0 not in k_shape and 0 not in v_shape
+    ):
         for shape, name in ((q_shape, qn), (k_shape, kn), (v_shape, vn)):
             if len(shape) != 4:
                 raise ValueError(f"{name} must be 4-D {layout.spelled}, got shape {tuple(shape)}")
@@ -214,12 +217,16 @@ def _window_side(side: object, which: str, window_size: object) -> int:
     if side is None:
         return -1
     if isinstance(side, bool) or not isinstance(side, numbers.Integral):
-        raise TypeError(f"window_size[{which}] must be an int >= -1 (or None), got {_shown(side)} in "
-                        f"window_size={_shown(window_size)}")
+        raise TypeError(
+            f"window_size[{which}] must be an int >= -1 (or None), got {_shown(side)} in "
+            f"window_size={_shown(window_size)}"
+        )
     value = int(side)
     if value < -1:
-        raise ValueError(f"window_size[{which}] must be >= -1 (-1 leaves that side of the sliding window open), got "
-                         f"{value} in window_size={_shown(window_size)}")
+        raise ValueError(
+            f"window_size[{which}] must be >= -1 (-1 leaves that side of the sliding window open), got "
+            f"{value} in window_size={_shown(window_size)}"
+        )
     # A bound past every sequence the kernels take is the same as any larger one; kept within the C int64.
     return min(value, _WINDOW_BOUND_CAP)
 
@@ -255,12 +262,16 @@ def _checked_float32(number: float, name: str, given: object) -> float:
     says that the value as given passed and which check of its image failed."""
     image = _float32_image(number)
     if math.isinf(image):
-        raise ValueError(f"{name}={given!r} is finite but rounds to inf in float32: {name} must be a finite float32 "
-                         f"(at most {_FLOAT32_MAX:.7g}), got {given!r}")
+        raise ValueError(
+            f"{name}={given!r} is finite but rounds to inf in float32: {name} must be a finite float32 "
+            f"(at most {_FLOAT32_MAX:.7g}), got {given!r}"
+        )
     if image < _FLOAT32_MIN_NORMAL:
         rounded = "0.0" if image == 0.0 else f"the subnormal {image!r}, which the kernels flush to 0,"
-        raise ValueError(f"{name}={given!r} is positive but rounds to {rounded} in float32: {name} must be a normal "
-                         f"float32 (at least {_FLOAT32_MIN_NORMAL:.7g}) when > 0")
+        raise ValueError(
+            f"{name}={given!r} is positive but rounds to {rounded} in float32: {name} must be a normal "
+            f"float32 (at least {_FLOAT32_MIN_NORMAL:.7g}) when > 0"
+        )
     return number
 
 
@@ -274,8 +285,7 @@ def resolve_softcap(softcap: object) -> float:
         return 0.0
     if isinstance(softcap, numbers.Real) and not isinstance(softcap, bool) and softcap == 0:
         return 0.0
-    number = _checked_real(softcap, "softcap", "a real number >= 0 (0: no capping)",
-                           "finite and >= 0 (0: no capping)")
+    number = _checked_real(softcap, "softcap", "a real number >= 0 (0: no capping)", "finite and >= 0 (0: no capping)")
     return _checked_float32(number, "softcap", softcap)
 
 
@@ -390,9 +400,9 @@ def attend(
     """out (in `layout`) and the fp32 LSE (batch, heads_q, seqlen_q) of tensors and flags that passed
     check_tensors and check_flags: resolves the scale and schedule, checks sm_margin, applies the determinism
     switch, checks the device, calls the op (_ops.attention). `entry` is the public name the caller used, for the
-    determinism switch's message, and `scale_name` the name of its softmax scale argument. The forward and, through autograd,
-    the backward leave `sm_margin` SMs to other work; the backward's plan is keyed by it. `window` and `softcap`
-    come from resolve_window and resolve_softcap."""
+    determinism switch's message, and `scale_name` the name of its softmax scale argument. The forward and,
+    through autograd, the backward leave `sm_margin` SMs to other work; the backward's plan is keyed by it.
+    `window` and `softcap` come from resolve_window and resolve_softcap."""
     q, k, v = tensors
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = _contiguous_last_dim(q), _contiguous_last_dim(k), _contiguous_last_dim(v)
@@ -405,8 +415,7 @@ def attend(
     if layout.seq == 1:  # (B, S, H, D) already: no views to make
         return _ops.attention(q, k, v, scale, causal, resolved, margin, left, right, softcap)
     to_bshd = layout.to_bshd
-    out, lse = _ops.attention(to_bshd(q), to_bshd(k), to_bshd(v), scale, causal, resolved, margin, left, right,
-                              softcap)
+    out, lse = _ops.attention(to_bshd(q), to_bshd(k), to_bshd(v), scale, causal, resolved, margin, left, right, softcap)
     return layout.from_bshd(out), lse
 
 
@@ -453,4 +462,3 @@ def check_backward_call(
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all must be on one device")
     return scale, resolved, margin
-

@@ -225,8 +225,9 @@ def check_c_integer(value: object, name: str, c_type: str) -> int:
         value = int(value)
     low, high = _C_RANGES[c_type]
     if not low <= value <= high:
-        raise ValueError(f"{name} = {value} does not fit the C {c_type} the library takes it as: it must be in "
-                         f"[{low}, {high}]")
+        raise ValueError(
+            f"{name} = {value} does not fit the C {c_type} the library takes it as: it must be in [{low}, {high}]"
+        )
     return value
 
 
@@ -308,8 +309,18 @@ def _declare(lib: ctypes.CDLL) -> None:
         ),
         "dash_backward_plan_run_varlen": (
             c_int,
-            [c_void_p, shape_p, varlen_p, *[tensor_p] * 5, c_void_p, *[tensor_p] * 3, c_void_p, c_size_t, c_void_p,
-             *message],
+            [
+                c_void_p,
+                shape_p,
+                varlen_p,
+                *[tensor_p] * 5,
+                c_void_p,
+                *[tensor_p] * 3,
+                c_void_p,
+                c_size_t,
+                c_void_p,
+                *message,
+            ],
         ),
         "dash_backward_plan_destroy": (None, [c_void_p]),
         "dash_backward_plan_workspace_size": (c_int, [c_void_p, size_p, *message]),
@@ -461,8 +472,12 @@ def backward_workspace_size(shape: Shape, schedule: str) -> int:
 def _check_launch_integers(sm_margin: object, workspace_bytes: object) -> None:
     """The integers a launch passes besides its structs and device addresses, checked against their C types (the
     comparisons alone where both are plain ints in range, the common case: this runs at every call)."""
-    if type(sm_margin) is int and type(workspace_bytes) is int and C_INT_MIN <= sm_margin <= C_INT_MAX \
-            and 0 <= workspace_bytes <= C_SIZE_MAX:
+    if (
+        type(sm_margin) is int
+        and type(workspace_bytes) is int
+        and C_INT_MIN <= sm_margin <= C_INT_MAX
+        and 0 <= workspace_bytes <= C_SIZE_MAX
+    ):
         return
     check_c_integer(sm_margin, "sm_margin", "int")
     check_c_integer(workspace_bytes, "workspace_bytes", "size_t")
@@ -645,7 +660,21 @@ class BackwardPlan:
         _check_launch_integers(self.sm_margin, workspace_bytes)
         buffer = _message_buffer()
         code = load().dash_backward_plan_run(
-            self._handle, shape, q, k, v, out, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream, buffer,
+            self._handle,
+            shape,
+            q,
+            k,
+            v,
+            out,
+            dout,
+            lse,
+            dq,
+            dk,
+            dv,
+            workspace,
+            workspace_bytes,
+            stream,
+            buffer,
             _MESSAGE_BYTES,
         )
         _check_status("backward", code, buffer)
@@ -673,7 +702,22 @@ class BackwardPlan:
         _check_launch_integers(self.sm_margin, workspace_bytes)
         buffer = _message_buffer()
         code = load().dash_backward_plan_run_varlen(
-            self._handle, shape, varlen, q, k, v, out, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream,
-            buffer, _MESSAGE_BYTES,
+            self._handle,
+            shape,
+            varlen,
+            q,
+            k,
+            v,
+            out,
+            dout,
+            lse,
+            dq,
+            dk,
+            dv,
+            workspace,
+            workspace_bytes,
+            stream,
+            buffer,
+            _MESSAGE_BYTES,
         )
         _check_status("varlen backward", code, buffer)

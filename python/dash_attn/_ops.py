@@ -230,8 +230,21 @@ def _forward_call(
     # A softcap that is not a finite number >= 0 is never a key either (nan != nan); the library refuses it.
     cacheable = softmax_scale > 0 and softcap >= 0 and softcap != float("inf")
     make = _cached_forward_call if cacheable else _ForwardCall
-    return make(_library.load(), q.dtype, softmax_scale, causal, q.shape, q.stride(), k.shape, k.stride(), v.shape,
-                v.stride(), window_left, window_right, softcap)
+    return make(
+        _library.load(),
+        q.dtype,
+        softmax_scale,
+        causal,
+        q.shape,
+        q.stride(),
+        k.shape,
+        k.stride(),
+        v.shape,
+        v.stride(),
+        window_left,
+        window_right,
+        softcap,
+    )
 
 
 class _BackwardCall:
@@ -266,8 +279,13 @@ class _BackwardCall:
     ) -> None:
         self.shape = _make_c_shape(q_shape, k_shape, dtype, softmax_scale, causal, window_left, window_right, softcap)
         self.plan_key = _plans.plan_key(device, _plans.shape_fields(self.shape), schedule, sm_margin)
-        layouts = ((dout_shape, dout_strides), (q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides),
-                   (out_shape, out_strides))
+        layouts = (
+            (dout_shape, dout_strides),
+            (q_shape, q_strides),
+            (k_shape, k_strides),
+            (v_shape, v_strides),
+            (out_shape, out_strides),
+        )
         self.in_place = all(_strides_ok(shape, strides) for shape, strides in layouts)
         gradient_strides = (_packed_strides(q_shape), _packed_strides(k_shape), _packed_strides(v_shape))
         self.inputs_packed = (q_strides, k_strides, v_strides) == gradient_strides
@@ -294,9 +312,27 @@ def _backward_call(
 ) -> _BackwardCall:
     cacheable = softmax_scale > 0 and softcap >= 0 and softcap != float("inf")
     make = _cached_backward_call if cacheable else _BackwardCall
-    return make(device, q.dtype, softmax_scale, causal, schedule, sm_margin, dout.shape, dout.stride(), q.shape,
-                q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride(), window_left,
-                window_right, softcap)
+    return make(
+        device,
+        q.dtype,
+        softmax_scale,
+        causal,
+        schedule,
+        sm_margin,
+        dout.shape,
+        dout.stride(),
+        q.shape,
+        q.stride(),
+        k.shape,
+        k.stride(),
+        v.shape,
+        v.stride(),
+        out.shape,
+        out.stride(),
+        window_left,
+        window_right,
+        softcap,
+    )
 
 
 def _workspace(nbytes: int, device: torch.device) -> Tensor:
@@ -689,4 +725,3 @@ def attention(
             q, k, v, (softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap)
         )
     return _forward_body(q, k, v, softmax_scale, causal, sm_margin, window_left, window_right, softcap)
-

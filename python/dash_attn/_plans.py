@@ -77,8 +77,12 @@ backward_plans: PlanCache[_library.BackwardPlan] = PlanCache(PLAN_CACHE_CAPACITY
 def _make_varlen_backward_plan(key: tuple) -> _library.BackwardPlan:
     _device, shape_fields, schedule, sm_margin, keys_within_queries, lengths_fill_maxima = key
     return _library.BackwardPlan(
-        _library.Shape(*shape_fields), schedule, sm_margin=sm_margin, varlen=True,
-        keys_within_queries=keys_within_queries, lengths_fill_maxima=lengths_fill_maxima,
+        _library.Shape(*shape_fields),
+        schedule,
+        sm_margin=sm_margin,
+        varlen=True,
+        keys_within_queries=keys_within_queries,
+        lengths_fill_maxima=lengths_fill_maxima,
     )
 
 
@@ -89,8 +93,15 @@ def lengths_fill_maxima(shape: _library.Shape, total_q: int, total_k: int) -> bo
     return total_q >= shape.batch * shape.seqlen_q and total_k >= shape.batch * shape.seqlen_k
 
 
-def varlen_plan_key(device: int, shape: _library.Shape, schedule: str, sm_margin: int, keys_within_queries: bool,
-                    total_q: int, total_k: int) -> tuple:
+def varlen_plan_key(
+    device: int,
+    shape: _library.Shape,
+    schedule: str,
+    sm_margin: int,
+    keys_within_queries: bool,
+    total_q: int,
+    total_k: int,
+) -> tuple:
     """The key of varlen_backward_plans for batches of maximum problem `shape` packed into total_q query and total_k
     key rows: plan_key's with the promise and the hint lengths_fill_maxima appended."""
     fill = lengths_fill_maxima(shape, total_q, total_k)

@@ -47,8 +47,12 @@ def _fa2_options(
 
 def _check_fa2_flags(causal: object, deterministic: object, return_attn_probs: object, return_lse: object) -> None:
     # Four bools, the common case, pass without check_flags' keyword dict; it names the first that is not one.
-    if not (type(causal) is bool and type(deterministic) is bool and type(return_attn_probs) is bool
-            and type(return_lse) is bool):
+    if not (
+        type(causal) is bool
+        and type(deterministic) is bool
+        and type(return_attn_probs) is bool
+        and type(return_lse) is bool
+    ):
         check_flags(
             causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs, return_lse=return_lse
         )

@@ -219,8 +219,10 @@ def flash_attn_varlen_func(
     softmax_lse is the fp32 natural-log LSE (heads_q, total_q) and carries no gradient.
     """
     check_flags(causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs, return_lse=return_lse)
-    reason = ("DASH's varlen kernels take each sequence's length from the offsets alone; pack the sequences to their "
-              "used lengths (cu_seqlens from them) instead")
+    reason = (
+        "DASH's varlen kernels take each sequence's length from the offsets alone; pack the sequences to their "
+        "used lengths (cu_seqlens from them) instead"
+    )
     refuse_unsupported("seqused_q", seqused_q, (None,), reason)
     refuse_unsupported("seqused_k", seqused_k, (None,), reason)
     refuse_unsupported("qv", qv, (None,), "DASH has no extra query-value product")
@@ -228,7 +230,13 @@ def flash_attn_varlen_func(
     refuse_unsupported("num_splits", num_splits, (1, 0), "DASH's forward never splits the keys")
     refuse_unsupported("pack_gqa", pack_gqa, (None, True, False), "it is a layout hint that takes None or a bool")
     out, lse = varlen._varlen_attention(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
         softmax_scale=softmax_scale,
         causal=causal,
         window=window,

@@ -43,7 +43,16 @@ def attention_backward(
     check_flags(causal=causal, deterministic=deterministic)
     (left, right), cap = resolve_window(window_size), resolve_softcap(softcap)
     scale, resolved, margin = check_backward_call(
-        dout, q, k, v, out, lse, softmax_scale=softmax_scale, deterministic=deterministic, schedule=schedule,
-        sm_margin=sm_margin, entry="attention_backward",
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        softmax_scale=softmax_scale,
+        deterministic=deterministic,
+        schedule=schedule,
+        sm_margin=sm_margin,
+        entry="attention_backward",
     )
     return _ops.attention_backward(dout, q, k, v, out, lse, scale, causal, resolved, margin, left, right, cap)

@@ -74,9 +74,19 @@ def _check_packed(tensors: tuple[object, object, object]) -> None:
     # key/value head.
     if isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor):
         q_shape, k_shape = q.shape, k.shape
-        if (len(q_shape) == 3 and k_shape == v.shape and len(k_shape) == 3 and q.dtype in SUPPORTED_DTYPES
-                and k.dtype is q.dtype and v.dtype is q.dtype and q_shape[2] == k_shape[2] and q_shape[2] in HEAD_DIMS
-                and q_shape[1] > 0 and k_shape[1] > 0 and q_shape[1] % k_shape[1] == 0):
+        if (
+            len(q_shape) == 3
+            and k_shape == v.shape
+            and len(k_shape) == 3
+            and q.dtype in SUPPORTED_DTYPES
+            and k.dtype is q.dtype
+            and v.dtype is q.dtype
+            and q_shape[2] == k_shape[2]
+            and q_shape[2] in HEAD_DIMS
+            and q_shape[1] > 0
+            and k_shape[1] > 0
+            and q_shape[1] % k_shape[1] == 0
+        ):
             return
     for t, name in zip(tensors, ("q", "k", "v")):
         check_is_tensor(t, name)
@@ -95,32 +105,44 @@ def _check_packed(tensors: tuple[object, object, object]) -> None:
         if t.shape[2] != head_dim:
             raise ValueError(f"{name}.shape[2] (head_dim) = {t.shape[2]} must equal q.shape[2] = {head_dim}")
     if v.shape[:2] != k.shape[:2]:
-        raise ValueError(f"v.shape[:2] {tuple(v.shape[:2])} (total_k, heads) must equal k.shape[:2] "
-                         f"{tuple(k.shape[:2])}")
+        raise ValueError(
+            f"v.shape[:2] {tuple(v.shape[:2])} (total_k, heads) must equal k.shape[:2] {tuple(k.shape[:2])}"
+        )
     if q.shape[1] == 0 or k.shape[1] == 0:
         raise ValueError(f"q and k must have at least one head, got q.shape {tuple(q.shape)}, k.shape {tuple(k.shape)}")
     if q.shape[1] % k.shape[1] != 0:
-        raise ValueError(f"q.shape[1] (query heads) = {q.shape[1]} must be a multiple of k.shape[1] (key/value "
-                         f"heads) = {k.shape[1]}: each key/value head serves a whole group of query heads")
+        raise ValueError(
+            f"q.shape[1] (query heads) = {q.shape[1]} must be a multiple of k.shape[1] (key/value "
+            f"heads) = {k.shape[1]}: each key/value head serves a whole group of query heads"
+        )
 
 
 def _check_cu_seqlens(cu_seqlens_q: object, cu_seqlens_k: object) -> int:
     """The number of sequences, after checking both offset tensors: int32, 1-D, the same length of at least 2."""
     if isinstance(cu_seqlens_q, Tensor) and isinstance(cu_seqlens_k, Tensor):  # the common case in one test
         offsets = cu_seqlens_q.shape
-        if (cu_seqlens_q.dtype is torch.int32 and cu_seqlens_k.dtype is torch.int32 and len(offsets) == 1
-                and offsets[0] >= 2 and cu_seqlens_k.shape == offsets):
+        if (
+            cu_seqlens_q.dtype is torch.int32
+            and cu_seqlens_k.dtype is torch.int32
+            and len(offsets) == 1
+            and offsets[0] >= 2
+            and cu_seqlens_k.shape == offsets
+        ):
             return offsets[0] - 1
     for t, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
         check_is_tensor(t, name)
         if t.dtype != torch.int32:
             raise TypeError(f"{name}.dtype must be torch.int32 (FlashAttention's cu_seqlens), got {t.dtype}")
         if t.dim() != 1 or t.numel() < 2:
-            raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 offsets (0, then each sequence's end), got "
-                             f"shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must be 1-D with batch + 1 >= 2 offsets (0, then each sequence's end), got "
+                f"shape {tuple(t.shape)}"
+            )
     if cu_seqlens_k.numel() != cu_seqlens_q.numel():
-        raise ValueError(f"cu_seqlens_k has {cu_seqlens_k.numel()} offsets but cu_seqlens_q {cu_seqlens_q.numel()}: "
-                         f"both must hold batch + 1")
+        raise ValueError(
+            f"cu_seqlens_k has {cu_seqlens_k.numel()} offsets but cu_seqlens_q {cu_seqlens_q.numel()}: "
+            f"both must hold batch + 1"
+        )
     return cu_seqlens_q.numel() - 1
 
 
@@ -130,8 +152,10 @@ def _check_max_seqlen(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if not 1 <= value <= MAX_SEQLEN:
-        raise ValueError(f"{name} must satisfy 1 <= {name} <= {MAX_SEQLEN} (the longest sequence of the batch; the "
-                         f"plan is made for it), got {value}")
+        raise ValueError(
+            f"{name} must satisfy 1 <= {name} <= {MAX_SEQLEN} (the longest sequence of the batch; the "
+            f"plan is made for it), got {value}"
+        )
     return int(value)
 
 
@@ -160,8 +184,11 @@ def _same_offsets(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor) -> bool:
         return True
     if _ops._traced(cu_seqlens_q, cu_seqlens_k):
         return False
-    return (cu_seqlens_q.data_ptr() == cu_seqlens_k.data_ptr() and cu_seqlens_q.stride() == cu_seqlens_k.stride()
-            and cu_seqlens_q.numel() == cu_seqlens_k.numel())
+    return (
+        cu_seqlens_q.data_ptr() == cu_seqlens_k.data_ptr()
+        and cu_seqlens_q.stride() == cu_seqlens_k.stride()
+        and cu_seqlens_q.numel() == cu_seqlens_k.numel()
+    )
 
 
 # What decides a varlen call's maximum problem besides its tensors: dtype, softmax_scale, causal, window_left,
@@ -175,8 +202,16 @@ _Layout = tuple[torch.Size, tuple[int, ...]]
 def _max_problem(problem: _Problem, q_shape: torch.Size, k_shape: torch.Size) -> _library.Shape:
     """The maximum problem's C shape: batch = sequences, seqlen_q and seqlen_k = the maxima."""
     dtype, softmax_scale, causal, window_left, window_right, softcap, batch, max_seqlen_q, max_seqlen_k = problem
-    return _ops._make_c_shape((batch, max_seqlen_q, q_shape[1], q_shape[2]), (batch, max_seqlen_k, k_shape[1],
-                              k_shape[2]), dtype, softmax_scale, causal, window_left, window_right, softcap)
+    return _ops._make_c_shape(
+        (batch, max_seqlen_q, q_shape[1], q_shape[2]),
+        (batch, max_seqlen_k, k_shape[1], k_shape[2]),
+        dtype,
+        softmax_scale,
+        causal,
+        window_left,
+        window_right,
+        softcap,
+    )
 
 
 class _VarlenForwardCall:
@@ -211,13 +246,21 @@ class _VarlenBackwardCall:
 
     __slots__ = ("in_place", "inputs_packed", "plan_key", "shape", "structs", "varlen")
 
-    def __init__(self, device: int, problem: _Problem, schedule: str, sm_margin: int, keys_within_queries: bool,
-                 layouts: tuple[_Layout, _Layout, _Layout, _Layout, _Layout]) -> None:
+    def __init__(
+        self,
+        device: int,
+        problem: _Problem,
+        schedule: str,
+        sm_margin: int,
+        keys_within_queries: bool,
+        layouts: tuple[_Layout, _Layout, _Layout, _Layout, _Layout],
+    ) -> None:
         dout_layout, (q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides), out_layout = layouts
         self.shape = _max_problem(problem, q_shape, k_shape)
         # auto's hint (lengths_fill_maxima) comes from the packed row counts, which the signature holds.
-        self.plan_key = _plans.varlen_plan_key(device, self.shape, schedule, sm_margin, keys_within_queries,
-                                               q_shape[0], k_shape[0])
+        self.plan_key = _plans.varlen_plan_key(
+            device, self.shape, schedule, sm_margin, keys_within_queries, q_shape[0], k_shape[0]
+        )
         self.in_place = all(_ops._strides_ok(shape, strides) for shape, strides in layouts)
         gradient_strides = tuple(_ops._packed_strides(shape) for shape in (q_shape, k_shape, v_shape))
         self.inputs_packed = (q_strides, k_strides, v_strides) == gradient_strides
@@ -237,22 +280,52 @@ def _cacheable(softmax_scale: float, softcap: float) -> bool:
     return softmax_scale > 0 and softcap >= 0 and softcap != float("inf")
 
 
-def _forward_call(q: Tensor, k: Tensor, v: Tensor, batch: int, max_seqlen_q: int, max_seqlen_k: int,
-                  softmax_scale: float, causal: bool, window_left: int, window_right: int,
-                  softcap: float) -> _VarlenForwardCall:
+def _forward_call(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    batch: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> _VarlenForwardCall:
     make = _cached_forward_call if _cacheable(softmax_scale, softcap) else _VarlenForwardCall
     problem = (q.dtype, softmax_scale, causal, window_left, window_right, softcap, batch, max_seqlen_q, max_seqlen_k)
     return make(_library.load(), problem, ((q.shape, q.stride()), (k.shape, k.stride()), (v.shape, v.stride())))
 
 
-def _backward_call(device: int, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, batch: int,
-                   max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, schedule: str,
-                   sm_margin: int, window_left: int, window_right: int, softcap: float,
-                   keys_within_queries: bool) -> _VarlenBackwardCall:
+def _backward_call(
+    device: int,
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    batch: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+    sm_margin: int,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    keys_within_queries: bool,
+) -> _VarlenBackwardCall:
     make = _cached_backward_call if _cacheable(softmax_scale, softcap) else _VarlenBackwardCall
     problem = (q.dtype, softmax_scale, causal, window_left, window_right, softcap, batch, max_seqlen_q, max_seqlen_k)
-    layouts = ((dout.shape, dout.stride()), (q.shape, q.stride()), (k.shape, k.stride()), (v.shape, v.stride()),
-               (out.shape, out.stride()))
+    layouts = (
+        (dout.shape, dout.stride()),
+        (q.shape, q.stride()),
+        (k.shape, k.stride()),
+        (v.shape, v.stride()),
+        (out.shape, out.stride()),
+    )
     return make(device, problem, schedule, sm_margin, keys_within_queries, layouts)
 
 
@@ -267,8 +340,16 @@ def _fresh_varlen(shared: _library.Varlen) -> _library.Varlen:
     return _library.Varlen(0, 0, shared.total_q, shared.total_k, shared.keys_within_queries)
 
 
-def _launch_forward(index: int, call: _VarlenForwardCall, pointers: tuple[int, int, int], offsets: tuple[int, int],
-                    out: Tensor, lse: Tensor, sm_margin: int, keys_within_queries: bool) -> None:
+def _launch_forward(
+    index: int,
+    call: _VarlenForwardCall,
+    pointers: tuple[int, int, int],
+    offsets: tuple[int, int],
+    out: Tensor,
+    lse: Tensor,
+    sm_margin: int,
+    keys_within_queries: bool,
+) -> None:
     workspace = _ops._workspace(call.workspace_bytes, out.device)
     structs = call.structs
     taken = structs.take()  # the varlen struct goes with the tensor structs
@@ -279,17 +360,41 @@ def _launch_forward(index: int, call: _VarlenForwardCall, pointers: tuple[int, i
         out_c.data = out.data_ptr()
         varlen.cu_seqlens_q, varlen.cu_seqlens_k = offsets
         varlen.keys_within_queries = keys_within_queries
-        _library.forward_varlen(call.shape, varlen, q_c, k_c, v_c, out_c, lse.data_ptr(), workspace.data_ptr(),
-                                call.workspace_bytes, torch._C._cuda_getCurrentRawStream(index), sm_margin)
+        _library.forward_varlen(
+            call.shape,
+            varlen,
+            q_c,
+            k_c,
+            v_c,
+            out_c,
+            lse.data_ptr(),
+            workspace.data_ptr(),
+            call.workspace_bytes,
+            torch._C._cuda_getCurrentRawStream(index),
+            sm_margin,
+        )
     finally:
         if taken:
             structs.give_back()
 
 
-def _forward_body(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                  max_seqlen_k: int, softmax_scale: float, causal: bool, schedule: str, sm_margin: int,
-                  window_left: int, window_right: int, softcap: float,
-                  keys_within_queries: bool) -> tuple[Tensor, Tensor]:
+def _forward_body(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+    sm_margin: int,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    keys_within_queries: bool,
+) -> tuple[Tensor, Tensor]:
     """What the forward op runs, and the eager path too: out (total_q, heads_q, head_dim) and lse (heads_q, total_q)
     fp32, allocated uncleared (the library writes every row). `schedule` is not used here: autograd hands it to the
     backward."""
@@ -310,13 +415,29 @@ def _forward_body(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seql
     out = _ops._packed_like(q, call.q_packed)
     lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
     index = q.get_device()
-    _ops._on_device(index, _launch_forward, index, call, pointers, (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()),
-                    out, lse, sm_margin, keys_within_queries)
+    _ops._on_device(
+        index,
+        _launch_forward,
+        index,
+        call,
+        pointers,
+        (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()),
+        out,
+        lse,
+        sm_margin,
+        keys_within_queries,
+    )
     return out, lse
 
 
-def _launch_backward(index: int, call: _VarlenBackwardCall, pointers: tuple[int, int, int, int, int],
-                     offsets: tuple[int, int], lse: Tensor, gradients: tuple[Tensor, Tensor, Tensor]) -> None:
+def _launch_backward(
+    index: int,
+    call: _VarlenBackwardCall,
+    pointers: tuple[int, int, int, int, int],
+    offsets: tuple[int, int],
+    lse: Tensor,
+    gradients: tuple[Tensor, Tensor, Tensor],
+) -> None:
     # Planned and proven once per (device, maximum problem, schedule, margin, promise).
     plan = _plans.varlen_backward_plans.get(call.plan_key)
     workspace = _ops._workspace(plan.workspace_bytes, lse.device)
@@ -329,25 +450,66 @@ def _launch_backward(index: int, call: _VarlenBackwardCall, pointers: tuple[int,
         dout_c.data, q_c.data, k_c.data, v_c.data, out_c.data = pointers
         dq_c.data, dk_c.data, dv_c.data = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         varlen.cu_seqlens_q, varlen.cu_seqlens_k = offsets
-        plan.backward_varlen(call.shape, varlen, q_c, k_c, v_c, out_c, dout_c, lse.data_ptr(), dq_c, dk_c, dv_c,
-                             workspace.data_ptr(), plan.workspace_bytes, torch._C._cuda_getCurrentRawStream(index))
+        plan.backward_varlen(
+            call.shape,
+            varlen,
+            q_c,
+            k_c,
+            v_c,
+            out_c,
+            dout_c,
+            lse.data_ptr(),
+            dq_c,
+            dk_c,
+            dv_c,
+            workspace.data_ptr(),
+            plan.workspace_bytes,
+            torch._C._cuda_getCurrentRawStream(index),
+        )
     finally:
         if taken:
             structs.give_back()
 
 
-def _backward_body(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
-                   cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-                   schedule: str, sm_margin: int, window_left: int, window_right: int, softcap: float,
-                   keys_within_queries: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _backward_body(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+    sm_margin: int,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    keys_within_queries: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     """What the backward op runs, and the eager path too: dq, dk, dv, zero in rows no sequence holds (the library
     clears them), dQ summed in the order `schedule` fixes."""
     if _empty_batch(q, k):  # no kernel runs: no query sees a key
         return tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     index = q.get_device()
     batch = cu_seqlens_q.shape[0] - 1
-    signature = (batch, max_seqlen_q, max_seqlen_k, softmax_scale, causal, schedule, sm_margin, window_left,
-                 window_right, softcap, keys_within_queries)
+    signature = (
+        batch,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        causal,
+        schedule,
+        sm_margin,
+        window_left,
+        window_right,
+        softcap,
+        keys_within_queries,
+    )
     call = _backward_call(index, dout, q, k, v, out, *signature)
     pointers = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
     aligned = (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4]) % _ops._TMA_ALIGNMENT_BYTES == 0
@@ -358,8 +520,16 @@ def _backward_body(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     lse = lse.contiguous()
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     gradients = _ops._backward_outputs(q, k, v, call.inputs_packed)
-    _ops._on_device(index, _launch_backward, index, call, pointers, (cu_seqlens_q.data_ptr(),
-                    cu_seqlens_k.data_ptr()), lse, gradients)
+    _ops._on_device(
+        index,
+        _launch_backward,
+        index,
+        call,
+        pointers,
+        (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()),
+        lse,
+        gradients,
+    )
     return gradients
 
 
@@ -382,17 +552,46 @@ def varlen_forward(
     keys_within_queries: bool,
 ) -> tuple[Tensor, Tensor]:
     """out, lse of a packed varlen batch. `schedule` is not used here: autograd hands it to the backward."""
-    return _forward_body(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                         schedule, sm_margin, window_left, window_right, softcap, keys_within_queries)
+    return _forward_body(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        causal,
+        schedule,
+        sm_margin,
+        window_left,
+        window_right,
+        softcap,
+        keys_within_queries,
+    )
 
 
 @varlen_forward.register_fake
-def _varlen_forward_fake(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, schedule: str,
-                         sm_margin: int, window_left: int, window_right: int, softcap: float,
-                         keys_within_queries: bool) -> tuple[Tensor, Tensor]:
+def _varlen_forward_fake(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+    sm_margin: int,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    keys_within_queries: bool,
+) -> tuple[Tensor, Tensor]:
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
-        (q.shape[1], q.shape[0]), dtype=torch.float32)
+        (q.shape[1], q.shape[0]), dtype=torch.float32
+    )
 
 
 @torch.library.custom_op("dash_attn::varlen_backward", mutates_args=(), device_types="cuda")
@@ -419,17 +618,49 @@ def varlen_backward(
     """dq, dk, dv of a packed varlen batch, dQ summed in the order `schedule` fixes (its plan is the maximum
     problem's, made once per shape, promise and auto's hint from the packed rows); zero in rows no sequence holds
     (the library clears them)."""
-    return _backward_body(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap,
-                          keys_within_queries)
+    return _backward_body(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        causal,
+        schedule,
+        sm_margin,
+        window_left,
+        window_right,
+        softcap,
+        keys_within_queries,
+    )
 
 
 @varlen_backward.register_fake
-def _varlen_backward_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                          cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                          softmax_scale: float, causal: bool, schedule: str, sm_margin: int, window_left: int,
-                          window_right: int, softcap: float,
-                          keys_within_queries: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _varlen_backward_fake(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    schedule: str,
+    sm_margin: int,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    keys_within_queries: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
@@ -438,8 +669,9 @@ def _varlen_backward_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
 _Arguments = tuple[int, int, float, bool, str, int, int, int, float, bool]
 
 
-def _save_for_backward(ctx: torch.autograd.function.FunctionCtx, tensors: tuple, arguments: _Arguments,
-                       output: tuple) -> None:
+def _save_for_backward(
+    ctx: torch.autograd.function.FunctionCtx, tensors: tuple, arguments: _Arguments, output: tuple
+) -> None:
     """The autograd context of both paths, as _ops._save_for_backward's: the inputs, the offsets and the outputs
     through save_for_backward, the arguments as one tuple, no gradient for the LSE (and none materialized)."""
     q, k, v, cu_seqlens_q, cu_seqlens_k = tensors
@@ -454,8 +686,9 @@ def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, outp
     _save_for_backward(ctx, inputs[:5], inputs[5:], output)
 
 
-def _gradients(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None,
-               run_backward: Callable[..., tuple]) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+def _gradients(
+    ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None, run_backward: Callable[..., tuple]
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """dq, dk, dv: the backward formula of both paths around `run_backward`, which has the backward op's
     signature."""
     if grad_out is None:
@@ -464,8 +697,9 @@ def _gradients(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None
     return run_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.arguments)
 
 
-def _op_gradients(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None,
-                  grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+def _op_gradients(
+    ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None, grad_lse: Tensor | None
+) -> tuple[Tensor | None, ...]:
     """The forward op's autograd formula: the backward op; none for the offsets and the other arguments."""
     dq, dk, dv = _gradients(ctx, grad_out, torch.ops.dash_attn.varlen_backward)
     return (dq, dk, dv, *(None,) * 12)
@@ -474,9 +708,17 @@ def _op_gradients(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | N
 varlen_forward.register_autograd(_op_gradients, setup_context=_setup_context)
 
 
-def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                        cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                        *arguments: object) -> tuple[Tensor, Tensor, Tensor]:
+def _attention_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    *arguments: object,
+) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of torch.ops.dash_attn.varlen_backward, bitwise the same: that op where torch traces, its body
     directly otherwise (as _ops.attention_backward)."""
     tensors = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
@@ -485,8 +727,9 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     return _backward_body(*tensors, *arguments)
 
 
-def _eager_gradients(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None,
-                     grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+def _eager_gradients(
+    ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None, grad_lse: Tensor | None
+) -> tuple[Tensor | None, ...]:
     """_EagerVarlenAttention's gradients: dq, dk, dv, and none for the offsets and the argument tuple."""
     dq, dk, dv = _gradients(ctx, grad_out, _attention_backward)
     return dq, dk, dv, None, None, None
@@ -501,23 +744,32 @@ class _EagerVarlenAttention(torch.autograd.Function):
     the dispatch costs more host time than a short batch's kernels)."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
-                cu_seqlens_k: Tensor, arguments: _Arguments) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        cu_seqlens_q: Tensor,
+        cu_seqlens_k: Tensor,
+        arguments: _Arguments,
+    ) -> tuple[Tensor, Tensor]:
         tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k)
         output = _forward_body(*tensors, *arguments)
         _save_for_backward(ctx, tensors, arguments, output)
         return output
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None,
-                 grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor | None, grad_lse: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
         if torch.is_grad_enabled():
             return _eager_gradients_once_differentiable(ctx, grad_out, grad_lse)
         return _eager_gradients(ctx, grad_out, grad_lse)
 
 
-def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-               arguments: _Arguments) -> tuple[Tensor, Tensor]:
+def _attention(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, arguments: _Arguments
+) -> tuple[Tensor, Tensor]:
     """out, lse of torch.ops.dash_attn.varlen_forward, differentiable as it is, bitwise the same: that op where torch
     traces (_ops._traced), its body in plain eager mode, under _EagerVarlenAttention when autograd records the call."""
     tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k)
@@ -528,10 +780,24 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
     return _forward_body(*tensors, *arguments)
 
 
-def _varlen_attention(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqlens_k: object,
-                      max_seqlen_q: object, max_seqlen_k: object, *, softmax_scale: float | None, causal: bool,
-                      window: tuple[int, int], softcap: float, deterministic: bool, schedule: str, sm_margin: object,
-                      entry: str) -> tuple[Tensor, Tensor]:
+def _varlen_attention(
+    q: object,
+    k: object,
+    v: object,
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    max_seqlen_q: object,
+    max_seqlen_k: object,
+    *,
+    softmax_scale: float | None,
+    causal: bool,
+    window: tuple[int, int],
+    softcap: float,
+    deterministic: bool,
+    schedule: str,
+    sm_margin: object,
+    entry: str,
+) -> tuple[Tensor, Tensor]:
     """out, lse of every varlen entry point, after its own option checks: checks the tensors, offsets and maxima,
     resolves the scale and schedule, applies the determinism switch and runs the call. `entry` is the public name
     the caller used, for the determinism switch's message."""
@@ -546,8 +812,14 @@ def _varlen_attention(q: object, k: object, v: object, cu_seqlens_q: object, cu_
     _check_determinism_switch(resolved, (q, k, v), entry)
     _check_devices((q, k, v, cu_seqlens_q, cu_seqlens_k), ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"))
     promise = _same_offsets(cu_seqlens_q, cu_seqlens_k)
-    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                      (max_q, max_k, scale, causal, resolved, margin, left, right, softcap, promise))
+    return _attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        (max_q, max_k, scale, causal, resolved, margin, left, right, softcap, promise),
+    )
 
 
 def _unstack_rows(packed: object, name: str, count: int) -> tuple[Tensor, ...]:
@@ -613,9 +885,23 @@ def flash_attn_varlen_func(
     _check_fa2_flags(causal, deterministic, return_attn_probs, return_lse)
     window, cap = _fa2_options(dropout_p, window_size, softcap, alibi_slopes)
     refuse_unsupported("block_table", block_table, (None,), "DASH has no paged KV cache")
-    out, lse = _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                 softmax_scale=softmax_scale, causal=causal, window=window, softcap=cap,
-                                 deterministic=deterministic, schedule=schedule, sm_margin=sm_margin, entry=_ENTRY)
+    out, lse = _varlen_attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window=window,
+        softcap=cap,
+        deterministic=deterministic,
+        schedule=schedule,
+        sm_margin=sm_margin,
+        entry=_ENTRY,
+    )
     return _fa2_result(out, lse, return_attn_probs, return_lse)
 
 
@@ -644,10 +930,23 @@ def flash_attn_varlen_kvpacked_func(
     _check_fa2_flags(causal, deterministic, return_attn_probs, return_lse)
     window, cap = _fa2_options(dropout_p, window_size, softcap, alibi_slopes)
     k, v = _unstack_rows(kv, "kv", 2)
-    out, lse = _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                 softmax_scale=softmax_scale, causal=causal, window=window, softcap=cap,
-                                 deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
-                                 entry="dash_attn.flash_attn_varlen_kvpacked_func")
+    out, lse = _varlen_attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window=window,
+        softcap=cap,
+        deterministic=deterministic,
+        schedule=schedule,
+        sm_margin=sm_margin,
+        entry="dash_attn.flash_attn_varlen_kvpacked_func",
+    )
     return _fa2_result(out, lse, return_attn_probs, return_lse)
 
 
@@ -675,10 +974,23 @@ def flash_attn_varlen_qkvpacked_func(
     _check_fa2_flags(causal, deterministic, return_attn_probs, return_lse)
     window, cap = _fa2_options(dropout_p, window_size, softcap, alibi_slopes)
     q, k, v = _unstack_rows(qkv, "qkv", 3)
-    out, lse = _varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                                 softmax_scale=softmax_scale, causal=causal, window=window, softcap=cap,
-                                 deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
-                                 entry="dash_attn.flash_attn_varlen_qkvpacked_func")
+    out, lse = _varlen_attention(
+        q,
+        k,
+        v,
+        cu_seqlens,
+        cu_seqlens,
+        max_seqlen,
+        max_seqlen,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window=window,
+        softcap=cap,
+        deterministic=deterministic,
+        schedule=schedule,
+        sm_margin=sm_margin,
+        entry="dash_attn.flash_attn_varlen_qkvpacked_func",
+    )
     return _fa2_result(out, lse, return_attn_probs, return_lse)
 
 

@@ -63,15 +63,17 @@ def require_kernel(device, library) -> Callable[[int, object], None]:
     return check
 
 
-def _run_in_fresh_interpreter(program: str, env: Mapping[str, str] | None = None,
-                              timeout: float | None = None) -> subprocess.CompletedProcess:
+def _run_in_fresh_interpreter(
+    program: str, env: Mapping[str, str] | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess:
     import dash_attn
 
     environment = dict(os.environ if env is None else env)
     package_parent = str(Path(dash_attn.__file__).resolve().parents[1])
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, (package_parent, environment.get("PYTHONPATH"))))
-    return subprocess.run([sys.executable, "-c", program], env=environment, capture_output=True, text=True,
-                          check=False, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", program], env=environment, capture_output=True, text=True, check=False, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="session")

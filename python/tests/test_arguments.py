@@ -144,12 +144,15 @@ def test_mismatched_devices_are_named() -> None:
         flash_attn_func(bshd(), bshd(device="meta"), bshd())
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
-                    reason="fake cuda:1 tensors need no CUDA at all (the CPU run) or two GPUs: with CUDA present, "
-                    "FakeTensorMode creates a context on each device it sees")
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.device_count() < 2,
+    reason="fake cuda:1 tensors need no CUDA at all (the CPU run) or two GPUs: with CUDA present, "
+    "FakeTensorMode creates a context on each device it sees",
+)
 def test_cuda_tensors_pass_the_device_check_only_on_one_device() -> None:
-    from dash_attn._arguments import BSHD, check_devices
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dash_attn._arguments import BSHD, check_devices
 
     # Fake CUDA tensors need no GPU; the check reads only their devices.
     with FakeTensorMode():

@@ -260,9 +260,7 @@ def test_library_errors_are_runtime_errors_with_status_and_message(device, requi
 
 
 @pytest.mark.parametrize("head_dim", [192, 256])
-def test_symmetric_shift_at_head_dims_192_and_256_is_refused_naming_the_rule(
-    device, require_kernel, head_dim
-) -> None:
+def test_symmetric_shift_at_head_dims_192_and_256_is_refused_naming_the_rule(device, require_kernel, head_dim) -> None:
     # The backward's 64x96 and 64x80 tiles at d = 192 and 256: symmetric shift needs block_kv to be a multiple of
     # block_q.
     require_kernel(head_dim, torch.bfloat16)

@@ -29,6 +29,7 @@ BATCH, SEQLEN_Q, SEQLEN_K, HEADS_Q, HEADS_KV, HEAD_DIM = 2, 16, 24, 4, 2, 64
 
 def inputs(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """dout, q, k, v, out, lse of the module's shape (values do not matter to the checks)."""
+
     def draw(seqlen: int, heads: int) -> torch.Tensor:
         return torch.randn(BATCH, seqlen, heads, HEAD_DIM, device=device).to(dtype)
 
@@ -113,7 +114,10 @@ def test_tensors_on_the_cpu_are_refused_by_the_device_check_last() -> None:
 @pytest.fixture
 def deterministic_algorithms():
     """torch.use_deterministic_algorithms(True), restored afterwards; the fixture sets warn_only."""
-    before, before_warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    before, before_warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
 
     def enable(warn_only: bool) -> None:
         torch.use_deterministic_algorithms(True, warn_only=warn_only)
@@ -147,8 +151,16 @@ def test_under_tracing_it_is_the_backward_op() -> None:
     with FakeTensorMode() as mode:
         tensors = {name: mode.from_tensor(t) for name, t in inputs().items()}
         dq, dk, dv = torch.ops.dash_attn.backward(
-            tensors["dout"], tensors["q"], tensors["k"], tensors["v"], tensors["out"], tensors["lse"], 0.125, True,
-            "auto", 0,
+            tensors["dout"],
+            tensors["q"],
+            tensors["k"],
+            tensors["v"],
+            tensors["out"],
+            tensors["lse"],
+            0.125,
+            True,
+            "auto",
+            0,
         )
     assert (dq.shape, dk.shape, dv.shape) == (tensors["q"].shape, tensors["k"].shape, tensors["v"].shape)
 
@@ -171,7 +183,14 @@ def test_gradients_are_autograds_bit_for_bit(device, require_kernel, causal: boo
     except LibraryError as error:  # a schedule whose preconditions the shape does not meet (shift needs full)
         pytest.skip(f"schedule {schedule} does not apply to this shape: {error}")
     got = attention_backward(
-        tensors["dout"], tensors["q"], tensors["k"], tensors["v"], out.detach(), lse, causal=causal, schedule=schedule,
+        tensors["dout"],
+        tensors["q"],
+        tensors["k"],
+        tensors["v"],
+        out.detach(),
+        lse,
+        causal=causal,
+        schedule=schedule,
         **variant,
     )
     for name, a, b in zip(("dq", "dk", "dv"), got, (leaves[n].grad for n in ("q", "k", "v")), strict=True):

@@ -205,8 +205,18 @@ def test_every_field_of_the_forward_key_makes_a_descriptor_of_its_own(launches: 
 def test_every_field_of_the_backward_key_makes_a_descriptor_of_its_own(launches: Launches) -> None:
     q, k, v = qkv()
     out, dout = torch.randn_like(q), torch.randn_like(q)
-    arguments = {"device": -1, "dout": dout, "q": q, "k": k, "v": v, "out": out, "softmax_scale": SCALE,
-                 "causal": True, "schedule": "auto", "sm_margin": 0}
+    arguments = {
+        "device": -1,
+        "dout": dout,
+        "q": q,
+        "k": k,
+        "v": v,
+        "out": out,
+        "softmax_scale": SCALE,
+        "causal": True,
+        "schedule": "auto",
+        "sm_margin": 0,
+    }
     base = _ops._backward_call(**arguments)
     assert _ops._backward_call(**{**arguments, "q": q.clone(), "dout": dout.clone()}) is base
     transposed = {

@@ -71,7 +71,9 @@ def forward_calls(fake_cuda, monkeypatch) -> list[ForwardCall]:
     calls: list[ForwardCall] = []
 
     def record(q, k, v, softmax_scale, causal, schedule, sm_margin=0, window_left=-1, window_right=-1, softcap=0.0):
-        calls.append(ForwardCall(q, k, v, softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap))
+        calls.append(
+            ForwardCall(q, k, v, softmax_scale, causal, schedule, sm_margin, window_left, window_right, softcap)
+        )
         return _ops._forward_outputs(q)
 
     monkeypatch.setattr(torch.ops.dash_attn, "forward", record)
@@ -371,8 +373,9 @@ def test_a_window_bound_past_every_sequence_is_kept_within_int64(forward_calls) 
     assert call.window_left == call.window_right == 1 << 40
 
 
-@pytest.mark.parametrize(("options", "error", "fragments"), [(o, e, f) for o, e, *f in BAD_WINDOWS_AND_SOFTCAPS],
-                         ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(
+    ("options", "error", "fragments"), [(o, e, f) for o, e, *f in BAD_WINDOWS_AND_SOFTCAPS], ids=lambda v: str(v)[:40]
+)
 @pytest.mark.parametrize("entry", ["fa2", "fa2-qkvpacked", "fa3", "fa3-qkvpacked"])
 def test_bad_window_size_and_softcap_are_refused_by_name(options: dict, error, fragments, entry: str) -> None:
     q = torch.zeros(BATCH, SEQLEN, HEADS, HEAD_DIM, dtype=torch.bfloat16)

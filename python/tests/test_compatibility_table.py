@@ -87,13 +87,20 @@ def tensor_arguments(parameters: list[str]) -> dict[str, object]:
     """Valid CPU stand-ins for a row's leading tensor and offset arguments (refusals come before device checks)."""
     bf16 = {"dtype": torch.bfloat16}
     shapes = {
-        "q": (2, 8, 4, 64), "k": (2, 8, 2, 64), "v": (2, 8, 2, 64), "kv": (2, 8, 2, 2, 64), "qkv": (2, 8, 3, 4, 64),
-        "query": (2, 4, 8, 64), "key": (2, 4, 8, 64), "value": (2, 4, 8, 64),
+        "q": (2, 8, 4, 64),
+        "k": (2, 8, 2, 64),
+        "v": (2, 8, 2, 64),
+        "kv": (2, 8, 2, 2, 64),
+        "qkv": (2, 8, 3, 4, 64),
+        "query": (2, 4, 8, 64),
+        "key": (2, 4, 8, 64),
+        "value": (2, 4, 8, 64),
     }
     varlen = "cu_seqlens_q" in parameters or "cu_seqlens" in parameters
     if varlen:
-        shapes.update({"q": (16, 4, 64), "k": (16, 2, 64), "v": (16, 2, 64), "kv": (16, 2, 2, 64),
-                       "qkv": (16, 3, 4, 64)})
+        shapes.update(
+            {"q": (16, 4, 64), "k": (16, 2, 64), "v": (16, 2, 64), "kv": (16, 2, 2, 64), "qkv": (16, 3, 4, 64)}
+        )
     arguments = {name: torch.zeros(shape, **bf16) for name, shape in shapes.items() if name in parameters}
     for name in ("cu_seqlens_q", "cu_seqlens_k", "cu_seqlens"):
         if name in parameters:
@@ -106,11 +113,25 @@ def tensor_arguments(parameters: list[str]) -> dict[str, object]:
 
 def test_the_table_has_every_function_of_both_libraries():
     listed = {(row.library, row.function) for row in ROWS}
-    fa2 = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
-           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache",
-           "bert_padding.unpad_input", "bert_padding.pad_input"]
-    fa3_functions = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
-                     "flash_attn_with_kvcache", "flash_attn_combine", "get_scheduler_metadata"]
+    fa2 = [
+        "flash_attn_func",
+        "flash_attn_kvpacked_func",
+        "flash_attn_qkvpacked_func",
+        "flash_attn_varlen_func",
+        "flash_attn_varlen_kvpacked_func",
+        "flash_attn_varlen_qkvpacked_func",
+        "flash_attn_with_kvcache",
+        "bert_padding.unpad_input",
+        "bert_padding.pad_input",
+    ]
+    fa3_functions = [
+        "flash_attn_func",
+        "flash_attn_qkvpacked_func",
+        "flash_attn_varlen_func",
+        "flash_attn_with_kvcache",
+        "flash_attn_combine",
+        "get_scheduler_metadata",
+    ]
     expected = {("FA2", f) for f in fa2} | {("FA3", f) for f in fa3_functions}
     assert expected <= listed, f"missing rows: {sorted(expected - listed)}"
 
@@ -118,13 +139,17 @@ def test_the_table_has_every_function_of_both_libraries():
 def test_every_exported_flashattention_function_has_a_row():
     dash_names = {row.dash for row in ROWS}
     exported = [f"dash_attn.{name}" for name in dash_attn.__all__ if name.startswith("flash_attn")]
-    exported += [f"dash_attn.fa3.{name}" for name, value in vars(fa3).items()
-                 if name.startswith("flash_attn") and inspect.isfunction(value) and value.__module__ == fa3.__name__]
+    exported += [
+        f"dash_attn.fa3.{name}"
+        for name, value in vars(fa3).items()
+        if name.startswith("flash_attn") and inspect.isfunction(value) and value.__module__ == fa3.__name__
+    ]
     assert set(exported) <= dash_names, f"no row for {sorted(set(exported) - dash_names)}"
 
 
-@pytest.mark.parametrize("row", [r for r in ROWS if r.dash != MISSING and r.parameters],
-                         ids=lambda r: f"{r.library}.{r.function}")
+@pytest.mark.parametrize(
+    "row", [r for r in ROWS if r.dash != MISSING and r.parameters], ids=lambda r: f"{r.library}.{r.function}"
+)
 def test_a_listed_function_takes_the_listed_parameters_in_order(row: Row):
     function = resolve(row.dash)
     parameters = inspect.signature(function).parameters.values()
@@ -136,8 +161,9 @@ def test_a_listed_function_takes_the_listed_parameters_in_order(row: Row):
         assert inspect.signature(function).parameters["deterministic"].default is True
 
 
-@pytest.mark.parametrize("case", [(r, name) for r in ROWS for name in r.refused],
-                         ids=lambda c: f"{c[0].library}.{c[0].function}:{c[1]}")
+@pytest.mark.parametrize(
+    "case", [(r, name) for r in ROWS for name in r.refused], ids=lambda c: f"{c[0].library}.{c[0].function}:{c[1]}"
+)
 def test_a_listed_refusal_raises_naming_the_argument(case):
     row, name = case
     assert name in row.parameters, f"{name} is refused but not a parameter of {row.function}"
@@ -162,8 +188,10 @@ def test_the_parser_rejects_a_broken_table_and_a_wrong_order_fails():
     broken = f"{SECTION}\n\n| library | function | DASH |\n| --- | --- | --- |\n| FA2 | f | g |\n"
     with pytest.raises(ValueError, match="unexpected table header"):
         parse_table(broken)
-    swapped = f"{SECTION}\n\n| library | function | DASH | parameters | refused |\n| --- | --- | --- | --- | --- |\n" \
-              "| FA2 | `flash_attn_func` | `dash_attn.flash_attn_func` | `q, k, v, softmax_scale, dropout_p` | |\n"
+    swapped = (
+        f"{SECTION}\n\n| library | function | DASH | parameters | refused |\n| --- | --- | --- | --- | --- |\n"
+        "| FA2 | `flash_attn_func` | `dash_attn.flash_attn_func` | `q, k, v, softmax_scale, dropout_p` | |\n"
+    )
     (row,) = parse_table(swapped)
     with pytest.raises(AssertionError):
         test_a_listed_function_takes_the_listed_parameters_in_order(row)

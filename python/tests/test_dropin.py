@@ -45,8 +45,18 @@ class VarlenCall:
     arguments: dict[str, object]
 
 
-ARGUMENT_NAMES = ("max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "schedule", "sm_margin", "window_left",
-                  "window_right", "softcap", "keys_within_queries")
+ARGUMENT_NAMES = (
+    "max_seqlen_q",
+    "max_seqlen_k",
+    "softmax_scale",
+    "causal",
+    "schedule",
+    "sm_margin",
+    "window_left",
+    "window_right",
+    "softcap",
+    "keys_within_queries",
+)
 
 
 @pytest.fixture
@@ -86,8 +96,16 @@ def test_fa2_varlen_every_argument_positional(varlen_calls):
     )
     call = only(varlen_calls)
     assert call.arguments == {
-        "max_seqlen_q": 6, "max_seqlen_k": 6, "softmax_scale": 0.5, "causal": True, "schedule": "nondeterministic",
-        "sm_margin": 0, "window_left": 3, "window_right": 0, "softcap": 2.0, "keys_within_queries": True,
+        "max_seqlen_q": 6,
+        "max_seqlen_k": 6,
+        "softmax_scale": 0.5,
+        "causal": True,
+        "schedule": "nondeterministic",
+        "sm_margin": 0,
+        "window_left": 3,
+        "window_right": 0,
+        "softcap": 2.0,
+        "keys_within_queries": True,
     }
 
 
@@ -177,11 +195,42 @@ def test_fa3_varlen_positional_seqused_then_scale_then_causal(varlen_calls):
 
 def test_fa3_varlen_every_argument_positional(varlen_calls):
     cu = offsets()
-    fa3.flash_attn_varlen_func(rows(), rows(KV_HEADS), rows(KV_HEADS), cu, cu, 6, 6, None, None, 0.5, True, None,
-                               None, None, None, (8, 0), 0, 3.0, 1, None, False, 2, False)
+    fa3.flash_attn_varlen_func(
+        rows(),
+        rows(KV_HEADS),
+        rows(KV_HEADS),
+        cu,
+        cu,
+        6,
+        6,
+        None,
+        None,
+        0.5,
+        True,
+        None,
+        None,
+        None,
+        None,
+        (8, 0),
+        0,
+        3.0,
+        1,
+        None,
+        False,
+        2,
+        False,
+    )
     assert only(varlen_calls).arguments == {
-        "max_seqlen_q": 6, "max_seqlen_k": 6, "softmax_scale": 0.5, "causal": True, "schedule": "nondeterministic",
-        "sm_margin": 2, "window_left": 8, "window_right": 0, "softcap": 3.0, "keys_within_queries": True,
+        "max_seqlen_q": 6,
+        "max_seqlen_k": 6,
+        "softmax_scale": 0.5,
+        "causal": True,
+        "schedule": "nondeterministic",
+        "sm_margin": 2,
+        "window_left": 8,
+        "window_right": 0,
+        "softcap": 3.0,
+        "keys_within_queries": True,
     }
 
 
@@ -214,8 +263,12 @@ def test_fa3_varlen_returns_out_or_out_and_lse(varlen_calls):
 
 @pytest.mark.parametrize(
     "function",
-    [dash_attn.flash_attn_varlen_func, dash_attn.flash_attn_varlen_kvpacked_func,
-     dash_attn.flash_attn_varlen_qkvpacked_func, fa3.flash_attn_varlen_func],
+    [
+        dash_attn.flash_attn_varlen_func,
+        dash_attn.flash_attn_varlen_kvpacked_func,
+        dash_attn.flash_attn_varlen_qkvpacked_func,
+        fa3.flash_attn_varlen_func,
+    ],
     ids=lambda f: f"{f.__module__}.{f.__name__}",
 )
 def test_varlen_deterministic_defaults_to_true(function):
@@ -286,8 +339,11 @@ def test_the_moves_run_under_the_determinism_switch():
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda h, m: dash_attn.unpad_input(h, m[:, :4]), ValueError,
-         "attention_mask must be (batch, seqlen) = (2, 5)"),
+        (
+            lambda h, m: dash_attn.unpad_input(h, m[:, :4]),
+            ValueError,
+            "attention_mask must be (batch, seqlen) = (2, 5)",
+        ),
         (lambda h, m: dash_attn.unpad_input(h, m.float()), TypeError, "attention_mask must be a bool or integer"),
         (lambda h, m: dash_attn.unpad_input(h[0, 0], m), ValueError, "hidden_states must be (batch, seqlen, ...)"),
         (lambda h, m: dash_attn.unpad_input(h, m, m[:1]), ValueError, "unused_mask must be (batch, seqlen)"),
@@ -327,8 +383,11 @@ def test_without_torchs_registry_enable_sdpa_says_so_and_changes_nothing(routing
     before = cuda_kernel_line()
     for name in ("register_flash_attention_impl", "activate_flash_attention_impl"):
         monkeypatch.delattr(attention, name, raising=False)
-    with raises(RuntimeError, "offers no way to register a flash attention implementation",
-                "dash_attn.scaled_dot_product_attention"):
+    with raises(
+        RuntimeError,
+        "offers no way to register a flash attention implementation",
+        "dash_attn.scaled_dot_product_attention",
+    ):
         dash_attn.enable_sdpa()
     assert not dash_attn.sdpa_enabled() and cuda_kernel_line() == before
 
@@ -401,11 +460,31 @@ def test_the_routed_backward_runs_dashs_deterministic_backward_on_bshd_views(mon
 
     monkeypatch.setattr(sdpa, "attention_backward", attention_backward)
     query, key = bhsd(), bhsd(heads=KV_HEADS)
-    dq, dk, dv = sdpa._sdpa_flash_backward(query, query, key, key, query, torch.zeros(2, HEADS, 8), None, None, 8,
-                                           8, 0.0, True, torch.zeros(2), torch.zeros(()), scale=0.3)
+    dq, dk, dv = sdpa._sdpa_flash_backward(
+        query,
+        query,
+        key,
+        key,
+        query,
+        torch.zeros(2, HEADS, 8),
+        None,
+        None,
+        8,
+        8,
+        0.0,
+        True,
+        torch.zeros(2),
+        torch.zeros(()),
+        scale=0.3,
+    )
     assert dq.shape == query.shape and dk.shape == key.shape and dv.shape == key.shape
-    assert seen["shapes"] == [(2, 8, HEADS, HEAD_DIM), (2, 8, HEADS, HEAD_DIM), (2, 8, KV_HEADS, HEAD_DIM),
-                              (2, 8, KV_HEADS, HEAD_DIM), (2, 8, HEADS, HEAD_DIM)]
+    assert seen["shapes"] == [
+        (2, 8, HEADS, HEAD_DIM),
+        (2, 8, HEADS, HEAD_DIM),
+        (2, 8, KV_HEADS, HEAD_DIM),
+        (2, 8, KV_HEADS, HEAD_DIM),
+        (2, 8, HEADS, HEAD_DIM),
+    ]
     assert seen["deterministic"] is True and seen["softmax_scale"] == 0.3 and seen["causal"] is True
 
 
@@ -434,17 +513,20 @@ def test_gpu_every_varlen_spelling_gives_the_bits_of_the_keyword_call(device, li
     skip_without_varlen(library, require_kernel)
     q, k, v = gpu_rows(device, HEADS, seed=1), gpu_rows(device, HEADS, seed=2), gpu_rows(device, HEADS, seed=3)
     cu = offsets().to(device)
-    keyword_out, keyword_grads = run_with_grads(dash_attn.flash_attn_varlen_func, (q, k, v), cu, cu, 6, 6,
-                                                causal=True)
+    keyword_out, keyword_grads = run_with_grads(dash_attn.flash_attn_varlen_func, (q, k, v), cu, cu, 6, 6, causal=True)
     spellings = {
-        "fa2_positional": lambda q_, k_, v_: dash_attn.flash_attn_varlen_func(q_, k_, v_, cu, cu, 6, 6, 0.0, None,
-                                                                              True),
-        "fa3_positional": lambda q_, k_, v_: fa3.flash_attn_varlen_func(q_, k_, v_, cu, cu, 6, 6, None, None, None,
-                                                                        True),
+        "fa2_positional": lambda q_, k_, v_: dash_attn.flash_attn_varlen_func(
+            q_, k_, v_, cu, cu, 6, 6, 0.0, None, True
+        ),
+        "fa3_positional": lambda q_, k_, v_: fa3.flash_attn_varlen_func(
+            q_, k_, v_, cu, cu, 6, 6, None, None, None, True
+        ),
         "kvpacked": lambda q_, k_, v_: dash_attn.flash_attn_varlen_kvpacked_func(
-            q_, torch.stack((k_, v_), dim=1), cu, cu, 6, 6, 0.0, None, True),
+            q_, torch.stack((k_, v_), dim=1), cu, cu, 6, 6, 0.0, None, True
+        ),
         "qkvpacked": lambda q_, k_, v_: dash_attn.flash_attn_varlen_qkvpacked_func(
-            torch.stack((q_, k_, v_), dim=1), cu, 6, 0.0, None, True),
+            torch.stack((q_, k_, v_), dim=1), cu, 6, 0.0, None, True
+        ),
     }
     for name, spelling in spellings.items():
         out, grads = run_with_grads(spelling, (q, k, v))
@@ -459,12 +541,18 @@ def test_gpu_unpad_varlen_pad_matches_each_sequence_alone(device, library, requi
     mask[0, 25:] = False  # right padding
     mask[1, :13] = False  # left padding
     generator = torch.Generator(device).manual_seed(4)
-    q, k, v = (torch.randn(batch, seqlen, heads, HEAD_DIM, generator=generator, device=device).to(torch.bfloat16)
-               for heads in (HEADS, KV_HEADS, KV_HEADS))
+    q, k, v = (
+        torch.randn(batch, seqlen, heads, HEAD_DIM, generator=generator, device=device).to(torch.bfloat16)
+        for heads in (HEADS, KV_HEADS, KV_HEADS)
+    )
     q_rows, indices, cu, max_seqlen, _ = dash_attn.unpad_input(q, mask)
     k_rows, v_rows = (dash_attn.unpad_input(t, mask)[0] for t in (k, v))
-    out = dash_attn.pad_input(dash_attn.flash_attn_varlen_func(q_rows, k_rows, v_rows, cu, cu, max_seqlen,
-                                                               max_seqlen, causal=True), indices, batch, seqlen)
+    out = dash_attn.pad_input(
+        dash_attn.flash_attn_varlen_func(q_rows, k_rows, v_rows, cu, cu, max_seqlen, max_seqlen, causal=True),
+        indices,
+        batch,
+        seqlen,
+    )
     for b in range(batch):
         keep = mask[b]
         alone = dash_attn.flash_attn_func(q[b, keep][None], k[b, keep][None], v[b, keep][None], causal=True)[0]
@@ -480,15 +568,15 @@ def test_gpu_sdpa_routed_to_dash_gives_dashs_bits_and_torchs_own_after_disable(d
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     generator = torch.Generator(device).manual_seed(5)
-    query, key, value = (torch.randn(2, HEADS, 256, HEAD_DIM, generator=generator, device=device).to(torch.bfloat16)
-                         for _ in range(3))
+    query, key, value = (
+        torch.randn(2, HEADS, 256, HEAD_DIM, generator=generator, device=device).to(torch.bfloat16) for _ in range(3)
+    )
 
     def torch_sdpa(q, k, v):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    dash_out, dash_grads = run_with_grads(dash_attn.scaled_dot_product_attention, (query, key, value),
-                                          is_causal=True)
+    dash_out, dash_grads = run_with_grads(dash_attn.scaled_dot_product_attention, (query, key, value), is_causal=True)
     dash_attn.enable_sdpa()
     routed = [run_with_grads(torch_sdpa, (query, key, value)) for _ in range(2)]
     for out, grads in routed:

@@ -87,7 +87,11 @@ def bshd(heads: int = HEADS, requires_grad: bool = True, device: str = "cpu") ->
 
 
 def qkv(requires_grad: bool = True, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return bshd(HEADS, requires_grad, device), bshd(KV_HEADS, requires_grad, device), bshd(KV_HEADS, requires_grad, device)
+    return (
+        bshd(HEADS, requires_grad, device),
+        bshd(KV_HEADS, requires_grad, device),
+        bshd(KV_HEADS, requires_grad, device),
+    )
 
 
 # --- without a GPU: which path runs ----------------------------------------------------------------------------
@@ -95,7 +99,9 @@ def qkv(requires_grad: bool = True, device: str = "cpu") -> tuple[torch.Tensor, 
 
 def test_an_eager_call_runs_the_op_bodies_under_the_autograd_function(cpu_bodies: Calls) -> None:
     q, k, v = qkv()
-    out, lse = flash_attn_func(q, k, v, softmax_scale=0.3, causal=True, schedule="ascending", sm_margin=3, return_lse=True)
+    out, lse = flash_attn_func(
+        q, k, v, softmax_scale=0.3, causal=True, schedule="ascending", sm_margin=3, return_lse=True
+    )
     assert cpu_bodies.paths() == ["forward body"]
     assert cpu_bodies.seen[0][1][3:] == (0.3, True, 3)
     assert type(out.grad_fn).__name__ == "_EagerAttentionBackward"
@@ -139,7 +145,9 @@ def test_a_compiled_call_records_the_custom_op_and_never_runs_the_eager_path(mon
         return graph_module.forward
 
     torch._dynamo.reset()
-    compiled = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), backend=recording_backend, fullgraph=True)
+    compiled = torch.compile(
+        lambda q, k, v: flash_attn_func(q, k, v, causal=True), backend=recording_backend, fullgraph=True
+    )
     q, k, v = _meta_qkv()
     out = compiled(q, k, v)
     out.backward(torch.ones_like(out))

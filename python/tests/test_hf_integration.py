@@ -48,6 +48,7 @@ from transformers import (  # noqa: E402
     MistralConfig,
     Qwen2Config,
     StaticCache,
+    masking_utils,  # noqa: E402
 )
 from transformers.masking_utils import (  # noqa: E402
     AttentionMaskInterface,
@@ -60,8 +61,6 @@ from transformers.masking_utils import (  # noqa: E402
     sliding_window_bidirectional_mask_function,
     sliding_window_causal_mask_function,
 )
-
-from transformers import masking_utils  # noqa: E402
 
 import dash_attn  # noqa: E402
 from dash_attn.integrations import transformers as integration  # noqa: E402
@@ -94,7 +93,12 @@ def bottom_right_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_size: t
 
 
 def attention_by_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window_size=(-1, -1),
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool,
+    window_size=(-1, -1),
     softcap: float = 0.0,
 ) -> torch.Tensor:
     """What DASH computes, on (batch, seqlen, heads, head_dim) tensors, by torch's SDPA in float32 (by hand with
@@ -112,7 +116,14 @@ def attention_by_sdpa(
 
 
 def packed_attention_by_sdpa(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, scale: float, causal: bool, window_size: tuple[int, int],
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    scale: float,
+    causal: bool,
+    window_size: tuple[int, int],
     softcap: float = 0.0,
 ) -> torch.Tensor:
     """What DASH's varlen computes, on packed (total, heads, head_dim) tensors: each sequence by attention_by_sdpa
@@ -141,16 +152,21 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> list[KernelCall]:
         arguments = bound_arguments(dash_attn.flash_attn_func, args, kwargs)
         q, k, v = arguments.pop("q"), arguments.pop("k"), arguments.pop("v")
         calls.append(KernelCall(q, k, v, arguments))
-        return attention_by_sdpa(q, k, v, arguments["softmax_scale"], arguments["causal"], arguments["window_size"],
-                                 arguments["softcap"])
+        return attention_by_sdpa(
+            q, k, v, arguments["softmax_scale"], arguments["causal"], arguments["window_size"], arguments["softcap"]
+        )
 
     def varlen_stand_in(*args: object, **kwargs: object) -> torch.Tensor:
         arguments = bound_arguments(dash_attn.flash_attn_varlen_func, args, kwargs)
         q, k, v = arguments.pop("q"), arguments.pop("k"), arguments.pop("v")
         calls.append(KernelCall(q, k, v, arguments, "flash_attn_varlen_func"))
         return packed_attention_by_sdpa(
-            q, k, v, *(arguments[name] for name in ("cu_seqlens_q", "cu_seqlens_k", "softmax_scale", "causal")),
-            arguments["window_size"], arguments["softcap"],
+            q,
+            k,
+            v,
+            *(arguments[name] for name in ("cu_seqlens_q", "cu_seqlens_k", "softmax_scale", "causal")),
+            arguments["window_size"],
+            arguments["softcap"],
         )
 
     monkeypatch.setattr(integration, "flash_attn_func", dense_stand_in)
@@ -314,8 +330,9 @@ def test_a_models_own_flash_deterministic_flag_does_not_turn_determinism_off(ker
     query, key, value = states()
     integration.dash_attention_forward(module, query, key, value, None, deterministic=False)
     integration.dash_attention_forward(module, query, key, value, None, deterministic=True)
-    integration.dash_attention_forward(module, query, key, value, None, deterministic=False,
-                                       schedule="nondeterministic")
+    integration.dash_attention_forward(
+        module, query, key, value, None, deterministic=False, schedule="nondeterministic"
+    )
     # Elsewhere schedule="nondeterministic" alone asks for it too.
     integration.dash_attention_forward(AttentionModule(), query, key, value, None, schedule="nondeterministic")
     seen = [(call.arguments["deterministic"], call.arguments["schedule"]) for call in kernel]
@@ -823,8 +840,13 @@ def padded_families() -> list:
         pytest.param(tiny_config(Qwen2Config), id="qwen2"),
         pytest.param(tiny_config(MistralConfig, sliding_window=WINDOW), id="mistral_window"),
         pytest.param(
-            tiny_config(Gemma2Config, head_dim=256, sliding_window=WINDOW, attn_logit_softcapping=50.0,
-                        query_pre_attn_scalar=256),
+            tiny_config(
+                Gemma2Config,
+                head_dim=256,
+                sliding_window=WINDOW,
+                attn_logit_softcapping=50.0,
+                query_pre_attn_scalar=256,
+            ),
             id="gemma2",
         ),
     ]
@@ -887,7 +909,10 @@ def test_generate_works_on_a_left_padded_batch(kernel):
     # The prefill and every decoding step go through the varlen call on the real tokens.
     assert len(kernel) == 2 * new_tokens and all(call.function == "flash_attn_varlen_func" for call in kernel)
     assert kernel[-1].q.shape[0] == BATCH and kernel[-1].arguments["cu_seqlens_k"].tolist() == [
-        0, SEQLEN + new_tokens - 1, 2 * (SEQLEN + new_tokens - 1) - 6]
+        0,
+        SEQLEN + new_tokens - 1,
+        2 * (SEQLEN + new_tokens - 1) - 6,
+    ]
 
 
 @pytest.mark.parametrize("config", padded_families())
@@ -895,8 +920,15 @@ def test_generate_on_a_left_padded_batch_scores_as_eager_attention_does(kernel, 
     new_tokens = 5
     model = tiny_model(config)
     ids, mask, _ = padded_batch("left")
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                         output_logits=True, return_dict_in_generate=True)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     # Sliding layers decode with their cache's last keys only, full layers with every real key.
     assert all(call.function == "flash_attn_varlen_func" for call in kernel)
     # Each step's logits against eager attention on the sequence generated so far (logits, not tokens: a tiny

@@ -22,7 +22,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="dash_attn needs PyTorch")
 pytest.importorskip("transformers", minversion="5.4", reason="the integration needs transformers>=5.4")
 
-import dash_attn  # noqa: E402,F401  (its import registers "dash_attn" with transformers)
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     Gemma2Config,
@@ -30,6 +29,8 @@ from transformers import (  # noqa: E402
     MistralConfig,
     Qwen2Config,
 )
+
+import dash_attn  # noqa: E402,F401  (its import registers "dash_attn" with transformers)
 
 VOCAB, SEQLEN, BATCH, WINDOW, SEED = 256, 96, 2, 32, 1234
 NEW_TOKENS = 8
@@ -79,8 +80,10 @@ def family_config(request, device, library, require_kernel):
     softcap = bool(getattr(config, "attn_logit_softcapping", None))
     require_kernel(config.head_dim, torch.bfloat16)
     if not library.varlen_kernel_available(config.head_dim, library.DTYPE_BF16, softcap):
-        pytest.skip(f"this build has no varlen kernels for head_dim {config.head_dim} / bf16"
-                    f"{' with softcap' if softcap else ''} (DASH_VARLEN_KERNELS, DASH_SOFTCAP_KERNELS)")
+        pytest.skip(
+            f"this build has no varlen kernels for head_dim {config.head_dim} / bf16"
+            f"{' with softcap' if softcap else ''} (DASH_VARLEN_KERNELS, DASH_SOFTCAP_KERNELS)"
+        )
     return config
 
 
@@ -89,8 +92,7 @@ families = pytest.mark.parametrize("family_config", list(FAMILIES), indirect=Tru
 
 def model_of(config, implementation: str, device) -> torch.nn.Module:
     torch.manual_seed(SEED)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=implementation,
-                                            dtype=torch.bfloat16).to(device)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=implementation, dtype=torch.bfloat16).to(device)
 
 
 def token_ids(device) -> torch.Tensor:
@@ -101,7 +103,7 @@ def padded_inputs(device, side: str) -> dict[str, torch.Tensor]:
     ids = token_ids(device)
     mask = torch.ones_like(ids)
     if side == "right":
-        mask[0, SEQLEN - 37:] = 0
+        mask[0, SEQLEN - 37 :] = 0
     else:
         mask[1, :41] = 0
     return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
@@ -162,8 +164,15 @@ def test_generate_works_on_a_left_padded_batch(family_config, device):
     inputs = padded_inputs(device, "left")
     mask = inputs["attention_mask"]
     with torch.no_grad():
-        out = model.generate(input_ids=inputs["input_ids"], attention_mask=mask, max_new_tokens=NEW_TOKENS,
-                             do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        out = model.generate(
+            input_ids=inputs["input_ids"],
+            attention_mask=mask,
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         sequences = out.sequences
         assert sequences.shape == (BATCH, SEQLEN + NEW_TOKENS)
         assert torch.equal(sequences[:, :SEQLEN], inputs["input_ids"])
@@ -171,7 +180,8 @@ def test_generate_works_on_a_left_padded_batch(family_config, device):
         # random model's greedy choice can hang on a tie that rounding breaks either way).
         full_mask = torch.cat((mask, torch.ones(BATCH, NEW_TOKENS, dtype=mask.dtype, device=device)), dim=1)
         eager = model_of(family_config, "eager", device).eval()
-        expected = eager(sequences, attention_mask=full_mask,
-                         position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0)).logits
+        expected = eager(
+            sequences, attention_mask=full_mask, position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0)
+        ).logits
     for step, logits in enumerate(out.logits):
         assert relative_error(logits, expected[:, SEQLEN - 1 + step]) < LOGITS_TOLERANCE, f"step {step}"

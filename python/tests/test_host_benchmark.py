@@ -21,8 +21,13 @@ BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "python_overhea
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) to build the stand-in library")
 def test_the_host_benchmark_runs_every_row_against_the_stub_library():
     environment = dict(os.environ, PYTHONPATH=str(BENCHMARK.parents[1]))
-    result = subprocess.run([sys.executable, str(BENCHMARK), "--iters", "1", "--repeats", "1"], env=environment,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARK), "--iters", "1", "--repeats", "1"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "us per call" not in line]
     assert any(row.startswith("| varlen forward + backward step") for row in rows), result.stdout

@@ -67,10 +67,7 @@ def test_a_torch_that_fails_to_import_leaves_info_working_and_names_the_failure(
     (fake / "__init__.py").write_text("raise OSError('libcudart.so.13: cannot open shared object file')\n")
     package_parent = str(Path(dash_attn.__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(tmp_path), package_parent)))
-    code = (
-        "import dash_attn\n"
-        "try:\n    dash_attn.flash_attn_func\nexcept ImportError as e:\n    print(e)\n"
-    )
+    code = "import dash_attn\ntry:\n    dash_attn.flash_attn_func\nexcept ImportError as e:\n    print(e)\n"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert "failed to import: libcudart.so.13" in result.stdout, result.stdout

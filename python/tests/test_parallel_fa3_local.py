@@ -34,8 +34,12 @@ class StandInFlashAttentionInterface:
         self.calls.append(
             (
                 "backward",
-                {"softmax_scale": softmax_scale, "is_causal": is_causal, "deterministic": deterministic,
-                 "sm_margin": sm_margin},
+                {
+                    "softmax_scale": softmax_scale,
+                    "is_causal": is_causal,
+                    "deterministic": deterministic,
+                    "sm_margin": sm_margin,
+                },
             )
         )
         grads = self.reference.backward(dout, q, k, v, out, softmax_lse, is_causal, softmax_scale)

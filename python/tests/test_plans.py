@@ -1,11 +1,11 @@
-"""Tests of the backward plans: the plan cache of dash_attn._plans (hits, least-recently-used eviction, a
-failed planning caching nothing, threads, the key holding every field that decides a plan, the SM margin
-included; a varlen key's promise and hint lengths_fill_maxima) with a fake maker (the ops' call descriptors in front
-of it are test_call_descriptors.py's); BackwardPlan handles of the real library made for a device described by hand,
-which needs no GPU (workspace size, the SM count planned for with a margin, the schedule varlen auto picks under
-the hint, refusals, a call whose shape is not the plan's, freeing on close, on eviction and at exit); and on a Hopper GPU, the backward op running one cached plan
-with the bits of the entry point that plans every call.
-Without the library or a GPU, the tests that need them skip and say why.
+"""Tests of the backward plans: the plan cache of dash_attn._plans (hits, least-recently-used eviction, a failed
+planning caching nothing, threads, the key holding every field that decides a plan, the SM margin included; a varlen
+key's promise and hint lengths_fill_maxima) with a fake maker (the ops' call descriptors in front of it are
+test_call_descriptors.py's); BackwardPlan handles of the real library made for a device described by hand, which
+needs no GPU (workspace size, the SM count planned for with a margin, the schedule varlen auto picks under the hint,
+refusals, a call whose shape is not the plan's, freeing on close, on eviction and at exit); and on a Hopper GPU, the
+backward op running one cached plan with the bits of the entry point that plans every call. Without the library or a
+GPU, the tests that need them skip and say why.
 """
 
 from __future__ import annotations

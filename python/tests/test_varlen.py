@@ -19,8 +19,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="dash_attn needs PyTorch")
 
 import dash_attn
-from dash_attn import flash_attn_func, flash_attn_varlen_func
-from dash_attn import _library
+from dash_attn import _library, flash_attn_func, flash_attn_varlen_func
 from dash_attn import varlen as varlen_module
 
 TOLERANCES = {torch.bfloat16: (1.5e-2, 5e-2), torch.float16: (4e-3, 1.5e-2)}  # as test_attention.py
@@ -39,8 +38,9 @@ def cpu_call(**overrides):
         "max_seqlen_k": 6,
     }
     arguments.update(overrides)
-    positional = [arguments.pop(name) for name in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
-                                                   "max_seqlen_k")]
+    positional = [
+        arguments.pop(name) for name in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+    ]
     return flash_attn_varlen_func(*positional, **arguments)
 
 
@@ -150,6 +150,7 @@ class _Recorder:
             def call(*args):
                 recorder.seen.append((name, args))
                 raise AssertionError(f"an eager call dispatched {name}")
+
             return call
 
         monkeypatch.setattr(varlen_module, "_check_devices", lambda tensors, names: None)
@@ -175,8 +176,9 @@ def test_an_eager_call_runs_the_bodies_under_the_autograd_function_without_the_o
     arguments, and the gradients handed back to q, k and v."""
     calls = _Recorder(monkeypatch)
     q, k, v, offsets = _leaf_inputs()
-    out, lse = flash_attn_varlen_func(q, k, v, offsets, offsets, 6, 6, softmax_scale=0.3, causal=True,
-                                      schedule="shift", sm_margin=3, return_lse=True)
+    out, lse = flash_attn_varlen_func(
+        q, k, v, offsets, offsets, 6, 6, softmax_scale=0.3, causal=True, schedule="shift", sm_margin=3, return_lse=True
+    )
     assert calls.paths() == ["forward body"]
     assert calls.seen[0][1][5:] == (6, 6, 0.3, True, "shift", 3, -1, -1, 0.0, True)
     assert type(out.grad_fn).__name__ == "_EagerVarlenAttentionBackward"
@@ -286,8 +288,10 @@ def skip_without_varlen_kernels(library, require_kernel, head_dim, dtype, softca
     code = {torch.bfloat16: library.DTYPE_BF16, torch.float16: library.DTYPE_FP16}[dtype]
     if not library.varlen_kernel_available(head_dim, code, softcap):
         options = "DASH_VARLEN_KERNELS, DASH_SOFTCAP_KERNELS" if softcap else "DASH_VARLEN_KERNELS"
-        pytest.skip(f"this build has no varlen kernels for head_dim {head_dim} / {dtype}"
-                    f"{' with softcap' if softcap else ''} ({options})")
+        pytest.skip(
+            f"this build has no varlen kernels for head_dim {head_dim} / {dtype}"
+            f"{' with softcap' if softcap else ''} ({options})"
+        )
 
 
 def assert_close(actual, expected, dtype, what):
@@ -304,8 +308,7 @@ def check_against_the_loop(case, head_dim, dtype, device, **options):
     """flash_attn_varlen_func on `case` with `options` (and the case's mask) against per_sequence's loop of
     flash_attn_func with the same options: out, lse, gradients, and the padding rows cleared."""
     _name, lengths, heads_q, heads_kv, causal, window = case
-    q, k, v, cu_q_t, cu_k_t, cu_q, cu_k = packed_batch(lengths, heads_q, heads_kv, head_dim, dtype, device,
-                                                       padding=7)
+    q, k, v, cu_q_t, cu_k_t, cu_q, cu_k = packed_batch(lengths, heads_q, heads_kv, head_dim, dtype, device, padding=7)
     dout = torch.randn_like(q)
     options = {"causal": causal, "window_size": window, **options}
     expected = per_sequence(q, k, v, dout, cu_q, cu_k, **options)
@@ -315,12 +318,13 @@ def check_against_the_loop(case, head_dim, dtype, device, **options):
     out, lse = flash_attn_varlen_func(q_, k_, v_, cu_q_t, cu_k_t, max_q, max_k, return_lse=True, **options)
     out.backward(dout)
     assert lse.shape == (heads_q, q.shape[0])
-    for actual, reference, what in zip((out, lse, q_.grad, k_.grad, v_.grad), expected,
-                                       ("out", "lse", "dq", "dk", "dv")):
+    for actual, reference, what in zip(
+        (out, lse, q_.grad, k_.grad, v_.grad), expected, ("out", "lse", "dq", "dk", "dv")
+    ):
         assert_close(actual.float() if what != "lse" else actual, reference.float(), dtype, what)
     # The padding rows after the last sequence: out 0, lse -inf, zero gradients.
-    assert torch.all(out[cu_q[-1]:] == 0) and torch.all(lse[:, cu_q[-1]:] == float("-inf"))
-    assert torch.all(q_.grad[cu_q[-1]:] == 0) and torch.all(k_.grad[cu_k[-1]:] == 0)
+    assert torch.all(out[cu_q[-1] :] == 0) and torch.all(lse[:, cu_q[-1] :] == float("-inf"))
+    assert torch.all(q_.grad[cu_q[-1] :] == 0) and torch.all(k_.grad[cu_k[-1] :] == 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -334,12 +338,14 @@ def test_matches_a_per_sequence_loop_of_flash_attn_func(device, library, require
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("case", SOFTCAP_CASES, ids=[c[0] for c in SOFTCAP_CASES])
-def test_softcap_matches_a_per_sequence_loop_of_flash_attn_func_with_softcap(device, library, require_kernel, case,
-                                                                             head_dim, dtype):
+def test_softcap_matches_a_per_sequence_loop_of_flash_attn_func_with_softcap(
+    device, library, require_kernel, case, head_dim, dtype
+):
     skip_without_varlen_kernels(library, require_kernel, head_dim, dtype, softcap=True)
     # Scores scaled up so that the cap bites (|s| past softcap), as the kernel tests do.
-    check_against_the_loop(case, head_dim, dtype, device, softcap=SOFTCAP,
-                           softmax_scale=SOFTCAP_SCALE_FACTOR / head_dim ** 0.5)
+    check_against_the_loop(
+        case, head_dim, dtype, device, softcap=SOFTCAP, softmax_scale=SOFTCAP_SCALE_FACTOR / head_dim**0.5
+    )
 
 
 @pytest.mark.parametrize("schedule", ["ascending", "descending", "shortest-first", "shift", "symmetric-shift"])
@@ -395,8 +401,9 @@ def test_the_eager_path_and_the_custom_ops_give_the_same_bits(device, library, r
     require_kernel(128, torch.bfloat16)
     if not library.varlen_kernel_available(128, 0):
         pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
-    q, k, v, cu, _, _, _ = packed_batch([(300, 300), (5, 5), (600, 600)], 4, 2, 128, torch.bfloat16, device,
-                                        padding=3, seed=11)
+    q, k, v, cu, _, _, _ = packed_batch(
+        [(300, 300), (5, 5), (600, 600)], 4, 2, 128, torch.bfloat16, device, padding=3, seed=11
+    )
     dout = torch.randn_like(q)
     results = {}
     for path in ("eager", "ops"):
@@ -405,10 +412,13 @@ def test_the_eager_path_and_the_custom_ops_give_the_same_bits(device, library, r
             out, lse = flash_attn_varlen_func(q_, k_, v_, cu, cu, 600, 600, causal=True, return_lse=True)
             assert type(out.grad_fn).__name__ == "_EagerVarlenAttentionBackward"
         else:
-            out, lse = torch.ops.dash_attn.varlen_forward(q_, k_, v_, cu, cu, 600, 600, 128**-0.5, True, "auto", 0,
-                                                          -1, -1, 0.0, True)
+            out, lse = torch.ops.dash_attn.varlen_forward(
+                q_, k_, v_, cu, cu, 600, 600, 128**-0.5, True, "auto", 0, -1, -1, 0.0, True
+            )
         out.backward(dout)
         results[path] = (out, lse, q_.grad, k_.grad, v_.grad)
     for name, eager, op in zip(("out", "lse", "dq", "dk", "dv"), results["eager"], results["ops"]):
-        assert torch.equal(eager.view(torch.int16) if eager.dtype == torch.bfloat16 else eager.view(torch.int32),
-                           op.view(torch.int16) if op.dtype == torch.bfloat16 else op.view(torch.int32)), name
+        assert torch.equal(
+            eager.view(torch.int16) if eager.dtype == torch.bfloat16 else eager.view(torch.int32),
+            op.view(torch.int16) if op.dtype == torch.bfloat16 else op.view(torch.int32),
+        ), name

@@ -22,8 +22,8 @@ import subprocess
 from collections import defaultdict
 
 SHAPE = re.compile(r"hd(\d+) (full|causal) (\d+)(?: \((\d+)/(\d+) heads\))?$")
-TOKENS = 16384        # compare.py: tokens per grid point
-PAPER_HIDDEN = 2048   # compare.py: heads = hidden / head_dim on the paper grid
+TOKENS = 16384  # compare.py: tokens per grid point
+PAPER_HIDDEN = 2048  # compare.py: heads = hidden / head_dim on the paper grid
 
 
 def measured_times(paths: list[str]) -> dict[str, dict[str, float]]:
@@ -35,7 +35,7 @@ def measured_times(paths: list[str]) -> dict[str, dict[str, float]]:
                 impl, tflops = row["impl"], row["bwd_tflops"]
                 if not impl.startswith("dash:") or impl == "dash:auto" or not tflops:
                     continue
-                schedule = "nondeterministic" if impl == "dash:nondet" else impl[len("dash:"):]
+                schedule = "nondeterministic" if impl == "dash:nondet" else impl[len("dash:") :]
                 samples[row["shape"]][schedule].append(1.0 / float(tflops))
     return {shape: {s: sum(v) / len(v) for s, v in by.items()} for shape, by in samples.items()}
 
@@ -47,8 +47,22 @@ def modelled_makespans(dash_attn: str, shape: str, costs: list[str]) -> dict[str
     head_dim, mask, seqlen, heads_q, heads_kv = match.groups()
     heads_q = int(heads_q) if heads_q else PAPER_HIDDEN // int(head_dim)
     heads_kv = int(heads_kv) if heads_kv else heads_q
-    args = [dash_attn, "plan", "--json", "--batch", str(TOKENS // int(seqlen)), "--heads", str(heads_q),
-            "--heads-kv", str(heads_kv), "--seqlen", seqlen, "--head-dim", head_dim, *costs]
+    args = [
+        dash_attn,
+        "plan",
+        "--json",
+        "--batch",
+        str(TOKENS // int(seqlen)),
+        "--heads",
+        str(heads_q),
+        "--heads-kv",
+        str(heads_kv),
+        "--seqlen",
+        seqlen,
+        "--head-dim",
+        head_dim,
+        *costs,
+    ]
     if mask == "causal":
         args.append("--causal")
     report = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
@@ -77,8 +91,10 @@ def main() -> None:
             else:
                 wrong.append(f"{shape}: {x} / {y}: model {model[x] / model[y]:.3f}, measured {times[x] / times[y]:.3f}")
     total = right + len(wrong)
-    print(f"jitter {a.jitter}, job overhead {a.job_overhead}, reduce {a.reduce_cost}: "
-          f"{right} of {total} measured orders right ({right / max(total, 1):.0%})")
+    print(
+        f"jitter {a.jitter}, job overhead {a.job_overhead}, reduce {a.reduce_cost}: "
+        f"{right} of {total} measured orders right ({right / max(total, 1):.0%})"
+    )
     for line in wrong:
         print("  wrong:", line)
 

@@ -35,7 +35,7 @@ def read_source_page(path: str) -> tuple[list[str], list[list[str]]]:
     header_at = next((i for i, r in enumerate(rows) if SAMPLES in r), None)
     if header_at is None:
         sys.exit(f"{path}: no '{SAMPLES}' column (was the kernel profiled with the SourceCounters section?)")
-    return rows[header_at], [r for r in rows[header_at + 1:] if len(r) > 5]
+    return rows[header_at], [r for r in rows[header_at + 1 :] if len(r) > 5]
 
 
 def main() -> None:
@@ -81,7 +81,7 @@ def main() -> None:
         share = 100 * value(r, SAMPLES) / total
         if share >= args.min_share or any(s in opcode for s in SYNC_OPCODES):
             flush(index - 1)
-            top = sorted(((value(r, name), name[len("stall_"):]) for name in reasons), reverse=True)[:2]
+            top = sorted(((value(r, name), name[len("stall_") :]) for name in reasons), reverse=True)[:2]
             why = " ".join(f"{name}:{100 * v / total:.1f}" for v, name in top if v)
             print(f"{index:5d} {share:5.2f}%  {source[:64]:64s} {why}")
         else:

@@ -4,16 +4,17 @@
 // make one and launch it through the same path. Every call that reaches a device first reports a fault the kernels
 // recorded there in an earlier call (api/wait_timeouts.hpp); a call being captured into a CUDA graph makes its
 // one-time work in the relaxed capture mode (api/device.hpp).
-#include <cuda_runtime_api.h>
+#include "dash/attention.hpp"
 
 #include <algorithm>
 #include <string>
+
+#include <cuda_runtime_api.h>
 
 #include "api/backward_plan.hpp"
 #include "api/device.hpp"
 #include "api/validate.hpp"
 #include "api/wait_timeouts.hpp"
-#include "dash/attention.hpp"
 #include "kernels/kernel_params.hpp"
 
 namespace dash {
@@ -53,8 +54,8 @@ Status find_instance(const AttentionShape& shape, const kernels::KernelInstance*
     return {StatusCode::kNotAvailable, "this build has no kernel for head_dim " + std::to_string(shape.head_dim) +
                                            " and dtype " + dtype_name(shape.dtype) + (softcap ? " with softcap" : "") +
                                            (instances.empty() ? " (built without DASH_BUILD_KERNELS)"
-                                            : softcap         ? " (see DASH_HEAD_DIMS / DASH_DTYPES / DASH_SOFTCAP_KERNELS)"
-                                                              : " (see DASH_HEAD_DIMS / DASH_DTYPES)")};
+                                            : softcap ? " (see DASH_HEAD_DIMS / DASH_DTYPES / DASH_SOFTCAP_KERNELS)"
+                                                      : " (see DASH_HEAD_DIMS / DASH_DTYPES)")};
   }
   *instance = &*it;
   return Status::success();
@@ -66,13 +67,13 @@ enum class Pass { kForward, kBackward };
 Status find_call_instance(const AttentionShape& shape, const VarlenBatch& varlen, Pass pass,
                           const kernels::KernelInstance** instance) {
   if (Status s = find_instance(shape, instance); !s.ok()) return s;
-  const bool has_varlen = pass == Pass::kForward ? (*instance)->forward_varlen != nullptr
-                                                 : (*instance)->backward_varlen != nullptr;
+  const bool has_varlen =
+      pass == Pass::kForward ? (*instance)->forward_varlen != nullptr : (*instance)->backward_varlen != nullptr;
   if (varlen.packed() && !has_varlen) {
-    return {StatusCode::kNotAvailable,
-            "this build has no varlen kernel for head_dim " + std::to_string(shape.head_dim) + " and dtype " +
-                dtype_name(shape.dtype) + (shape.softcap > 0.0f ? " with softcap" : "") +
-                " (built without DASH_VARLEN_KERNELS)"};
+    return {StatusCode::kNotAvailable, "this build has no varlen kernel for head_dim " +
+                                           std::to_string(shape.head_dim) + " and dtype " + dtype_name(shape.dtype) +
+                                           (shape.softcap > 0.0f ? " with softcap" : "") +
+                                           " (built without DASH_VARLEN_KERNELS)"};
   }
   return Status::success();
 }
@@ -99,7 +100,8 @@ Status check_workspace(const void* workspace, size_t given, size_t needed) {
                                                 (workspace == nullptr ? "null" : "a valid address")};
   }
   if (reinterpret_cast<uintptr_t>(workspace) % kernels::BackwardWorkspace::kAlignment != 0) {
-    return {StatusCode::kInvalidArgument, "workspace must be " + std::to_string(kernels::BackwardWorkspace::kAlignment) +
+    return {StatusCode::kInvalidArgument, "workspace must be " +
+                                              std::to_string(kernels::BackwardWorkspace::kAlignment) +
                                               "-byte aligned (cudaMalloc memory is)"};
   }
   return check_device_pointer(workspace, "workspace");
@@ -119,11 +121,11 @@ Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, c
   // A static schedule planned for more SMs than the device has would wait forever on CTAs that never start. The
   // plan's grid is planned_sm_count CTAs at most (its sm_margin less than the device's SMs).
   if (device->index != plan.device_index || device->multiprocessor_count != plan.multiprocessor_count) {
-    return {StatusCode::kInvalidArgument,
-            "plan: it was made for device " + std::to_string(plan.device_index) + " with " +
-                std::to_string(plan.multiprocessor_count) + " SMs, but the current device is " +
-                std::to_string(device->index) + " with " + std::to_string(device->multiprocessor_count) +
-                " SMs (make the plan on the device that runs it)"};
+    return {StatusCode::kInvalidArgument, "plan: it was made for device " + std::to_string(plan.device_index) +
+                                              " with " + std::to_string(plan.multiprocessor_count) +
+                                              " SMs, but the current device is " + std::to_string(device->index) +
+                                              " with " + std::to_string(device->multiprocessor_count) +
+                                              " SMs (make the plan on the device that runs it)"};
   }
   if (Status s = check_pointers({{args.q.data, "q"},
                                  {args.k.data, "k"},
@@ -215,8 +217,8 @@ Status run_forward(const ForwardArgs& args, void* workspace, size_t workspace_by
   return launch_status(launch(params, stream), "forward launch");
 }
 
-Status run_planned_backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace,
-                            size_t workspace_bytes, cudaStream_t stream) {
+Status run_planned_backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,
+                            cudaStream_t stream) {
   const BackwardPlanData* data = BackwardPlanAccess::data(plan);
   if (data == nullptr) return {StatusCode::kInvalidArgument, "plan is empty (make it with plan_backward())"};
   if (Status s = check_args_match_plan(args, *data); !s.ok()) return s;

@@ -75,11 +75,11 @@ struct BatchKind {
 // (planner/varlen_plan.hpp); kScheduleRejected saying why where it is not.
 Status plan_varlen(const TiledProblem& problem, BatchKind batch, Schedule schedule, int planned_sm_count,
                    SchedulePlan* plan) {
-  const VarlenPlanResult planned = plan_varlen_schedule(problem, batch.keys_within_queries, batch.lengths_fill_maxima,
-                                                        schedule, planned_sm_count);
+  const VarlenPlanResult planned =
+      plan_varlen_schedule(problem, batch.keys_within_queries, batch.lengths_fill_maxima, schedule, planned_sm_count);
   if (!planned.ok()) {
-    return {StatusCode::kScheduleRejected,
-            "schedule '" + std::string(schedule_name(schedule)) + "' cannot run this varlen batch: " + planned.rejected};
+    return {StatusCode::kScheduleRejected, "schedule '" + std::string(schedule_name(schedule)) +
+                                               "' cannot run this varlen batch: " + planned.rejected};
   }
   if (const PlanProof proof = prove_varlen_plan(planned.plan); !proof.ok()) {
     return {StatusCode::kScheduleRejected, "the " + std::string(schedule_name(planned.plan.plan.kind)) +
@@ -207,12 +207,11 @@ Status check_args_match_plan(const BackwardArgs& args, const BackwardPlanData& p
     int64_t given;
     int64_t planned;
   };
-  for (const Size& size : {Size{"shape.batch", given.batch, planned.batch},
-                           Size{"shape.seqlen_q", given.seqlen_q, planned.seqlen_q},
-                           Size{"shape.seqlen_k", given.seqlen_k, planned.seqlen_k},
-                           Size{"shape.heads_q", given.heads_q, planned.heads_q},
-                           Size{"shape.heads_kv", given.heads_kv, planned.heads_kv},
-                           Size{"shape.head_dim", given.head_dim, planned.head_dim}}) {
+  for (const Size& size :
+       {Size{"shape.batch", given.batch, planned.batch}, Size{"shape.seqlen_q", given.seqlen_q, planned.seqlen_q},
+        Size{"shape.seqlen_k", given.seqlen_k, planned.seqlen_k}, Size{"shape.heads_q", given.heads_q, planned.heads_q},
+        Size{"shape.heads_kv", given.heads_kv, planned.heads_kv},
+        Size{"shape.head_dim", given.head_dim, planned.head_dim}}) {
     if (size.given != size.planned) return mismatch(size.field, size.given, size.planned);
   }
   if (given.dtype != planned.dtype) {

@@ -16,9 +16,9 @@ struct BackwardPlanData {
   AttentionShape shape;
   Schedule requested_schedule = Schedule::kAuto;
   int device_index = 0;
-  int multiprocessor_count = 0;          // the device's SM count
-  int sm_margin = 0;                     // SMs left to other work
-  int planned_sm_count = 0;              // multiprocessor_count - sm_margin: what the schedule was planned for
+  int multiprocessor_count = 0;  // the device's SM count
+  int sm_margin = 0;             // SMs left to other work
+  int planned_sm_count = 0;      // multiprocessor_count - sm_margin: what the schedule was planned for
   // Packed varlen batches: `shape` is the maximum problem, schedule_plan its plan, proven for every vector of lengths
   // within the maxima (and seqlen_k <= seqlen_q per sequence where keys_within_queries), planner/varlen_plan.hpp.
   bool varlen = false;

@@ -4,12 +4,12 @@
 // ordinal into one process-wide DeviceInfoCache; every later call costs cudaGetDevice and a lookup.
 #include "api/device.hpp"
 
-#include <cuda_runtime_api.h>
-
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <utility>
+
+#include <cuda_runtime_api.h>
 
 #include "api/limits.hpp"
 #include "dash/attention.hpp"
@@ -39,16 +39,16 @@ Status check_device_count(cudaError_t count_error, const char* error_string, int
   // Without libcuda the runtime answers cudaErrorInsufficientDriver as it does for an old driver; only the
   // driver version (0 when no driver is loaded) tells the two apart.
   if (driver_version == 0) {
-    return {StatusCode::kNoDevice, "no NVIDIA driver is installed (cudaDriverGetVersion found none); DASH needs a "
-                                   "driver that supports CUDA " +
-                                       cuda_version_text(runtime_version) + " or newer"};
+    return {StatusCode::kNoDevice,
+            "no NVIDIA driver is installed (cudaDriverGetVersion found none); DASH needs a "
+            "driver that supports CUDA " +
+                cuda_version_text(runtime_version) + " or newer"};
   }
   if (count_error == cudaErrorInsufficientDriver) {
-    return {StatusCode::kNoDevice, "the NVIDIA driver is too old: it supports CUDA up to " +
-                                       cuda_version_text(driver_version) + ", but DASH was built with the CUDA " +
-                                       cuda_version_text(runtime_version) +
-                                       " runtime; update the driver to one for CUDA " +
-                                       cuda_version_text(runtime_version) + " or newer"};
+    return {StatusCode::kNoDevice,
+            "the NVIDIA driver is too old: it supports CUDA up to " + cuda_version_text(driver_version) +
+                ", but DASH was built with the CUDA " + cuda_version_text(runtime_version) +
+                " runtime; update the driver to one for CUDA " + cuda_version_text(runtime_version) + " or newer"};
   }
   if (count_error == cudaErrorNoDevice || count_error == cudaSuccess) {
     return {StatusCode::kNoDevice, "no CUDA device is visible (the driver, for CUDA " +
@@ -178,9 +178,10 @@ Status capture_advice(Status status, cudaStream_t stream) {
   }
   if (capture == cudaStreamCaptureStatusNone) return status;
   return {StatusCode::kCudaError,
-          status.message() + " (the stream was being captured into a CUDA graph, and a device's first call does "
-                             "one-time work that the capture may refuse: make one call on the device before "
-                             "capturing)"};
+          status.message() +
+              " (the stream was being captured into a CUDA graph, and a device's first call does "
+              "one-time work that the capture may refuse: make one call on the device before "
+              "capturing)"};
 }
 
 Status check_device_pointer(const void* p, const char* name) {

@@ -11,12 +11,12 @@
 // capture; a step that fails under capture says to make one call before capturing (capture_advice).
 #pragma once
 
-#include <driver_types.h>
-
 #include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
+
+#include <driver_types.h>
 
 #include "dash/attention.hpp"
 #include "dash/status.hpp"

@@ -21,9 +21,8 @@ namespace dash {
 // its workspace size are refused at the others. Every supported head dim has one; the backward's rule stays apart
 // so that a head dim could gain its forward first.
 inline constexpr auto kBackwardHeadDims = [] {
-  constexpr auto count = std::ranges::count_if(kSupportedHeadDims, [](int head_dim) {
-    return has_backward_kernel(head_dim);
-  });
+  constexpr auto count =
+      std::ranges::count_if(kSupportedHeadDims, [](int head_dim) { return has_backward_kernel(head_dim); });
   std::array<int, static_cast<size_t>(count)> head_dims{};
   size_t next = 0;
   for (int head_dim : kSupportedHeadDims) {
@@ -49,12 +48,13 @@ inline constexpr int64_t kMaxKernelIndex = int64_t{1} << 31;
 // per (batch, head).
 inline constexpr int kMinBlockQ = 64;
 static_assert(
-    kForwardBlockQ >= kMinBlockQ && kForwardTallBlockQ >= kMinBlockQ && [] {
-      for (int head_dim : kBackwardHeadDims) {
-        if (backward_tile_shape(head_dim).block_q < kMinBlockQ) return false;
-      }
-      return true;
-    }(),
+    kForwardBlockQ >= kMinBlockQ && kForwardTallBlockQ >= kMinBlockQ &&
+        [] {
+          for (int head_dim : kBackwardHeadDims) {
+            if (backward_tile_shape(head_dim).block_q < kMinBlockQ) return false;
+          }
+          return true;
+        }(),
     "kMinBlockQ must not exceed any kernel's query tile, or the query tile count bound is too loose");
 // Shift on a varlen batch is proven only where block_q <= block_kv (planner/varlen_plan.hpp: a sequence's key/value
 // tiles then never outnumber its query tiles), and auto picks it for full-mask varlen batches whose lengths fill the

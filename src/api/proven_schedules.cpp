@@ -12,14 +12,13 @@ namespace {
 std::string key_of(const SchedulePlan& plan) {
   const TiledProblem& p = plan.problem;
   std::string key;
-  for (long long field : {static_cast<long long>(plan.kind), static_cast<long long>(plan.dispatch),
-                          static_cast<long long>(plan.num_ctas), static_cast<long long>(plan.num_units),
-                          static_cast<long long>(plan.jobs_per_unit), static_cast<long long>(p.batch),
-                          static_cast<long long>(p.heads_kv), static_cast<long long>(p.group_size),
-                          static_cast<long long>(p.group_splits), static_cast<long long>(p.seqlen_q),
-                          static_cast<long long>(p.seqlen_k), static_cast<long long>(p.block_q),
-                          static_cast<long long>(p.block_kv), static_cast<long long>(p.causal),
-                          static_cast<long long>(p.window.left), static_cast<long long>(p.window.right)}) {
+  for (long long field :
+       {static_cast<long long>(plan.kind), static_cast<long long>(plan.dispatch), static_cast<long long>(plan.num_ctas),
+        static_cast<long long>(plan.num_units), static_cast<long long>(plan.jobs_per_unit),
+        static_cast<long long>(p.batch), static_cast<long long>(p.heads_kv), static_cast<long long>(p.group_size),
+        static_cast<long long>(p.group_splits), static_cast<long long>(p.seqlen_q), static_cast<long long>(p.seqlen_k),
+        static_cast<long long>(p.block_q), static_cast<long long>(p.block_kv), static_cast<long long>(p.causal),
+        static_cast<long long>(p.window.left), static_cast<long long>(p.window.right)}) {
     key += std::to_string(field) + ',';
   }
   return key;

@@ -5,6 +5,8 @@
 // Nothing here touches the GPU. Every failure names the argument and the rule, so a caller can fix the
 // call from the message alone. The shape is checked before anything that uses it, so later checks may rely
 // on every size being within the limits of api/limits.hpp.
+#include "api/validate.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -20,7 +22,6 @@
 #include <vector>
 
 #include "api/limits.hpp"
-#include "api/validate.hpp"
 #include "dash/attention.hpp"
 
 namespace dash {
@@ -215,8 +216,8 @@ std::vector<ByteSpan> cu_seqlens_spans(const AttentionShape& shape, const Varlen
   // overflow, and make_span refuses a span past the address space.
   const int64_t last_byte = (shape.batch + 1) * static_cast<int64_t>(sizeof(int32_t)) - 1;
   std::vector<ByteSpan> spans;
-  for (const auto& [name, data] : {std::pair{"varlen.cu_seqlens_q", varlen.cu_seqlens_q},
-                                   std::pair{"varlen.cu_seqlens_k", varlen.cu_seqlens_k}}) {
+  for (const auto& [name, data] :
+       {std::pair{"varlen.cu_seqlens_q", varlen.cu_seqlens_q}, std::pair{"varlen.cu_seqlens_k", varlen.cu_seqlens_k}}) {
     ByteSpan span{};
     if (make_span(name, false, data, last_byte, &span).ok()) spans.push_back(span);
   }
@@ -324,9 +325,8 @@ bool accepted_span(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpan
 // arrays. Only the workspace is checked here, against each of them: arguments that validate() refuses (a bad shape,
 // a null pointer, a stride out of range) pass, for validate() to refuse by name; a null or empty workspace too, for
 // the workspace size check. No allocation: a call runs it after validate().
-Status check_workspace_apart(const AttentionShape& shape, const VarlenBatch& varlen,
-                             std::span<const TensorArg> tensors, const float* lse, const void* workspace,
-                             size_t workspace_bytes) {
+Status check_workspace_apart(const AttentionShape& shape, const VarlenBatch& varlen, std::span<const TensorArg> tensors,
+                             const float* lse, const void* workspace, size_t workspace_bytes) {
   if (workspace == nullptr || workspace_bytes == 0) return Status::success();
   // Sizes past the limits would overflow the spans below.
   if (!validate(shape).ok()) return Status::success();
@@ -383,8 +383,8 @@ Status check_backward_head_dim(const AttentionShape& shape) {
 
 Status validate(const AttentionShape& shape) {
   const std::pair<const char*, int64_t> sizes[] = {
-      {"batch", shape.batch},       {"seqlen_q", shape.seqlen_q}, {"seqlen_k", shape.seqlen_k},
-      {"heads_q", shape.heads_q},   {"heads_kv", shape.heads_kv}, {"head_dim", shape.head_dim},
+      {"batch", shape.batch},     {"seqlen_q", shape.seqlen_q}, {"seqlen_k", shape.seqlen_k},
+      {"heads_q", shape.heads_q}, {"heads_kv", shape.heads_kv}, {"head_dim", shape.head_dim},
   };
   for (const auto& [name, value] : sizes) {
     if (value <= 0) return invalid(cat("shape.", name, " must be > 0, got ", value));
@@ -434,7 +434,8 @@ Status validate(const AttentionShape& shape) {
                                                     {"window_right", shape.window_right}};
   for (const auto& [name, value] : window) {
     if (value < -1) {
-      return invalid(cat("shape.", name, " must be >= -1 (-1 leaves that side of the sliding window open), got ", value));
+      return invalid(
+          cat("shape.", name, " must be >= -1 (-1 leaves that side of the sliding window open), got ", value));
     }
   }
   if (!std::isfinite(shape.softcap) || !(shape.softcap >= 0.0f)) {

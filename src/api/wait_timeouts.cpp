@@ -2,8 +2,6 @@
 // (api/wait_timeouts.hpp).
 #include "api/wait_timeouts.hpp"
 
-#include <cuda_runtime_api.h>
-
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -12,6 +10,8 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+
+#include <cuda_runtime_api.h>
 
 #include "api/device.hpp"
 
@@ -103,8 +103,8 @@ std::string seqlen_message(const kernels::FaultRecord& record, int device) {
     add(over_maximum(record.sequence, record.seqlen_k, record.max_seqlen_k, "k", "key"));
   } else if (promise_broken) {
     add(std::to_string(record.seqlen_k) + " key rows (cu_seqlens_k[" + std::to_string(record.sequence + 1) +
-        "] - cu_seqlens_k[" + std::to_string(record.sequence) + "]), more than its " +
-        std::to_string(record.seqlen_q) + " query rows, though the call promised keys_within_queries (seqlen_k <= "
+        "] - cu_seqlens_k[" + std::to_string(record.sequence) + "]), more than its " + std::to_string(record.seqlen_q) +
+        " query rows, though the call promised keys_within_queries (seqlen_k <= "
         "seqlen_q for every sequence)");
   }
   return std::string("a varlen ") + (forward ? "forward" : "backward") + " on device " + std::to_string(device) +
@@ -124,7 +124,8 @@ Status take_fault(kernels::FaultRecord& record, int device) {
   kernels::FaultKind seen = kind.load(std::memory_order_acquire);
   Status status;
   switch (seen) {
-    case kernels::FaultKind::kNone: return Status::success();
+    case kernels::FaultKind::kNone:
+      return Status::success();
     case kernels::FaultKind::kWaitTimeout:
       status = {StatusCode::kWaitTimeout, wait_timeout_message(record, device)};
       break;

@@ -6,8 +6,6 @@
 // diagnostics call the CUDA runtime linked into this library directly.
 #include "dash_c.h"
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -15,6 +13,8 @@
 #include <string>
 #include <string_view>
 #include <utility>
+
+#include <cuda_runtime_api.h>
 
 #include "dash/attention.hpp"
 
@@ -220,15 +220,8 @@ dash::ForwardArgs to_forward_args(const dash_shape& shape, const dash_tensor& q,
 
 dash::Status check_backward_present(const dash_shape* shape, const BackwardTensors& t) {
   if (dash::Status s = check_shape(shape); !s.ok()) return s;
-  return check_present({
-                        {t.q, "q"},
-                        {t.k, "k"},
-                        {t.v, "v"},
-                        {t.out, "out"},
-                        {t.dout, "dout"},
-                        {t.dq, "dq"},
-                        {t.dk, "dk"},
-                        {t.dv, "dv"}});
+  return check_present(
+      {{t.q, "q"}, {t.k, "k"}, {t.v, "v"}, {t.out, "out"}, {t.dout, "dout"}, {t.dq, "dq"}, {t.dk, "dk"}, {t.dv, "dv"}});
 }
 
 }  // namespace
@@ -390,8 +383,8 @@ int dash_backward_plan_create_varlen(const dash_shape* shape, int keys_within_qu
     if (dash::Status s = check_shape_flags(*shape); !s.ok()) return s;
     dash::Schedule parsed = dash::Schedule::kAuto;
     if (dash::Status s = parse(schedule, &parsed); !s.ok()) return s;
-    if (dash::Status s = check_flags({{keys_within_queries, "keys_within_queries"},
-                                      {lengths_fill_maxima, "lengths_fill_maxima"}});
+    if (dash::Status s =
+            check_flags({{keys_within_queries, "keys_within_queries"}, {lengths_fill_maxima, "lengths_fill_maxima"}});
         !s.ok()) {
       return s;
     }
@@ -399,10 +392,9 @@ int dash_backward_plan_create_varlen(const dash_shape* shape, int keys_within_qu
     const bool promise = keys_within_queries != 0;
     const bool fill = lengths_fill_maxima != 0;
     const dash::Status planned =
-        device == nullptr
-            ? dash::plan_varlen_backward(to_shape(*shape), promise, fill, parsed, sm_margin, &made)
-            : dash::plan_varlen_backward(to_shape(*shape), promise, fill, parsed, sm_margin, to_device_info(*device),
-                                         &made);
+        device == nullptr ? dash::plan_varlen_backward(to_shape(*shape), promise, fill, parsed, sm_margin, &made)
+                          : dash::plan_varlen_backward(to_shape(*shape), promise, fill, parsed, sm_margin,
+                                                       to_device_info(*device), &made);
     if (!planned.ok()) return planned;
     *plan = new dash_backward_plan{std::move(made)};
     return dash::Status::success();
@@ -447,10 +439,9 @@ int dash_backward_plan_sm_count(const dash_backward_plan* plan, int* sm_count, c
 }
 
 int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* shape, const dash_tensor* q,
-                           const dash_tensor* k, const dash_tensor* v, const dash_tensor* out,
-                           const dash_tensor* dout, const float* lse, const dash_tensor* dq, const dash_tensor* dk,
-                           const dash_tensor* dv, void* workspace, size_t workspace_bytes, void* stream,
-                           char* message, size_t message_size) {
+                           const dash_tensor* k, const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout,
+                           const float* lse, const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv,
+                           void* workspace, size_t workspace_bytes, void* stream, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
     if (dash::Status s = check_present({{plan, "plan"}}); !s.ok()) return s;
     const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};

@@ -171,12 +171,11 @@ DASH_C_API int dash_describe_current_device(dash_device* device, char* message, 
 
 /* Both workspace queries validate the shape (and the schedule) first, so a bad one is refused, with the
  * message of dash::validate, on any machine; *bytes is written only on success. */
-DASH_C_API int dash_forward_workspace_size(const dash_shape* shape, size_t* bytes, char* message,
-                                           size_t message_size);
+DASH_C_API int dash_forward_workspace_size(const dash_shape* shape, size_t* bytes, char* message, size_t message_size);
 
 /* Then plans and proves the schedule on the current device, so a valid shape needs a GPU. */
-DASH_C_API int dash_backward_workspace_size(const dash_shape* shape, const char* schedule, size_t* bytes,
-                                            char* message, size_t message_size);
+DASH_C_API int dash_backward_workspace_size(const dash_shape* shape, const char* schedule, size_t* bytes, char* message,
+                                            size_t message_size);
 
 /* out, lse = attention(q, k, v); lse is (B, Hq, Sq) packed fp32. */
 DASH_C_API int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
@@ -188,8 +187,7 @@ DASH_C_API int dash_forward(const dash_shape* shape, const dash_tensor* q, const
 DASH_C_API int dash_backward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
                              const dash_tensor* out, const dash_tensor* dout, const float* lse, const dash_tensor* dq,
                              const dash_tensor* dk, const dash_tensor* dv, const char* schedule, int sm_margin,
-                             void* workspace, size_t workspace_bytes, void* stream, char* message,
-                             size_t message_size);
+                             void* workspace, size_t workspace_bytes, void* stream, char* message, size_t message_size);
 
 /* dash_forward and dash_backward of a packed varlen batch (dash_varlen above); dash_backward_varlen plans with
  * dash_backward_plan_create_varlen's rules at every call. The workspace sizes are the dense queries' of *shape, the

@@ -11,21 +11,30 @@ namespace dash {
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kBF16: return "bf16";
-    case DType::kFP16: return "fp16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kFP16:
+      return "fp16";
   }
   return "unknown-dtype";
 }
 
 std::string_view schedule_name(Schedule schedule) {
   switch (schedule) {
-    case Schedule::kAuto: return "auto";
-    case Schedule::kAscending: return "ascending";
-    case Schedule::kDescending: return "descending";
-    case Schedule::kShortestFirst: return "shortest-first";
-    case Schedule::kShift: return "shift";
-    case Schedule::kSymmetricShift: return "symmetric-shift";
-    case Schedule::kNondeterministic: return "nondeterministic";
+    case Schedule::kAuto:
+      return "auto";
+    case Schedule::kAscending:
+      return "ascending";
+    case Schedule::kDescending:
+      return "descending";
+    case Schedule::kShortestFirst:
+      return "shortest-first";
+    case Schedule::kShift:
+      return "shift";
+    case Schedule::kSymmetricShift:
+      return "symmetric-shift";
+    case Schedule::kNondeterministic:
+      return "nondeterministic";
   }
   return "unknown-schedule";
 }

@@ -55,9 +55,9 @@ std::vector<Sequence> sequences_of(const AttentionShape& shape, const std::vecto
   int64_t q_row = 0;
   int64_t k_row = 0;
   for (int64_t b = 0; b < shape.batch; ++b) {
-    const SequenceLengths len = lengths.empty() ? SequenceLengths{static_cast<int>(shape.seqlen_q),
-                                                                  static_cast<int>(shape.seqlen_k)}
-                                                : lengths[b];
+    const SequenceLengths len =
+        lengths.empty() ? SequenceLengths{static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k)}
+                        : lengths[b];
     sequences.push_back({q_row, k_row, len});
     q_row += len.seqlen_q;
     k_row += len.seqlen_k;
@@ -136,10 +136,20 @@ struct RunContext {
 class EmulatedRun {
  public:
   EmulatedRun(const RunContext& context, const SchedulePlan& plan, const EmulatorOptions& options, int run)
-      : in_(context.inputs), context_(context), delta_(context.delta), plan_(plan), p_(plan.problem),
-        options_(options), run_(run), lq_(q_layout(in_.shape)), lk_(kv_layout(in_.shape)),
-        dim_(static_cast<int>(in_.shape.head_dim)), scale_(in_.shape.softmax_scale), softcap_(in_.shape.softcap),
-        k_rows_(total_k_rows(context.sequences)), num_dq_tiles_(p_.batch * p_.heads_q() * p_.real_q_tiles()),
+      : in_(context.inputs),
+        context_(context),
+        delta_(context.delta),
+        plan_(plan),
+        p_(plan.problem),
+        options_(options),
+        run_(run),
+        lq_(q_layout(in_.shape)),
+        lk_(kv_layout(in_.shape)),
+        dim_(static_cast<int>(in_.shape.head_dim)),
+        scale_(in_.shape.softmax_scale),
+        softcap_(in_.shape.softcap),
+        k_rows_(total_k_rows(context.sequences)),
+        num_dq_tiles_(p_.batch * p_.heads_q() * p_.real_q_tiles()),
         semaphores_(std::make_unique<std::atomic<int>[]>(static_cast<size_t>(num_dq_tiles_))),
         dq_acc_(in_.q.size(), 0.0f),
         dk_splits_(lk_.size(k_rows_) * p_.group_splits, 0.0f),
@@ -200,8 +210,8 @@ class EmulatedRun {
 
   void run_unit(int unit, int cta, std::mt19937& rng, Scratch& s) {
     for (int sub = 0; sub < plan_.jobs_per_unit; ++sub) {
-      const Job job = context_.varlen ? make_varlen_job(plan_, unit, sub, lengths_of_unit(unit))
-                                      : make_job(plan_, unit, sub);
+      const Job job =
+          context_.varlen ? make_varlen_job(plan_, unit, sub, lengths_of_unit(unit)) : make_job(plan_, unit, sub);
       if (job.valid) run_job(job, cta, rng, s);
     }
   }

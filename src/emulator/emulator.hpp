@@ -62,12 +62,12 @@ struct GradientErrors {
 };
 
 struct EmulationResult {
-  bool completed = false;           // every run finished every job with every contribution summed
-  std::string error;                // why not, when !completed
-  int runs = 0;                     // runs that completed
-  bool bitwise_identical = false;   // dQ, dK and dV bits equal in every run
-  std::vector<uint64_t> run_hashes; // per run: FNV-1a hash of the dQ, dK and dV bits
-  Gradients gradients;              // of the first run
+  bool completed = false;            // every run finished every job with every contribution summed
+  std::string error;                 // why not, when !completed
+  int runs = 0;                      // runs that completed
+  bool bitwise_identical = false;    // dQ, dK and dV bits equal in every run
+  std::vector<uint64_t> run_hashes;  // per run: FNV-1a hash of the dQ, dK and dV bits
+  Gradients gradients;               // of the first run
   // Largest over the runs of max |x - ref| / max |ref| per tensor, against the float64 reference.
   // Normwise rather than elementwise, because elementwise ratios blow up on near-zero gradients.
   GradientErrors error_vs_reference;

@@ -1,7 +1,5 @@
 #include "harness/device_harness.hpp"
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -11,6 +9,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+
+#include <cuda_runtime_api.h>
 
 #include "reference/attention_reference.hpp"
 
@@ -151,7 +151,8 @@ Problem make_problem(const AttentionShape& shape, uint64_t seed, bool with_refer
     const size_t qo = b * q_per_batch, ko = b * kv_per_batch, ro = b * rows_per_batch;
     reference::attention_forward(one, &p.q[qo], &p.k[ko], &p.v[ko], &p.out[qo], &p.lse[ro], window, shape.softcap);
     // The backward sees O as the GPU stores it: rounded to the dtype.
-    for (size_t i = qo; i < qo + q_per_batch; ++i) out_rounded[i] = from_bits(to_bits(static_cast<float>(p.out[i]), shape.dtype), shape.dtype);
+    for (size_t i = qo; i < qo + q_per_batch; ++i)
+      out_rounded[i] = from_bits(to_bits(static_cast<float>(p.out[i]), shape.dtype), shape.dtype);
     reference::attention_backward(one, &p.q[qo], &p.k[ko], &p.v[ko], &out_rounded[qo], &p.dout[qo], &p.lse[ro],
                                   &p.dq[qo], &p.dk[ko], &p.dv[ko], window, shape.softcap);
   });

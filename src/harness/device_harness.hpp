@@ -53,11 +53,11 @@ bool synchronize_with_watchdog(cudaStream_t stream, double seconds);
 // mask (causal, sliding window) and softcap.
 struct Problem {
   AttentionShape shape;
-  std::vector<double> q, k, v, dout;  // the rounded inputs, exactly as the GPU sees them
-  std::vector<double> out, lse;       // reference forward
-  std::vector<double> dq, dk, dv;     // reference backward (with `out` rounded to the dtype)
+  std::vector<double> q, k, v, dout;                 // the rounded inputs, exactly as the GPU sees them
+  std::vector<double> out, lse;                      // reference forward
+  std::vector<double> dq, dk, dv;                    // reference backward (with `out` rounded to the dtype)
   DeviceBuffer d_q, d_k, d_v, d_dout, d_out, d_lse;  // inputs, and the forward's outputs
-  DeviceBuffer d_ref_out, d_ref_lse;  // the reference O (rounded) and LSE, for backward-only checks
+  DeviceBuffer d_ref_out, d_ref_lse;                 // the reference O (rounded) and LSE, for backward-only checks
   DeviceBuffer d_dq, d_dk, d_dv;
   DeviceBuffer workspace;
 
@@ -81,15 +81,16 @@ void copy_forward_outputs_to_reference(const DeviceBuffer& out, const DeviceBuff
 Status plan_backward_for(const Problem& p, Schedule schedule, int sm_margin, BackwardPlan* plan);
 
 struct ErrorStats {
-  double relative_l2 = 0;   // ||x - ref|| / ||ref||
+  double relative_l2 = 0;  // ||x - ref|| / ||ref||
   double max_abs_error = 0;
   double max_abs_reference = 0;
-  size_t not_finite = 0;    // NaN or inf where the reference is finite (unwritten elements included)
+  size_t not_finite = 0;  // NaN or inf where the reference is finite (unwritten elements included)
   std::string describe() const;
 };
 
 // Compares a device tensor of the dtype (or float32 when `is_float`) with a float64 reference.
-ErrorStats compare(const DeviceBuffer& device, const std::vector<double>& reference, DType dtype, bool is_float = false);
+ErrorStats compare(const DeviceBuffer& device, const std::vector<double>& reference, DType dtype,
+                   bool is_float = false);
 
 // Largest error a correct kernel may show, per dtype: see tests/kernels/test_sm90.cpp for the reasoning.
 struct Tolerance {

@@ -62,8 +62,8 @@ VarlenProblem make_varlen_problem(AttentionShape shape, const std::vector<Sequen
   p.cu_seqlens_k = offsets(lengths, false);
   p.total_q = p.cu_seqlens_q.back() + padding_rows;
   p.total_k = p.cu_seqlens_k.back() + padding_rows;
-  p.keys_within_queries = std::all_of(lengths.begin(), lengths.end(),
-                                      [](const SequenceLengths& l) { return l.seqlen_k <= l.seqlen_q; });
+  p.keys_within_queries =
+      std::all_of(lengths.begin(), lengths.end(), [](const SequenceLengths& l) { return l.seqlen_k <= l.seqlen_q; });
   shape.batch = static_cast<int64_t>(lengths.size());
   shape.seqlen_q = max_lengths.seqlen_q;
   shape.seqlen_k = max_lengths.seqlen_k;
@@ -118,8 +118,7 @@ VarlenProblem make_varlen_problem(AttentionShape shape, const std::vector<Sequen
       one.batch = 1;
       one.seqlen_q = sq;
       one.seqlen_k = sk;
-      reference::attention_forward(one, &p.q[qo], &p.k[ko], &p.v[ko], &p.out[qo], lse.data(), window,
-                                   shape.softcap);
+      reference::attention_forward(one, &p.q[qo], &p.k[ko], &p.v[ko], &p.out[qo], lse.data(), window, shape.softcap);
       for (size_t i = qo; i < qo + nq; ++i) {
         out_rounded[i] = from_bits(to_bits(static_cast<float>(p.out[i]), shape.dtype), shape.dtype);
       }

@@ -21,8 +21,8 @@ namespace dash::harness {
 struct VarlenProblem {
   AttentionShape shape;  // batch = sequences, seqlen_q and seqlen_k = the maxima
   std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
-  int64_t total_q = 0, total_k = 0;  // packed rows, padding after the last sequence included
-  bool keys_within_queries = false;  // every sequence has seqlen_k <= seqlen_q, promised to the API
+  int64_t total_q = 0, total_k = 0;   // packed rows, padding after the last sequence included
+  bool keys_within_queries = false;   // every sequence has seqlen_k <= seqlen_q, promised to the API
   std::vector<double> q, k, v, dout;  // the rounded inputs, packed
   std::vector<double> out, lse;       // reference forward; NaN in padding rows
   std::vector<double> dq, dk, dv;     // reference backward (with `out` rounded); NaN in padding rows

@@ -71,7 +71,7 @@ struct BackwardBuffers {
   float* dpsum;        // rowsum(dO * O) per query row (0 past seqlen_q)
   float* dk_accum;     // GQA with group_splits > 1: fp32 dK per split, summed in split order
   float* dv_accum;
-  int* unit_counter;   // dynamic dispatch: next work unit
+  int* unit_counter;     // dynamic dispatch: next work unit
   int* order_abandoned;  // nonzero once a dQ ordering wait of the launch gave up (FaultKind::kWaitTimeout)
 };
 

@@ -25,9 +25,9 @@ BackwardWorkspace BackwardWorkspace::layout(const AttentionShape& shape, const T
   w.dq_semaphores = take(heads_q * problem.real_q_tiles() * sizeof(int));
   w.lse_log2 = take(heads_q * rows_q * sizeof(float));
   w.dpsum = take(heads_q * rows_q * sizeof(float));
-  const size_t split_accum = problem.group_splits > 1
-                                 ? static_cast<size_t>(problem.group_splits) * shape.batch * shape.heads_kv * rows_k * dim
-                                 : 0;
+  const size_t split_accum =
+      problem.group_splits > 1 ? static_cast<size_t>(problem.group_splits) * shape.batch * shape.heads_kv * rows_k * dim
+                               : 0;
   w.dk_accum = take(split_accum * sizeof(float));
   w.dv_accum = take(split_accum * sizeof(float));
   w.unit_counter = take(sizeof(int));

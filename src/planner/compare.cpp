@@ -45,9 +45,8 @@ void simulate_into(ScheduleReport* report, const ExpandedSchedule& expanded, con
   // The validator's DAG uses its own unit costs; the critical path must use the caller's c and r (and,
   // under dynamic dispatch, the CTA assignment those costs produce), without latency, overhead or jitter.
   const CostModel instant{costs.compute, costs.reduce};
-  const std::vector<std::vector<int>> cta_jobs = expanded.plan.dispatch == Dispatch::kStatic
-                                                     ? static_cta_jobs(expanded)
-                                                     : simulate(expanded, instant).cta_jobs;
+  const std::vector<std::vector<int>> cta_jobs =
+      expanded.plan.dispatch == Dispatch::kStatic ? static_cta_jobs(expanded) : simulate(expanded, instant).cta_jobs;
   const DagAnalysis dag = analyze_dag(expanded, cta_jobs, instant);
   report->critical_path = dag.critical_path;
   report->lemma_violations = dag.lemma_violations;

@@ -14,11 +14,11 @@ inline constexpr int kJitterSamples = 8;
 
 struct ScheduleReport {
   Schedule schedule;
-  bool valid = false;          // preconditions hold and the validator proved the plan safe
-  std::string reason;          // why not, when !valid
+  bool valid = false;  // preconditions hold and the validator proved the plan safe
+  std::string reason;  // why not, when !valid
   bool deadlock_free = false;
-  double critical_path = 0.0;  // DAG longest path (no signal latency)
-  double makespan = 0.0;       // event-driven simulation with the cost model (the mean of kJitterSamples
+  double critical_path = 0.0;    // DAG longest path (no signal latency)
+  double makespan = 0.0;         // event-driven simulation with the cost model (the mean of kJitterSamples
   double bubble_fraction = 0.0;  // draws when it has jitter)
   long long lemma_violations = 0;
 };
@@ -27,7 +27,7 @@ struct Comparison {
   TiledProblem problem{};
   int num_sms = 0;
   CostModel costs;
-  std::vector<ScheduleReport> schedules;  // every schedule but auto, in kAllSchedules order
+  std::vector<ScheduleReport> schedules;        // every schedule but auto, in kAllSchedules order
   Schedule recommended = Schedule::kAscending;  // deterministic schedule with the smallest makespan
   Schedule auto_choice = Schedule::kAscending;  // what Schedule::kAuto runs on the GPU
   std::string auto_reason;                      // why (the measured class it falls in)

@@ -20,17 +20,17 @@ namespace dash {
 
 struct OrderEdge {
   int dq_tile;
-  int from_rank;   // the edge runs from this rank's contribution to the next one
+  int from_rank;      // the edge runs from this rank's contribution to the next one
   int from_position;  // chain positions of the two steps
   int to_position;
 };
 
 struct DagAnalysis {
   bool acyclic = false;
-  std::string cycle;                 // when not acyclic: a step on a cycle
-  double critical_path = 0.0;        // longest path (signal latency not modelled)
+  std::string cycle;           // when not acyclic: a step on a cycle
+  double critical_path = 0.0;  // longest path (signal latency not modelled)
   long long order_edges = 0;
-  long long lemma_violations = 0;    // order edges with position(u) >= position(v)
+  long long lemma_violations = 0;             // order edges with position(u) >= position(v)
   std::vector<OrderEdge> violation_examples;  // the first few
 };
 

@@ -6,7 +6,10 @@ namespace dash {
 
 ExpandedSchedule expand_schedule(const SchedulePlan& plan) {
   return expand_schedule(
-      plan, [&](int) { return plan.problem; }, [&](int unit, int sub) { return UnitJob{make_job(plan, unit, sub), plan}; });
+      plan, [&](int) { return plan.problem; },
+      [&](int unit, int sub) {
+        return UnitJob{make_job(plan, unit, sub), plan};
+      });
 }
 
 ExpandedSchedule expand_schedule(const SchedulePlan& plan, const HeadProblem& head_problem, const UnitJobs& unit_jobs) {
@@ -44,7 +47,8 @@ std::vector<std::vector<int>> static_cta_jobs(const ExpandedSchedule& schedule) 
   for (int cta = 0; cta < plan.num_ctas; ++cta) {
     for (int i = 0; i < static_unit_count(plan, cta); ++i) {
       const int unit = static_unit(plan, cta, i);
-      for (int j = schedule.unit_first_job[unit]; j < schedule.unit_first_job[unit + 1]; ++j) cta_jobs[cta].push_back(j);
+      for (int j = schedule.unit_first_job[unit]; j < schedule.unit_first_job[unit + 1]; ++j)
+        cta_jobs[cta].push_back(j);
     }
   }
   return cta_jobs;

@@ -26,7 +26,7 @@ struct ExpandedSchedule {
   std::vector<ExpandedJob> jobs;    // valid jobs only, in unit order
   std::vector<int> unit_first_job;  // jobs of unit u: [unit_first_job[u], unit_first_job[u + 1])
   std::vector<Step> steps;
-  std::vector<int> contributions;   // per dQ tile: how many contributions the mask implies
+  std::vector<int> contributions;  // per dQ tile: how many contributions the mask implies
   int num_dq_tiles = 0;
 
   int job_end_step(int job) const { return jobs[job].first_step + jobs[job].job.num_steps; }

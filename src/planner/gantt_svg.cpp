@@ -22,9 +22,12 @@ const char* compute_color(int head) {
 
 const char* segment_color(const ExpandedSchedule& s, const Segment& seg) {
   switch (seg.kind) {
-    case SegmentKind::kWait: return "#e15759";
-    case SegmentKind::kReduce: return "#f28e2b";
-    case SegmentKind::kCompute: break;
+    case SegmentKind::kWait:
+      return "#e15759";
+    case SegmentKind::kReduce:
+      return "#f28e2b";
+    case SegmentKind::kCompute:
+      break;
   }
   return compute_color(seg.job >= 0 ? s.jobs[seg.job].job.head : 0);
 }
@@ -32,10 +35,14 @@ const char* segment_color(const ExpandedSchedule& s, const Segment& seg) {
 std::string escape(const std::string& text) {
   std::string out;
   for (char c : text) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else out += c;
+    if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else
+      out += c;
   }
   return out;
 }
@@ -61,8 +68,8 @@ void write_gantt_svg(const ExpandedSchedule& s, const SimulationResult& result, 
     out << "<text x=\"4\" y=\"" << y + kRowHeight - 3 << "\">CTA " << cta << "</text>\n";
     for (const Segment& seg : result.timeline[cta]) {
       const double w = std::max(0.5, (seg.end - seg.start) * scale);
-      out << "<rect x=\"" << kLeftMargin + seg.start * scale << "\" y=\"" << y << "\" width=\"" << w
-          << "\" height=\"" << kRowHeight << "\" fill=\"" << segment_color(s, seg) << "\"/>\n";
+      out << "<rect x=\"" << kLeftMargin + seg.start * scale << "\" y=\"" << y << "\" width=\"" << w << "\" height=\""
+          << kRowHeight << "\" fill=\"" << segment_color(s, seg) << "\"/>\n";
     }
   }
   const double axis_y = kTopMargin + rows * (kRowHeight + kRowGap) + 4;
@@ -70,8 +77,8 @@ void write_gantt_svg(const ExpandedSchedule& s, const SimulationResult& result, 
       << "\" y2=\"" << axis_y << "\" stroke=\"black\"/>\n";
   for (int i = 0; i <= kAxisTicks; ++i) {
     const double t = makespan * i / kAxisTicks;
-    out << "<text x=\"" << kLeftMargin + t * scale - 8 << "\" y=\"" << axis_y + 14 << "\">"
-        << std::round(t * 100) / 100 << "</text>\n";
+    out << "<text x=\"" << kLeftMargin + t * scale - 8 << "\" y=\"" << axis_y + 14 << "\">" << std::round(t * 100) / 100
+        << "</text>\n";
   }
   if (rows < static_cast<int>(result.timeline.size())) {
     out << "<text x=\"" << kLeftMargin << "\" y=\"" << axis_y + 30 << "\">(" << result.timeline.size() - rows

@@ -20,9 +20,15 @@ struct Form {
 // read off its first unit's job, and unit_has_the_structure then holds every unit to it.
 bool form_of(const SchedulePlan& plan, Form* form) {
   switch (plan.kind) {
-    case Schedule::kAscending: *form = {false, false, false}; return true;
-    case Schedule::kDescending: *form = {false, true, false}; return true;
-    case Schedule::kShortestFirst: *form = {true, false, true}; return true;
+    case Schedule::kAscending:
+      *form = {false, false, false};
+      return true;
+    case Schedule::kDescending:
+      *form = {false, true, false};
+      return true;
+    case Schedule::kShortestFirst:
+      *form = {true, false, true};
+      return true;
     case Schedule::kNondeterministic: {
       const int n = plan.problem.num_kv_tiles();
       const Job first = make_job(plan, 0, 0);
@@ -33,7 +39,8 @@ bool form_of(const SchedulePlan& plan, Form* form) {
     }
     case Schedule::kShift:
     case Schedule::kSymmetricShift:
-    case Schedule::kAuto: break;
+    case Schedule::kAuto:
+      break;
   }
   return false;
 }

@@ -181,13 +181,20 @@ class ChunkChecker {
 
   bool check(Chunk& chunk) {
     switch (plan_.kind) {
-      case Schedule::kAscending: return check_as<Schedule::kAscending>(chunk);
-      case Schedule::kDescending: return check_as<Schedule::kDescending>(chunk);
-      case Schedule::kShortestFirst: return check_as<Schedule::kShortestFirst>(chunk);
-      case Schedule::kShift: return check_as<Schedule::kShift>(chunk);
-      case Schedule::kSymmetricShift: return check_as<Schedule::kSymmetricShift>(chunk);
-      case Schedule::kNondeterministic: return check_as<Schedule::kNondeterministic>(chunk);
-      case Schedule::kAuto: break;
+      case Schedule::kAscending:
+        return check_as<Schedule::kAscending>(chunk);
+      case Schedule::kDescending:
+        return check_as<Schedule::kDescending>(chunk);
+      case Schedule::kShortestFirst:
+        return check_as<Schedule::kShortestFirst>(chunk);
+      case Schedule::kShift:
+        return check_as<Schedule::kShift>(chunk);
+      case Schedule::kSymmetricShift:
+        return check_as<Schedule::kSymmetricShift>(chunk);
+      case Schedule::kNondeterministic:
+        return check_as<Schedule::kNondeterministic>(chunk);
+      case Schedule::kAuto:
+        break;
     }
     return false;  // never reached: such a plan has no jobs, so the job conditions failed first
   }
@@ -261,7 +268,8 @@ class ChunkChecker {
           if (job.valid && job.num_steps > 0) wave_jobs_.push_back(job);
         }
         if (wave_jobs_.size() > first_job) {
-          lanes_.push_back({first_job, wave_jobs_.size(), 0, visited_.data() + static_cast<size_t>(a - wave_begin) * words});
+          lanes_.push_back(
+              {first_job, wave_jobs_.size(), 0, visited_.data() + static_cast<size_t>(a - wave_begin) * words});
         }
       }
       for (; !lanes_.empty(); ++tick) {
@@ -378,7 +386,7 @@ bool fast_conditions_hold(const SchedulePlan& plan, const ProofOptions& options,
   // Plan every class's chunks first (the job conditions come with it), then check them group by group: as many
   // classes at once as their tile records allow, a class in at most as many chunks as there are threads.
   const int threads = options.max_threads > 0 ? options.max_threads
-                                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+                                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const bool ordered = sums_in_order(plan);
   const size_t trace_bytes = ordered ? static_cast<size_t>(p.num_q_tiles()) * sizeof(TileTrace) : 0;
   const long long most_pieces =
@@ -391,8 +399,8 @@ bool fast_conditions_hold(const SchedulePlan& plan, const ProofOptions& options,
     long long visits = 0;
     for (long long v : *unit_visits) visits += v;
     stats.visits += visits;
-    const int pieces = static_cast<int>(
-        std::clamp<long long>(visits / std::max(1LL, options.min_visits_per_chunk), 1, most_pieces));
+    const int pieces =
+        static_cast<int>(std::clamp<long long>(visits / std::max(1LL, options.min_visits_per_chunk), 1, most_pieces));
     class_chunks.push_back(cut_into_chunks(plan, c, *unit_visits, pieces));
   }
   for (size_t first_class = 0; first_class < classes->size();) {

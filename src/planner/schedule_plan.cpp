@@ -37,8 +37,8 @@ TiledProblem make_tiled_problem(const AttentionShape& shape, int group_splits) {
   const MaskShape mask = canonical_mask(p.seqlen_q, p.seqlen_k, shape.causal, shape.window_left, shape.window_right);
   p.causal = mask.causal;
   p.window = mask.window;
-  p.group_splits = group_splits > 0 ? group_splits
-                                    : choose_group_splits(p.batch, p.heads_kv, p.group_size, p.num_kv_tiles());
+  p.group_splits =
+      group_splits > 0 ? group_splits : choose_group_splits(p.batch, p.heads_kv, p.group_size, p.num_kv_tiles());
   return p;
 }
 
@@ -91,7 +91,9 @@ std::string check_band_symmetric_shift(const TiledProblem& p) {
   const int g = BandSymmetricShift::slope(p);
   if (g % 2 != 0) {
     return "symmetric-shift under a sliding window needs an even number of query tiles between consecutive "
-           "key/value tiles' bands (here " + std::to_string(g) + ": block_kv / block_q times the query heads "
+           "key/value tiles' bands (here " +
+           std::to_string(g) +
+           ": block_kv / block_q times the query heads "
            "per job), or its folded short tiles meet the others; shortest-first does not stall on this band";
   }
   return {};
@@ -107,7 +109,8 @@ std::string check_symmetric_shift(const SchedulePlan& plan) {
   if (std::string refusal = symmetric_shift_tile_refusal(p); !refusal.empty()) return refusal;
   if (p.seqlen_q < p.seqlen_k) {
     return "symmetric-shift needs seqlen_q >= seqlen_k (here " + std::to_string(p.seqlen_q) + " < " +
-           std::to_string(p.seqlen_k) + "), so that each key/value tile's causal range starts a fixed "
+           std::to_string(p.seqlen_k) +
+           "), so that each key/value tile's causal range starts a fixed "
            "number of query tiles after the previous one's";
   }
   if (p.windowed()) return check_band_symmetric_shift(p);
@@ -144,8 +147,11 @@ PlanResult make_schedule_plan(const TiledProblem& problem, Schedule schedule, in
     case Schedule::kDescending:
     case Schedule::kShortestFirst:
     case Schedule::kNondeterministic:
-    case Schedule::kAuto: break;  // one job per unit from a global counter (kAuto is refused below)
-    case Schedule::kShift: plan.dispatch = Dispatch::kStatic; break;
+    case Schedule::kAuto:
+      break;  // one job per unit from a global counter (kAuto is refused below)
+    case Schedule::kShift:
+      plan.dispatch = Dispatch::kStatic;
+      break;
     case Schedule::kSymmetricShift:
       plan.dispatch = Dispatch::kStatic;
       plan.jobs_per_unit = 2;  // a long and a short key/value tile
@@ -158,10 +164,17 @@ PlanResult make_schedule_plan(const TiledProblem& problem, Schedule schedule, in
     case Schedule::kAscending:
     case Schedule::kDescending:
     case Schedule::kShortestFirst:
-    case Schedule::kNondeterministic: return result;  // dynamic dispatch holds for any problem
-    case Schedule::kShift: result.rejected = check_shift(problem, plan.num_ctas); return result;
-    case Schedule::kSymmetricShift: result.rejected = check_symmetric_shift(plan); return result;
-    case Schedule::kAuto: result.rejected = "auto is not a schedule; resolve it with choose_schedule()"; return result;
+    case Schedule::kNondeterministic:
+      return result;  // dynamic dispatch holds for any problem
+    case Schedule::kShift:
+      result.rejected = check_shift(problem, plan.num_ctas);
+      return result;
+    case Schedule::kSymmetricShift:
+      result.rejected = check_symmetric_shift(plan);
+      return result;
+    case Schedule::kAuto:
+      result.rejected = "auto is not a schedule; resolve it with choose_schedule()";
+      return result;
   }
   // A value cast from outside the enum (the API refuses it before planning; a plan of it would get no jobs).
   result.rejected = "Schedule(" + std::to_string(static_cast<int>(schedule)) + ") is not a schedule";

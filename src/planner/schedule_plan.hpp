@@ -49,7 +49,9 @@ struct AutoChoice {
   const char* reason;
 };
 AutoChoice choose_auto(const TiledProblem& problem, int num_sms);
-inline Schedule choose_schedule(const TiledProblem& problem, int num_sms) { return choose_auto(problem, num_sms).schedule; }
+inline Schedule choose_schedule(const TiledProblem& problem, int num_sms) {
+  return choose_auto(problem, num_sms).schedule;
+}
 
 // make_schedule_plan, resolving kAuto first.
 PlanResult plan_schedule(const TiledProblem& problem, Schedule schedule, int num_sms);

@@ -80,8 +80,8 @@ namespace dash {
 int first_wave_start(int head, int units_per_head, int num_ctas);
 
 struct StructuralProof {
-  bool proven = false;  // every hypothesis held: the plan is valid. false says nothing about the plan
-  int head_classes = 0; // heads whose jobs were checked, one per distinct first_wave_start
+  bool proven = false;   // every hypothesis held: the plan is valid. false says nothing about the plan
+  int head_classes = 0;  // heads whose jobs were checked, one per distinct first_wave_start
 };
 
 // See the file comment. Needs plan.num_ctas >= 1.

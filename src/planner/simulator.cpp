@@ -39,8 +39,7 @@ struct Waiter {
 
 class Simulation {
  public:
-  Simulation(const ExpandedSchedule& s, const CostModel& costs, bool record)
-      : s_(s), costs_(costs), record_(record) {
+  Simulation(const ExpandedSchedule& s, const CostModel& costs, bool record) : s_(s), costs_(costs), record_(record) {
     const int ctas = s.plan.num_ctas;
     cta_.assign(static_cast<size_t>(ctas), CtaState{});
     result_.cta_jobs.assign(static_cast<size_t>(ctas), {});
@@ -57,9 +56,15 @@ class Simulation {
       const Event e = events_.top();
       events_.pop();
       switch (e.kind) {
-        case EventKind::kFree: fetch_unit(e.cta, e.time); break;
-        case EventKind::kComputed: request_reduce(e.cta, e.time); break;
-        case EventKind::kReduced: finish_reduce(e.cta, e.time); break;
+        case EventKind::kFree:
+          fetch_unit(e.cta, e.time);
+          break;
+        case EventKind::kComputed:
+          request_reduce(e.cta, e.time);
+          break;
+        case EventKind::kReduced:
+          finish_reduce(e.cta, e.time);
+          break;
       }
     }
     finish();
@@ -166,9 +171,8 @@ class Simulation {
     result_.completed = true;
     for (int cta = 0; cta < s_.plan.num_ctas; ++cta) {
       const CtaState& st = cta_[cta];
-      const bool drained = st.job < 0 || (st.job == st.job_end &&
-                                          (s_.plan.dispatch == Dispatch::kDynamic ||
-                                           st.units_taken == static_unit_count(s_.plan, cta)));
+      const bool drained = st.job < 0 || (st.job == st.job_end && (s_.plan.dispatch == Dispatch::kDynamic ||
+                                                                   st.units_taken == static_unit_count(s_.plan, cta)));
       if (!drained && result_.completed) {
         const Step& step = s_.steps[st.step];
         result_.completed = false;

@@ -38,11 +38,11 @@ struct Segment {
 
 struct SimulationResult {
   bool completed = false;
-  std::string stuck;                       // when not completed: who waits on what
+  std::string stuck;  // when not completed: who waits on what
   double makespan = 0.0;
-  double busy = 0.0;                       // total job overhead + compute + reduce time
-  double bubble_fraction = 0.0;            // 1 - busy / (num_ctas * makespan)
-  std::vector<std::vector<int>> cta_jobs;  // jobs each CTA ran, in order
+  double busy = 0.0;                           // total job overhead + compute + reduce time
+  double bubble_fraction = 0.0;                // 1 - busy / (num_ctas * makespan)
+  std::vector<std::vector<int>> cta_jobs;      // jobs each CTA ran, in order
   std::vector<std::vector<Segment>> timeline;  // per CTA, when recorded
 };
 

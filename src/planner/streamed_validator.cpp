@@ -117,7 +117,8 @@ std::string check_ranks(const SchedulePlan& plan, const Functions& f) {
     const int rank = f.rank(plan, job, v);
     const std::string name = "dQ tile " + std::to_string(tile);
     if (rank < 0 || rank >= contributions[tile]) {
-      finding = name + " gets rank " + std::to_string(rank) + " outside [0, " + std::to_string(contributions[tile]) + ")";
+      finding =
+          name + " gets rank " + std::to_string(rank) + " outside [0, " + std::to_string(contributions[tile]) + ")";
       return false;
     }
     const size_t bit = static_cast<size_t>(first_bit[tile] + rank);
@@ -231,8 +232,8 @@ class TokenGame {
   struct Cta {
     int units_begun = 0;
     int unit = -1;
-    int next_sub = 0;    // next job of `unit` to fetch
-    Job job{};           // current job; num_steps 0 for an invalid one
+    int next_sub = 0;  // next job of `unit` to fetch
+    Job job{};         // current job; num_steps 0 for an invalid one
     int step = -1;
     int tile = -1;
     int rank = 0;
@@ -287,8 +288,8 @@ std::string summary_with(const SchedulePlan& plan, const Functions& f) {
   // The nondeterministic schedule adds without order: nothing waits, so nothing more can fail.
   if (!sums_in_order(plan)) return "valid";
   if (const std::string finding = check_ranks(plan, f); !finding.empty()) return "ranks: " + finding;
-  const std::string finding = plan.dispatch == Dispatch::kDynamic ? check_waits_point_backward(plan, f)
-                                                                  : TokenGame<Functions>(plan, f).run();
+  const std::string finding =
+      plan.dispatch == Dispatch::kDynamic ? check_waits_point_backward(plan, f) : TokenGame<Functions>(plan, f).run();
   return finding.empty() ? "valid" : "deadlock: " + finding;
 }
 

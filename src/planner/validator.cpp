@@ -20,7 +20,8 @@ std::string check_coverage(const ExpandedSchedule& s, const HeadProblem& head_pr
   for (int j = 0; j < static_cast<int>(s.jobs.size()); ++j) {
     const Job& job = s.jobs[j].job;
     const std::string name = "job (head " + std::to_string(job.head) + ", kv tile " + std::to_string(job.kv_tile) + ")";
-    if (job.head < 0 || job.head >= p.num_heads() || job.kv_tile < 0 || job.kv_tile >= n) return name + " is out of range";
+    if (job.head < 0 || job.head >= p.num_heads() || job.kv_tile < 0 || job.kv_tile >= n)
+      return name + " is out of range";
     const TiledProblem h = head_problem(job.head);
     if (job.kv_tile >= h.num_kv_tiles()) return name + " lies past its head's key/value tiles";
     char& seen = job_seen[static_cast<size_t>(job.head) * n + job.kv_tile];

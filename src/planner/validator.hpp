@@ -56,7 +56,7 @@ struct ValidationReport {
   bool ordered = true;         // false for the nondeterministic schedule (no ranks to check)
   bool deadlock_free = false;
   std::string deadlock_error;
-  DagAnalysis dag;             // on the validated CTA assignment: critical path and lemma check
+  DagAnalysis dag;  // on the validated CTA assignment: critical path and lemma check
 
   bool ok() const { return coverage_error.empty() && rank_error.empty() && deadlock_free; }
   // The first failure, or "valid".

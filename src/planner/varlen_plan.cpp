@@ -20,7 +20,8 @@ std::string varlen_refusal(const VarlenPlan& varlen) {
     case Schedule::kAscending:
     case Schedule::kDescending:
     case Schedule::kShortestFirst:
-    case Schedule::kNondeterministic: return {};
+    case Schedule::kNondeterministic:
+      return {};
     case Schedule::kShift:
       if (!varlen.keys_within_queries) {
         return "shift is proven for varlen batches only where every sequence has seqlen_k <= seqlen_q (plan with "
@@ -40,7 +41,8 @@ std::string varlen_refusal(const VarlenPlan& varlen) {
                "query tile; use shortest-first";
       }
       return symmetric_shift_tile_refusal(p);
-    case Schedule::kAuto: return "auto is not a schedule; resolve it first";
+    case Schedule::kAuto:
+      return "auto is not a schedule; resolve it first";
   }
   return "Schedule(" + std::to_string(static_cast<int>(plan.kind)) + ") is not a schedule";
 }
@@ -94,8 +96,9 @@ PlanProof prove_varlen_plan(const VarlenPlan& plan) {
   }
   proof = prove_plan(plan.plan);
   if (proof.ok() && !proof.stats.by_structure) {
-    proof.summary = "varlen: the maximum plan was proven by enumeration, not by structure, so its proof says "
-                    "nothing about shorter sequences";
+    proof.summary =
+        "varlen: the maximum plan was proven by enumeration, not by structure, so its proof says "
+        "nothing about shorter sequences";
   }
   return proof;
 }

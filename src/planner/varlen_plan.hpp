@@ -102,6 +102,7 @@ ExpandedSchedule expand_varlen_schedule(const VarlenPlan& plan, const std::vecto
 
 // validate_schedule for an expanded varlen schedule: coverage against each sequence's problem (every key/value
 // tile of every head once, each job on its band, each visit once), then validate_schedule's order checks.
-ValidationReport validate_varlen_schedule(const ExpandedSchedule& schedule, const std::vector<SequenceLengths>& lengths);
+ValidationReport validate_varlen_schedule(const ExpandedSchedule& schedule,
+                                          const std::vector<SequenceLengths>& lengths);
 
 }  // namespace dash

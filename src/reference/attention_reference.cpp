@@ -85,8 +85,8 @@ void attention_forward(const AttentionShape& shape, const T* q, const T* k, cons
 }
 
 template <class T>
-void attention_backward(const AttentionShape& shape, const T* q, const T* k, const T* v, const T* out,
-                        const T* dout, const T* lse, T* dq, T* dk, T* dv, SlidingWindow window, double softcap) {
+void attention_backward(const AttentionShape& shape, const T* q, const T* k, const T* v, const T* out, const T* dout,
+                        const T* lse, T* dq, T* dk, T* dv, SlidingWindow window, double softcap) {
   const T score_cap = static_cast<T>(softcap);
   const Layout lq{shape.seqlen_q, shape.heads_q, shape.head_dim};
   const Layout lk{shape.seqlen_k, shape.heads_kv, shape.head_dim};
@@ -112,7 +112,7 @@ void attention_backward(const AttentionShape& shape, const T* q, const T* k, con
           const T* kj = k + lk.at(b, j, hk);
           const T* vj = v + lk.at(b, j, hk);
           const CappedScore<T> s = cap(scale * dot(qi, kj, dim), score_cap);
-          const T p = std::exp(s.value - row_lse);                  // P_ij
+          const T p = std::exp(s.value - row_lse);  // P_ij
           // dS_ij = P_ij (dP_ij - D_i), carried back through the cap to the scaled score.
           const T ds = p * (dot(doi, vj, dim) - delta) * s.slope;
           T* dkj = dk + lk.at(b, j, hk);

@@ -22,8 +22,7 @@ void attention_forward(const AttentionShape& shape, const T* q, const T* k, cons
 
 // Gradients of L = sum(out * dout) given the forward's out and lse (computed under the same window and softcap).
 template <class T>
-void attention_backward(const AttentionShape& shape, const T* q, const T* k, const T* v, const T* out,
-                        const T* dout, const T* lse, T* dq, T* dk, T* dv, SlidingWindow window = {},
-                        double softcap = 0.0);
+void attention_backward(const AttentionShape& shape, const T* q, const T* k, const T* v, const T* out, const T* dout,
+                        const T* lse, T* dq, T* dk, T* dv, SlidingWindow window = {}, double softcap = 0.0);
 
 }  // namespace dash::reference

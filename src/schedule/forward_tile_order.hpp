@@ -46,8 +46,8 @@ inline constexpr int64_t kForwardL2Budget = int64_t{16} << 20;
 // Consecutive (batch, query head) pairs whose tiles are ordered together: under the causal mask the query
 // heads of as many key/value heads as fit kForwardL2Budget, at least one and at most all of them; under a
 // full mask one.
-DASH_HOST_DEVICE constexpr int forward_heads_per_group(bool causal, int64_t seqlen_k, int head_dim,
-                                                       int element_bytes, int heads_q, int heads_kv, int batch) {
+DASH_HOST_DEVICE constexpr int forward_heads_per_group(bool causal, int64_t seqlen_k, int head_dim, int element_bytes,
+                                                       int heads_q, int heads_kv, int batch) {
   if (!causal) return 1;
   const int64_t kv_head_bytes = 2 * seqlen_k * head_dim * element_bytes;  // K and V of one key/value head
   const int64_t fitting = kv_head_bytes >= kForwardL2Budget ? 1 : kForwardL2Budget / kv_head_bytes;

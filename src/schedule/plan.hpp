@@ -42,20 +42,20 @@ struct SchedulePlan {
 };
 
 struct Job {
-  int head;       // schedule head (see tiled_problem.hpp)
+  int head;  // schedule head (see tiled_problem.hpp)
   int kv_tile;
-  int q_begin;    // the band of query tiles the mask lets this job see: [q_begin, q_end)
+  int q_begin;  // the band of query tiles the mask lets this job see: [q_begin, q_end)
   int q_end;
   int num_steps;  // q_end - q_begin: it visits each tile of its band once, in the schedule's order
   // Wave state of the shift schedules: this head's units running in the same wave as this one.
-  int lane;        // index of this unit among them
-  int wave_size;   // how many there are
-  int earlier;     // units of this head that ran in earlier waves
-  int wave_shorts; // symmetric shift: units of the wave that carry a short job
-  int rect_begin;  // symmetric shift: first query tile that every long job of the wave sees
-  int fold_begin;  // symmetric shift under a sliding window: first key/value tile of the folded triangle
-  bool is_short;   // symmetric shift: the second (short) job of a unit
-  bool valid;      // false for the missing short job of the middle unit when num_kv_tiles is odd
+  int lane;         // index of this unit among them
+  int wave_size;    // how many there are
+  int earlier;      // units of this head that ran in earlier waves
+  int wave_shorts;  // symmetric shift: units of the wave that carry a short job
+  int rect_begin;   // symmetric shift: first query tile that every long job of the wave sees
+  int fold_begin;   // symmetric shift under a sliding window: first key/value tile of the folded triangle
+  bool is_short;    // symmetric shift: the second (short) job of a unit
+  bool valid;       // false for the missing short job of the middle unit when num_kv_tiles is odd
 };
 
 // Where unit `unit` of a head whose units are [head_first, head_first + head_units) sits in its wave.

@@ -17,13 +17,20 @@ namespace dash {
 // plan.jobs_per_unit.
 DASH_HOST_DEVICE Job make_job(const SchedulePlan& plan, int unit, int sub) {
   switch (plan.kind) {
-    case Schedule::kAscending: return AscendingSchedule::make_job(plan, unit);
-    case Schedule::kDescending: return DescendingSchedule::make_job(plan, unit);
-    case Schedule::kShortestFirst: return ShortestFirstSchedule::make_job(plan, unit);
-    case Schedule::kShift: return ShiftSchedule::make_job(plan, unit);
-    case Schedule::kSymmetricShift: return SymmetricShiftSchedule::make_job(plan, unit, sub);
-    case Schedule::kNondeterministic: return NondeterministicSchedule::make_job(plan, unit);
-    case Schedule::kAuto: break;
+    case Schedule::kAscending:
+      return AscendingSchedule::make_job(plan, unit);
+    case Schedule::kDescending:
+      return DescendingSchedule::make_job(plan, unit);
+    case Schedule::kShortestFirst:
+      return ShortestFirstSchedule::make_job(plan, unit);
+    case Schedule::kShift:
+      return ShiftSchedule::make_job(plan, unit);
+    case Schedule::kSymmetricShift:
+      return SymmetricShiftSchedule::make_job(plan, unit, sub);
+    case Schedule::kNondeterministic:
+      return NondeterministicSchedule::make_job(plan, unit);
+    case Schedule::kAuto:
+      break;
   }
   return Job{};  // valid == false: no job
 }
@@ -31,13 +38,20 @@ DASH_HOST_DEVICE Job make_job(const SchedulePlan& plan, int unit, int sub) {
 // The (virtual) query tile `job` visits at `step`, for step in [0, job.num_steps).
 DASH_HOST_DEVICE int q_tile_at(const SchedulePlan& plan, const Job& job, int step) {
   switch (plan.kind) {
-    case Schedule::kAscending: return AscendingSchedule::q_tile_at(job, step);
-    case Schedule::kDescending: return DescendingSchedule::q_tile_at(job, step);
-    case Schedule::kShortestFirst: return ShortestFirstSchedule::q_tile_at(job, step);
-    case Schedule::kShift: return ShiftSchedule::q_tile_at(plan, job, step);
-    case Schedule::kSymmetricShift: return SymmetricShiftSchedule::q_tile_at(plan, job, step);
-    case Schedule::kNondeterministic: return NondeterministicSchedule::q_tile_at(plan, job, step);
-    case Schedule::kAuto: break;
+    case Schedule::kAscending:
+      return AscendingSchedule::q_tile_at(job, step);
+    case Schedule::kDescending:
+      return DescendingSchedule::q_tile_at(job, step);
+    case Schedule::kShortestFirst:
+      return ShortestFirstSchedule::q_tile_at(job, step);
+    case Schedule::kShift:
+      return ShiftSchedule::q_tile_at(plan, job, step);
+    case Schedule::kSymmetricShift:
+      return SymmetricShiftSchedule::q_tile_at(plan, job, step);
+    case Schedule::kNondeterministic:
+      return NondeterministicSchedule::q_tile_at(plan, job, step);
+    case Schedule::kAuto:
+      break;
   }
   return -1;  // never reached: make_job gives such a plan no job to ask about
 }
@@ -45,13 +59,20 @@ DASH_HOST_DEVICE int q_tile_at(const SchedulePlan& plan, const Job& job, int ste
 // Position of `job`'s partial dQ for query tile v in that tile's summation order, or kUnordered.
 DASH_HOST_DEVICE int rank_of(const SchedulePlan& plan, const Job& job, int v) {
   switch (plan.kind) {
-    case Schedule::kAscending: return AscendingSchedule::rank_of(plan, job, v);
-    case Schedule::kDescending: return DescendingSchedule::rank_of(plan, job, v);
-    case Schedule::kShortestFirst: return ShortestFirstSchedule::rank_of(plan, job, v);
-    case Schedule::kShift: return ShiftSchedule::rank_of(job, v);
-    case Schedule::kSymmetricShift: return SymmetricShiftSchedule::rank_of(plan, job, v);
-    case Schedule::kNondeterministic: return kUnordered;
-    case Schedule::kAuto: break;
+    case Schedule::kAscending:
+      return AscendingSchedule::rank_of(plan, job, v);
+    case Schedule::kDescending:
+      return DescendingSchedule::rank_of(plan, job, v);
+    case Schedule::kShortestFirst:
+      return ShortestFirstSchedule::rank_of(plan, job, v);
+    case Schedule::kShift:
+      return ShiftSchedule::rank_of(job, v);
+    case Schedule::kSymmetricShift:
+      return SymmetricShiftSchedule::rank_of(plan, job, v);
+    case Schedule::kNondeterministic:
+      return kUnordered;
+    case Schedule::kAuto:
+      break;
   }
   return -1;  // never reached: make_job gives such a plan no job to ask about
 }
@@ -65,8 +86,10 @@ DASH_HOST_DEVICE constexpr bool is_deterministic(Schedule schedule) {
     case Schedule::kDescending:
     case Schedule::kShortestFirst:
     case Schedule::kShift:
-    case Schedule::kSymmetricShift: return true;
-    case Schedule::kNondeterministic: break;
+    case Schedule::kSymmetricShift:
+      return true;
+    case Schedule::kNondeterministic:
+      break;
   }
   return false;
 }

@@ -135,8 +135,8 @@ struct BandSymmetricShift {
     const int earlier = job.earlier;
     const int earlier_shorts_begin = n - (earlier > fold ? earlier - fold : 0);
     int rank = overlap(seen_begin, seen_end, 0, earlier) + overlap(seen_begin, seen_end, earlier_shorts_begin, n);
-    const int position = job.is_short ? band_length(p, n - 1 - job.kv_tile + fold) + job.q_end - 1 - v
-                                      : v - job.q_begin;
+    const int position =
+        job.is_short ? band_length(p, n - 1 - job.kv_tile + fold) + job.q_end - 1 - v : v - job.q_begin;
     // This wave's first tiles [E, E + R), at positions v - b_k: those with b_k > v - position come first.
     const int wave_end = earlier + job.wave_size;
     const int ascending_after = floor_div(v - position - b0, g) + 1;
@@ -218,8 +218,8 @@ struct SymmetricShiftSchedule {
   // Job `sub` (0: the pair's long tile, 1: its short one) of unit `unit`, which holds pair `pair` of problem p's
   // head `head`, whose (n + 1) / 2 units start at `first_unit` (unit = first_unit + pair; varlen plans place a
   // sequence's pairs at the start of the maximum problem's units: schedule/varlen.hpp).
-  DASH_HOST_DEVICE static Job pair_job(const TiledProblem& p, int num_ctas, int unit, int head, int pair, int first_unit,
-                                       int sub) {
+  DASH_HOST_DEVICE static Job pair_job(const TiledProblem& p, int num_ctas, int unit, int head, int pair,
+                                       int first_unit, int sub) {
     const int n = p.num_kv_tiles();
     const int pairs = (n + 1) / 2;
     const bool is_short = sub == 1;

@@ -84,9 +84,9 @@ inline constexpr int kForwardBlockKv = 128;
 inline constexpr int kForwardWideBlockKv = 176;
 inline constexpr int kForwardBlockKvD192 = 112;
 inline constexpr int kForwardBlockKvD256 = 80;
-inline constexpr int kForwardTallFromFull = 2048;     // seqlen_q from which a full mask takes tall tiles
-inline constexpr int kForwardTallFromCausal = 8192;   // the same under the causal mask
-inline constexpr int kForwardWideFromKeys = 2048;     // seqlen_k from which a full mask at d = 128 takes wide tiles
+inline constexpr int kForwardTallFromFull = 2048;    // seqlen_q from which a full mask takes tall tiles
+inline constexpr int kForwardTallFromCausal = 8192;  // the same under the causal mask
+inline constexpr int kForwardWideFromKeys = 2048;    // seqlen_k from which a full mask at d = 128 takes wide tiles
 
 DASH_HOST_DEVICE constexpr bool forward_has_tall_tiles(int head_dim) { return head_dim <= 64; }
 DASH_HOST_DEVICE constexpr bool forward_has_wide_tiles(int head_dim) { return head_dim == 128; }
@@ -98,8 +98,8 @@ DASH_HOST_DEVICE constexpr TileShape forward_base_tile_shape(int head_dim) {
 }
 
 DASH_HOST_DEVICE constexpr TileShape forward_tile_shape(int head_dim, bool causal, int64_t seqlen_q, int64_t seqlen_k) {
-  const bool tall = forward_has_tall_tiles(head_dim) &&
-                    seqlen_q >= (causal ? kForwardTallFromCausal : kForwardTallFromFull);
+  const bool tall =
+      forward_has_tall_tiles(head_dim) && seqlen_q >= (causal ? kForwardTallFromCausal : kForwardTallFromFull);
   const bool wide = forward_has_wide_tiles(head_dim) && !causal && seqlen_k >= kForwardWideFromKeys;
   const TileShape base = forward_base_tile_shape(head_dim);
   return TileShape{tall ? kForwardTallBlockQ : base.block_q, wide ? kForwardWideBlockKv : base.block_kv};

@@ -32,15 +32,15 @@ struct QTileCoord {
 struct KvJobCoord {
   int batch;
   int head_kv;
-  int split;      // which part of the query-head group
-  int head_q0;    // first query head of the part
+  int split;    // which part of the query-head group
+  int head_q0;  // first query head of the part
 };
 
 struct TiledProblem {
   int batch;
   int heads_kv;
-  int group_size;     // query heads per key/value head
-  int group_splits;   // divides group_size
+  int group_size;    // query heads per key/value head
+  int group_splits;  // divides group_size
   int seqlen_q;
   int seqlen_k;
   int block_q;

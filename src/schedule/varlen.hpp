@@ -43,13 +43,13 @@ struct SequenceLengths {
 // A packed varlen batch as the kernels read it: the device's cu_seqlens and the bounds every sequence is clamped
 // to. The host knows the bounds without reading cu_seqlens (no copy per call).
 struct PackedBatch {
-  const int* cu_seqlens_q;    // num_seqs + 1 offsets into the packed query rows (device memory)
-  const int* cu_seqlens_k;    // num_seqs + 1 offsets into the packed key rows
-  int total_q;                // rows of the packed q, out, dout, dq (and LSE columns)
-  int total_k;                // rows of the packed k, v, dk, dv
-  int max_seqlen_q;           // the plan's maxima
+  const int* cu_seqlens_q;  // num_seqs + 1 offsets into the packed query rows (device memory)
+  const int* cu_seqlens_k;  // num_seqs + 1 offsets into the packed key rows
+  int total_q;              // rows of the packed q, out, dout, dq (and LSE columns)
+  int total_k;              // rows of the packed k, v, dk, dv
+  int max_seqlen_q;         // the plan's maxima
   int max_seqlen_k;
-  bool keys_within_queries;   // the plan admits only seqlen_k <= seqlen_q
+  bool keys_within_queries;  // the plan admits only seqlen_k <= seqlen_q
 };
 
 // Sequence b's rows in the packed tensors: query rows [q_offset, q_offset + lengths.seqlen_q), key rows
@@ -103,9 +103,12 @@ DASH_HOST_DEVICE int varlen_units_per_head(const SchedulePlan& plan) {
     case Schedule::kDescending:
     case Schedule::kShortestFirst:
     case Schedule::kNondeterministic:
-    case Schedule::kShift: return plan.problem.num_kv_tiles();
-    case Schedule::kSymmetricShift: return SymmetricShiftSchedule::units_per_head(plan.problem);
-    case Schedule::kAuto: break;
+    case Schedule::kShift:
+      return plan.problem.num_kv_tiles();
+    case Schedule::kSymmetricShift:
+      return SymmetricShiftSchedule::units_per_head(plan.problem);
+    case Schedule::kAuto:
+      break;
   }
   return 1;  // a plan of kAuto has no jobs; 1 keeps the unit arithmetic defined
 }
@@ -145,7 +148,8 @@ DASH_HOST_DEVICE Job make_varlen_job(const SchedulePlan& plan, int unit, int sub
       // The sequence's own pairs, its head's units starting where the plan's do.
       if (a >= (n + 1) / 2) return Job{};
       return SymmetricShiftSchedule::pair_job(seq, plan.num_ctas, unit, head, a, head * units, sub);
-    case Schedule::kAuto: break;
+    case Schedule::kAuto:
+      break;
   }
   return Job{};  // a plan of kAuto has no jobs (schedule.hpp)
 }

@@ -4,14 +4,14 @@
 // C++ API and of the C ABI, so both layers are held to one list.
 #pragma once
 
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "dash/attention.hpp"
 

@@ -2,11 +2,11 @@
 // the parts of its message that name the argument and the rule, an acceptance by ok().
 #pragma once
 
-#include <gtest/gtest.h>
-
 #include <initializer_list>
 #include <string>
 #include <string_view>
+
+#include <gtest/gtest.h>
 
 #include "dash/attention.hpp"
 

@@ -6,14 +6,14 @@
 // and its plan disagree on before anything else, and a call that matches gets past the plan to the next check.
 // The SM margin: a plan is what the planner plans for the device's SMs less the margin and records both counts;
 // a margin outside [0, SM count) is refused with the rule, a negative one before the device is looked at.
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "api/backward_plan.hpp"
 #include "dash/attention.hpp"
@@ -321,8 +321,9 @@ TEST(PlanBackwardRefuses, SymmetricShiftAtHeadDims192And256WithTheRule) {
     expect_untouched(plan);
     // Shift's advice for the causal mask names the schedules these tiles admit.
     const Status shift = plan_backward(symmetric_shift_shape(head_dim), Schedule::kShift, h200(), &plan);
-    EXPECT_EQ(shift.message(), "schedule 'shift' cannot run this shape: shift needs the full mask (use shortest-first "
-                               "or descending for causal)");
+    EXPECT_EQ(shift.message(),
+              "schedule 'shift' cannot run this shape: shift needs the full mask (use shortest-first "
+              "or descending for causal)");
   }
 }
 

@@ -2,13 +2,13 @@
 // the entry point that plans at every call, for every schedule that applies; a plan made for another SM count
 // or device is refused before anything runs; the workspace a plan names is the one it checks. Without a
 // Hopper GPU (or without the compiled kernel) every test skips and says why.
-#include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include "harness/device_harness.hpp"
 #include "sm90_test_support.hpp"

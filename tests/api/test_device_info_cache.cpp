@@ -3,15 +3,15 @@
 // read it once; and current_device_info() describes the current device as the runtime does, or gives the
 // device check's reason when there is none. Runs without a GPU (the reader is a fake); the last test uses
 // whatever device the machine has.
-#include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
-
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include "api/device.hpp"
 #include "dash/attention.hpp"

@@ -1,13 +1,13 @@
 // The API's proof of schedule plans (api/proven_schedules.hpp): the verdict cache keeps at most its capacity,
 // evicting the least recently used plan first, and may be shared by threads; prove_schedule proves a valid
 // plan and rejects a broken one with the proof's finding, from the cache the second time.
-#include <gtest/gtest.h>
-
 #include <atomic>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "api/proven_schedules.hpp"
 #include "dash/attention.hpp"
@@ -35,7 +35,7 @@ TEST(ProofCache, KeepsTheMostRecentlyUsedPlans) {
   for (int seqlen : {100, 200, 300}) cache.insert(plan_of_length(seqlen), verdict_of(seqlen));
   EXPECT_EQ(cache.size(), 3u);
   EXPECT_EQ(cache.find(plan_of_length(100)), verdict_of(100));  // now the most recently used
-  cache.insert(plan_of_length(400), verdict_of(400));            // evicts 200, the least recently used
+  cache.insert(plan_of_length(400), verdict_of(400));           // evicts 200, the least recently used
   EXPECT_EQ(cache.size(), 3u);
   EXPECT_EQ(cache.find(plan_of_length(200)), std::nullopt);
   for (int seqlen : {100, 300, 400}) EXPECT_EQ(cache.find(plan_of_length(seqlen)), verdict_of(seqlen)) << seqlen;
@@ -85,9 +85,8 @@ TEST(ProveSchedule, ProvesWindowedPlansOfEveryDeterministicScheduleThePlannerAcc
         if (schedule == Schedule::kAuto) continue;
         const PlanResult planned = make_schedule_plan(make_tiled_problem(shape, window), schedule, 132);
         if (!planned.ok()) continue;
-        EXPECT_TRUE(prove_schedule(planned.plan).ok())
-            << schedule_name(schedule) << (causal ? " causal" : " full") << " window " << window.left << ","
-            << window.right;
+        EXPECT_TRUE(prove_schedule(planned.plan).ok()) << schedule_name(schedule) << (causal ? " causal" : " full")
+                                                       << " window " << window.left << "," << window.right;
       }
     }
   }

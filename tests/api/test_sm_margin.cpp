@@ -8,12 +8,12 @@
 //  - Static schedules (shift, symmetric shift): CTA c runs units c, c + C, ... and the wave state steers each unit
 //    of a wave, so the visiting orders and ranks are those of the smaller CTA count: the plan, and with it the bits,
 //    change. Each plan is still proven and bitwise reproducible from run to run, and matches the reference.
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "api/backward_plan.hpp"
 #include "dash/attention.hpp"
@@ -193,8 +193,8 @@ TEST(SmMarginEmulated, DynamicSchedulesGiveTheBitsOfMarginZero) {
 // changed, so on these inputs dQ and dK differ from margin 0 in the last place (a caller who needs the bits of
 // another run must use its margin too).
 TEST(SmMarginEmulated, StaticSchedulesPlannedForFewerSmsAreReproducibleAndCorrect) {
-  for (const auto& [s, schedule] : {std::pair{shape(false, false), Schedule::kShift},
-                                    std::pair{shape(true, false), Schedule::kSymmetricShift}}) {
+  for (const auto& [s, schedule] :
+       {std::pair{shape(false, false), Schedule::kShift}, std::pair{shape(true, false), Schedule::kSymmetricShift}}) {
     const EmulatorInputs inputs = make_emulator_inputs(s, /*seed=*/32);
     const EmulationResult all_sms = emulate_checked(inputs, plan_with_margin(s, schedule, 0));
     for (const int margin : {3, kDeviceSms - 1}) {

@@ -3,9 +3,6 @@
 // must refuse a bad shape before any device query or plan), the device checks of api/device.hpp, schedule
 // names and Status formatting. Tensor pointers are fake (validate() never dereferences them) but aligned,
 // and lie in disjoint regions unless a test makes them overlap.
-#include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -18,6 +15,9 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include "api/device.hpp"
 #include "api/limits.hpp"
@@ -170,9 +170,9 @@ TYPED_TEST(ValidateBoth, AcceptsPaddedStrides) {
   const AttentionShape shape = test_shape();
   TypeParam a = valid_args<TypeParam>(shape);
   constexpr int64_t kPad = 64;
-  a.q.strides.seq = shape.heads_q * shape.head_dim + kPad;                 // padded rows
-  a.q.strides.batch = shape.seqlen_q * a.q.strides.seq + kPad;             // padded batches
-  a.k.strides.head = shape.head_dim + kPad;                                // padded heads
+  a.q.strides.seq = shape.heads_q * shape.head_dim + kPad;      // padded rows
+  a.q.strides.batch = shape.seqlen_q * a.q.strides.seq + kPad;  // padded batches
+  a.k.strides.head = shape.head_dim + kPad;                     // padded heads
   a.k.strides.seq = shape.heads_kv * a.k.strides.head;
   a.k.strides.batch = shape.seqlen_k * a.k.strides.seq;
   // v stored in (H, S, B, D) order.
@@ -233,8 +233,8 @@ TYPED_TEST(ValidateBoth, RejectsNonPositiveSizes) {
     for (int64_t value : {int64_t{0}, int64_t{-1}}) {
       AttentionShape shape = test_shape();
       shape.*member = value;
-      EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kInvalidArgument,
-                             {name, "must be > 0"}))
+      EXPECT_TRUE(
+          fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kInvalidArgument, {name, "must be > 0"}))
           << name << " = " << value;
     }
   }
@@ -245,8 +245,8 @@ TYPED_TEST(ValidateBoth, RejectsTooLongSequences) {
                               std::pair{"shape.seqlen_k", &AttentionShape::seqlen_k}}) {
     AttentionShape shape = test_shape();
     shape.*member = kMaxSeqlen + 1;
-    EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
-                           {name, "must be <= 1048576"}));
+    EXPECT_TRUE(
+        fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported, {name, "must be <= 1048576"}));
   }
 }
 
@@ -265,9 +265,9 @@ TYPED_TEST(ValidateBoth, RejectsBatchAboveTheGridLimit) {
   for (int64_t batch : {kMaxGridDimYZ + 1, std::numeric_limits<int64_t>::max() / 2}) {
     AttentionShape shape = test_shape();
     shape.batch = batch;
-    EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
-                           {"shape.batch must be <= 65535", "grid dimension, which CUDA caps at 65535",
-                            "got " + std::to_string(batch)}));
+    EXPECT_TRUE(fails_with(
+        validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
+        {"shape.batch must be <= 65535", "grid dimension, which CUDA caps at 65535", "got " + std::to_string(batch)}));
   }
 }
 
@@ -276,16 +276,15 @@ TYPED_TEST(ValidateBoth, RejectsHeadsQAboveTheGridLimit) {
   shape.heads_q = kMaxGridDimYZ + 1;
   shape.heads_kv = 1;
   EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
-                         {"shape.heads_q must be <= 65535", "grid dimension, which CUDA caps at 65535",
-                          "got 65536"}));
+                         {"shape.heads_q must be <= 65535", "grid dimension, which CUDA caps at 65535", "got 65536"}));
 }
 
 TYPED_TEST(ValidateBoth, RejectsTooManyQueryTiles) {
   AttentionShape shape = test_shape();
   shape.batch = shape.heads_q = int64_t{1} << 15;  // 2^15 * 2^15 heads * 4 tiles
-  EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
-                         {"query tile count batch * heads_q * ceil(seqlen_q / 64)", "must be < 2147483648",
-                          "got 4294967296"}));
+  EXPECT_TRUE(
+      fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
+                 {"query tile count batch * heads_q * ceil(seqlen_q / 64)", "must be < 2147483648", "got 4294967296"}));
 }
 
 TYPED_TEST(ValidateBoth, RejectsTooManyQueryElements) {
@@ -302,8 +301,9 @@ TYPED_TEST(ValidateBoth, RejectsUnsupportedHeadDims) {
   for (int64_t head_dim : {32, 80, 160, 512}) {
     AttentionShape shape = test_shape();
     shape.head_dim = head_dim;
-    EXPECT_TRUE(fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
-                           {"shape.head_dim must be one of {64, 96, 128, 192, 256}", "got " + std::to_string(head_dim)}));
+    EXPECT_TRUE(
+        fails_with(validate(valid_args<TypeParam>(shape)), StatusCode::kNotSupported,
+                   {"shape.head_dim must be one of {64, 96, 128, 192, 256}", "got " + std::to_string(head_dim)}));
   }
 }
 
@@ -395,8 +395,8 @@ TYPED_TEST(ValidateBoth, RejectsNonUnitDimStride) {
 
 // Pointers to the batch, seq and head strides with their names.
 std::vector<std::pair<std::string, int64_t*>> outer_strides(const std::string& tensor, Strides* s) {
-  return {{tensor + ".strides.batch", &s->batch}, {tensor + ".strides.seq", &s->seq},
-          {tensor + ".strides.head", &s->head}};
+  return {
+      {tensor + ".strides.batch", &s->batch}, {tensor + ".strides.seq", &s->seq}, {tensor + ".strides.head", &s->head}};
 }
 
 TYPED_TEST(ValidateBoth, RejectsNegativeStrides) {
@@ -461,8 +461,10 @@ TYPED_TEST(ValidateBoth, RejectsStridesAtTheTmaLimit) {
         const int64_t saved = *stride;
         *stride = too_large;
         EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
-                               {name + " must be < 549755813888 elements (2^40 bytes, the largest stride a TMA "
-                                       "descriptor can encode), got " + std::to_string(too_large)}));
+                               {name +
+                                " must be < 549755813888 elements (2^40 bytes, the largest stride a TMA "
+                                "descriptor can encode), got " +
+                                std::to_string(too_large)}));
         *stride = saved;
       }
     }
@@ -483,8 +485,8 @@ TYPED_TEST(ValidateBoth, AcceptsStrideJustBelowTheTmaLimit) {
 TYPED_TEST(ValidateBoth, RejectsTensorRunningPastTheAddressSpace) {
   TypeParam a = valid_args<TypeParam>();
   a.q.data = FakeAddress{UINTPTR_MAX - uintptr_t{15} - uintptr_t{4096}};  // aligned, 4 KiB below the top
-  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
-                         {"q: the tensor at", "past the end of the address space"}));
+  EXPECT_TRUE(
+      fails_with(validate(a), StatusCode::kInvalidArgument, {"q: the tensor at", "past the end of the address space"}));
   a = valid_args<TypeParam>();
   a.lse = FakeAddress{UINTPTR_MAX - uintptr_t{3}};
   EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
@@ -533,7 +535,8 @@ TYPED_TEST(ValidateBoth, RejectsANegativeSmMargin) {
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(status.message(),
               "sm_margin must satisfy 0 <= sm_margin < the device's SM count (at least one SM must run the kernel), "
-              "got " + std::to_string(margin));
+              "got " +
+                  std::to_string(margin));
   }
 }
 
@@ -696,8 +699,8 @@ TEST(BackwardWorkspaceSizeSchedule, RefusesAnInvalidScheduleBeforeAnyDeviceQuery
 TEST(WorkspaceSizeOutput, NullBytesIsRefused) {
   EXPECT_TRUE(fails_with(forward_workspace_size(test_shape(), nullptr), StatusCode::kInvalidArgument,
                          {"forward_workspace_size: bytes must not be null"}));
-  EXPECT_TRUE(fails_with(backward_workspace_size(test_shape(), Schedule::kAuto, nullptr),
-                         StatusCode::kInvalidArgument, {"backward_workspace_size: bytes must not be null"}));
+  EXPECT_TRUE(fails_with(backward_workspace_size(test_shape(), Schedule::kAuto, nullptr), StatusCode::kInvalidArgument,
+                         {"backward_workspace_size: bytes must not be null"}));
 }
 
 TEST(ForwardWorkspaceSizeValid, AnswersWithoutADevice) {
@@ -731,8 +734,8 @@ TEST(DeviceCheck, RejectsBlackwell) {
 }
 
 TEST(DeviceCheck, ToleratesMissingName) {
-  EXPECT_TRUE(fails_with(check_device_properties(0, nullptr, 8, 6), StatusCode::kUnsupportedDevice,
-                         {"device 0 '' is 8.6"}));
+  EXPECT_TRUE(
+      fails_with(check_device_properties(0, nullptr, 8, 6), StatusCode::kUnsupportedDevice, {"device 0 '' is 8.6"}));
 }
 
 TEST(DeviceCheck, CurrentDevice) {
@@ -786,11 +789,10 @@ TEST(DeviceCount, NoDeviceVisible) {
 }
 
 TEST(DeviceCount, OtherFailureQuotesTheRuntime) {
-  EXPECT_TRUE(fails_with(check_device_count(cudaErrorSystemDriverMismatch,
-                                            "system has unsupported display driver / cuda driver combination", 0,
-                                            kCuda13_0, kCuda13_0),
-                         StatusCode::kNoDevice,
-                         {"no CUDA device is usable (cudaGetDeviceCount: system has unsupported display driver"}));
+  EXPECT_TRUE(fails_with(
+      check_device_count(cudaErrorSystemDriverMismatch,
+                         "system has unsupported display driver / cuda driver combination", 0, kCuda13_0, kCuda13_0),
+      StatusCode::kNoDevice, {"no CUDA device is usable (cudaGetDeviceCount: system has unsupported display driver"}));
 }
 
 TEST(DeviceCheck, RejectsNullPointer) {
@@ -834,8 +836,9 @@ TEST(ScheduleNames, UnknownNameListsValidNames) {
   Schedule parsed = Schedule::kShift;
   const Status status = parse_schedule("fastest", &parsed);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(status.message(), "unknown schedule 'fastest' (valid: auto, ascending, descending, shortest-first, shift, "
-                              "symmetric-shift, nondeterministic)");
+  EXPECT_EQ(status.message(),
+            "unknown schedule 'fastest' (valid: auto, ascending, descending, shortest-first, shift, "
+            "symmetric-shift, nondeterministic)");
   EXPECT_EQ(parsed, Schedule::kShift);  // untouched on failure
 }
 

@@ -5,8 +5,6 @@
 // under the hint lengths_fill_maxima), and a plan's refusal of calls that do not fit it (and acceptance of calls
 // whose packed rows would give the other hint); cu_seqlens and the workspace overlapping an output. No GPU: pointers
 // are fake (validate() never dereferences them) and aligned.
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -15,6 +13,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "api/backward_plan.hpp"
 #include "api/limits.hpp"
@@ -134,9 +134,10 @@ TYPED_TEST(ValidateVarlen, RejectsEachNullOffsetArray) {
   for (const bool query_side : {true, false}) {
     TypeParam a = valid_args<TypeParam>();
     (query_side ? a.varlen.cu_seqlens_q : a.varlen.cu_seqlens_k) = nullptr;
-    EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
-                           {query_side ? "varlen.cu_seqlens_q must not be null" : "varlen.cu_seqlens_k must not be null",
-                            "shape.batch + 1 int32 offsets"}));
+    EXPECT_TRUE(
+        fails_with(validate(a), StatusCode::kInvalidArgument,
+                   {query_side ? "varlen.cu_seqlens_q must not be null" : "varlen.cu_seqlens_k must not be null",
+                    "shape.batch + 1 int32 offsets"}));
   }
 }
 
@@ -252,8 +253,9 @@ TYPED_TEST(ValidateVarlen, RejectsAWorkspaceOverCuSeqlensOrAnyTensor) {
   // The workspace's last byte is the first byte of cu_seqlens_k.
   void* ending_on_offsets = reinterpret_cast<char*>(const_cast<int32_t*>(a.varlen.cu_seqlens_k)) - 63;
   EXPECT_TRUE(fails_with(check_workspace_overlap(a, ending_on_offsets, 64), StatusCode::kInvalidArgument,
-                         {"workspace overlaps varlen.cu_seqlens_k", "the workspace, which the call writes, must not "
-                                                                    "share memory with any tensor of the call"}));
+                         {"workspace overlaps varlen.cu_seqlens_k",
+                          "the workspace, which the call writes, must not "
+                          "share memory with any tensor of the call"}));
   // An input is refused as well: the call writes the workspace while it reads q.
   EXPECT_TRUE(fails_with(check_workspace_overlap(a, const_cast<void*>(a.q.data), 64), StatusCode::kInvalidArgument,
                          {"workspace overlaps q"}));
@@ -307,7 +309,8 @@ TEST(PlanVarlenBackward, PlansTheShiftSchedulesOnlyWithThePromise) {
   full.seqlen_k = full.seqlen_q;
   AttentionShape causal = full;
   causal.causal = true;
-  for (const auto& [shape, schedule] : {std::pair{full, Schedule::kShift}, std::pair{causal, Schedule::kSymmetricShift}}) {
+  for (const auto& [shape, schedule] :
+       {std::pair{full, Schedule::kShift}, std::pair{causal, Schedule::kSymmetricShift}}) {
     BackwardPlan made;
     EXPECT_TRUE(is_ok(plan(shape, /*promise=*/true, schedule, &made))) << schedule_name(schedule);
     EXPECT_TRUE(made.keys_within_queries());
@@ -369,8 +372,8 @@ TEST(PlanVarlenBackward, RefusesSymmetricShiftUnderAWindow) {
   shape.seqlen_k = shape.seqlen_q;
   shape.window_left = 64;
   BackwardPlan made;
-  EXPECT_TRUE(fails_with(plan(shape, /*promise=*/true, Schedule::kSymmetricShift, &made),
-                         StatusCode::kScheduleRejected, {"sliding window", "varlen"}));
+  EXPECT_TRUE(fails_with(plan(shape, /*promise=*/true, Schedule::kSymmetricShift, &made), StatusCode::kScheduleRejected,
+                         {"sliding window", "varlen"}));
 }
 
 TEST(PlanVarlenBackward, RefusesABadShapeFirst) {

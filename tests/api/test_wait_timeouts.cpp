@@ -2,12 +2,12 @@
 // (every rejected form, with the variable and the rule in the message) and the report of a filled record of each
 // kind (what happened and what to do, once). The device side runs in tests/kernels/test_wait_bound_gpu.cpp and
 // tests/kernels/test_sm90_faults.cpp.
-#include <gtest/gtest.h>
-
 #include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "api/wait_timeouts.hpp"
 
@@ -61,9 +61,9 @@ TEST(FaultReport, AWaitTimeoutIsReportedOnceNamingTheWaitAndThePoisonedGradients
   const Status s = take_fault(record, 3);
   EXPECT_EQ(s.code(), StatusCode::kWaitTimeout);
   EXPECT_EQ(std::string(status_code_name(s.code())), "wait-timeout");
-  for (const char* words : {"device 3", "CTA 17", "more than 200 ms", "dQ tile 305", "contribution 9",
-                            "stood at 4", "dQ is wrong", "dq, dk and dv were filled with NaN", "sm_margin",
-                            "DASH_WAIT_TIMEOUT_SECONDS"}) {
+  for (const char* words :
+       {"device 3", "CTA 17", "more than 200 ms", "dQ tile 305", "contribution 9", "stood at 4", "dQ is wrong",
+        "dq, dk and dv were filled with NaN", "sm_margin", "DASH_WAIT_TIMEOUT_SECONDS"}) {
     EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
   }
   EXPECT_EQ(record.kind, kernels::FaultKind::kNone) << "reporting clears the record, so the device can fill it again";
@@ -102,9 +102,9 @@ TEST(FaultReport, ALongForwardSequenceIsReportedOnceNamingItsLengthAndTheMaximum
   const Status s = take_fault(record, 1);
   EXPECT_EQ(s.code(), StatusCode::kSeqlenExceedsMax);
   EXPECT_EQ(std::string(status_code_name(s.code())), "seqlen-exceeds-max");
-  for (const char* words : {"varlen forward on device 1", "sequence 5 has 300 query rows",
-                            "(cu_seqlens_q[6] - cu_seqlens_q[5])", "more than max_seqlen_q = 256",
-                            "rows of out and lse were filled with NaN", "at least the longest"}) {
+  for (const char* words :
+       {"varlen forward on device 1", "sequence 5 has 300 query rows", "(cu_seqlens_q[6] - cu_seqlens_q[5])",
+        "more than max_seqlen_q = 256", "rows of out and lse were filled with NaN", "at least the longest"}) {
     EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
   }
   EXPECT_EQ(s.message().find("key rows"), std::string::npos) << "the keys were within their maximum: " << s.message();
@@ -116,9 +116,9 @@ TEST(FaultReport, ALongBackwardSequenceNamesEveryLengthOverItsMaximumAndTheGradi
   kernels::FaultRecord keys = seqlen_fault(kernels::FaultPass::kBackward, 10, 129);
   Status s = take_fault(keys, 0);
   EXPECT_EQ(s.code(), StatusCode::kSeqlenExceedsMax);
-  for (const char* words : {"varlen backward on device 0", "sequence 5 has 129 key rows",
-                            "(cu_seqlens_k[6] - cu_seqlens_k[5])", "more than max_seqlen_k = 128",
-                            "rows of dq, dk and dv were filled with NaN"}) {
+  for (const char* words :
+       {"varlen backward on device 0", "sequence 5 has 129 key rows", "(cu_seqlens_k[6] - cu_seqlens_k[5])",
+        "more than max_seqlen_k = 128", "rows of dq, dk and dv were filled with NaN"}) {
     EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
   }
   EXPECT_EQ(s.message().find("query rows"), std::string::npos) << s.message();

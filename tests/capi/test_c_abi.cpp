@@ -9,9 +9,6 @@
 // and a varlen plan's hint lengths_fill_maxima reaches auto alone. A flag other than 0 or 1 and a workspace that
 // overlaps a tensor of the call are refused, naming them. Runs without a GPU; the test
 // links the shared library exactly as a C caller would.
-#include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -20,6 +17,9 @@
 #include <regex>
 #include <string>
 #include <utility>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include "dash_c.h"
 #include "rejected_shapes.hpp"
@@ -32,9 +32,10 @@ constexpr size_t kMessageBytes = 4096;
 constexpr size_t kUntouched = 12345;
 
 dash_shape to_c(const AttentionShape& s) {
-  return dash_shape{s.batch,         s.seqlen_q,         s.seqlen_k,       s.heads_q,          s.heads_kv,
-                    s.head_dim,      static_cast<int>(s.dtype), s.softmax_scale, s.causal ? 1 : 0,
-                    /*windowed=*/1,  s.window_left,      s.window_right,   s.softcap};
+  return dash_shape{
+      s.batch,         s.seqlen_q,       s.seqlen_k,     s.heads_q, s.heads_kv, s.head_dim, static_cast<int>(s.dtype),
+      s.softmax_scale, s.causal ? 1 : 0,
+      /*windowed=*/1,  s.window_left,    s.window_right, s.softcap};
 }
 
 // What one C call returned: its code and the message it copied out.
@@ -226,14 +227,13 @@ dash_device h200() {
 dash_backward_plan* const kUntouchedPlan = reinterpret_cast<dash_backward_plan*>(uintptr_t{0x1234});
 
 // Creates a plan for h200() (or `device`); fails the test and returns null if that is refused.
-dash_backward_plan* create_plan(const AttentionShape& shape, const char* schedule,
-                                const dash_device* device = nullptr, int sm_margin = 0) {
+dash_backward_plan* create_plan(const AttentionShape& shape, const char* schedule, const dash_device* device = nullptr,
+                                int sm_margin = 0) {
   const dash_shape c_shape = to_c(shape);
   const dash_device given = device != nullptr ? *device : h200();
   dash_backward_plan* plan = nullptr;
-  const Result r = call([&](char* m, size_t n) {
-    return dash_backward_plan_create(&c_shape, schedule, sm_margin, &given, &plan, m, n);
-  });
+  const Result r = call(
+      [&](char* m, size_t n) { return dash_backward_plan_create(&c_shape, schedule, sm_margin, &given, &plan, m, n); });
   EXPECT_EQ(r.code, DASH_STATUS_OK) << schedule << ": " << r.message;
   EXPECT_EQ(r.message, "");
   return plan;
@@ -839,8 +839,7 @@ TEST(CVarlenCall, ADenseRunOfAVarlenPlanIsRefusedNamingVarlen) {
             DASH_STATUS_OK);
   const Result r = FakeBackwardCall(shape).run(plan);
   EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
-  EXPECT_NE(r.message.find("varlen is none, but the plan was made for a packed batch"), std::string::npos)
-      << r.message;
+  EXPECT_NE(r.message.find("varlen is none, but the plan was made for a packed batch"), std::string::npos) << r.message;
   dash_backward_plan_destroy(plan);
 }
 

@@ -2,13 +2,13 @@
 // random timing and matches the float64 reference, under sliding windows and softcap too; the nondeterministic
 // schedule is caught; the key/value-ordered schedules do not depend on the SM count; a plan that cannot
 // finish is reported, and a plan of another shape or window is refused.
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "emulator/emulator.hpp"
 #include "emulator_test_constants.hpp"
@@ -77,7 +77,8 @@ class DeterministicSchedules : public testing::TestWithParam<Case> {};
 // Every deterministic schedule that plans `problem` on `sms` SMs completes, keeps its bits over the runs and is within
 // the float32 tolerance of the inputs' float64 reference; ascending, descending and shortest-first apply to every
 // shape, shift or symmetric shift to most.
-void expect_deterministic_schedules_match_reference(const EmulatorInputs& inputs, const TiledProblem& problem, int sms) {
+void expect_deterministic_schedules_match_reference(const EmulatorInputs& inputs, const TiledProblem& problem,
+                                                    int sms) {
   int emulated = 0;
   for (Schedule schedule : kAllSchedules) {
     if (schedule == Schedule::kAuto || schedule == Schedule::kNondeterministic) continue;
@@ -98,9 +99,9 @@ void expect_deterministic_schedules_match_reference(const EmulatorInputs& inputs
 TEST_P(DeterministicSchedules, BitwiseIdenticalAcrossRunsAndMatchReference) {
   const Case& c = GetParam();
   const AttentionShape shape = shape_of(c);
-  expect_deterministic_schedules_match_reference(
-      make_emulator_inputs(shape, /*seed=*/7, c.window),
-      make_emulator_problem(shape, kSmallTiles, c.group_splits, c.window), c.sms);
+  expect_deterministic_schedules_match_reference(make_emulator_inputs(shape, /*seed=*/7, c.window),
+                                                 make_emulator_problem(shape, kSmallTiles, c.group_splits, c.window),
+                                                 c.sms);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeterministicSchedules, testing::ValuesIn(kCases),
@@ -140,9 +141,8 @@ TEST(Emulator, TheGpuTestsWindowsAtTheKernelsTiles) {
         const EmulationResult r = emulate(inputs, planned.plan, options());
         ASSERT_TRUE(r.completed) << r.error;
         EXPECT_TRUE(r.bitwise_identical);
-        EXPECT_LT(r.max_rel_error(), kFloat32Tolerance)
-            << "dq " << r.error_vs_reference.dq << " dk " << r.error_vs_reference.dk << " dv "
-            << r.error_vs_reference.dv;
+        EXPECT_LT(r.max_rel_error(), kFloat32Tolerance) << "dq " << r.error_vs_reference.dq << " dk "
+                                                        << r.error_vs_reference.dk << " dv " << r.error_vs_reference.dv;
       }
     }
   }
@@ -181,9 +181,8 @@ TEST(Emulator, EveryAcceptedScheduleAtTheTilesOfHeadDims192And256) {
           for (Schedule schedule : kAllSchedules) {
             if (schedule == Schedule::kAuto || schedule == Schedule::kNondeterministic) continue;
             SCOPED_TRACE(std::string(schedule_name(schedule)) + " head_dim " + std::to_string(t.head_dim) + " sq " +
-                         std::to_string(seqlen_q) + " sk " + std::to_string(seqlen_k) +
-                         (causal ? " causal" : " full") + " window " + std::to_string(window.left) + "," +
-                         std::to_string(window.right));
+                         std::to_string(seqlen_q) + " sk " + std::to_string(seqlen_k) + (causal ? " causal" : " full") +
+                         " window " + std::to_string(window.left) + "," + std::to_string(window.right));
             const PlanResult planned = make_schedule_plan(problem, schedule, c.sms);
             if (schedule == chosen) {
               ASSERT_TRUE(planned.ok()) << "auto picked a refused schedule: " << planned.rejected;
@@ -281,8 +280,8 @@ TEST(Emulator, KvOrderedSchedulesDoNotDependOnSmCount) {
     SCOPED_TRACE(std::string(schedule_name(schedule)));
     std::vector<EmulationResult> results;
     for (int sms : {3, 132}) {
-      const PlanResult planned = make_schedule_plan(make_emulator_problem(shape, kSmallTiles, c.group_splits),
-                                                    schedule, sms);
+      const PlanResult planned =
+          make_schedule_plan(make_emulator_problem(shape, kSmallTiles, c.group_splits), schedule, sms);
       ASSERT_TRUE(planned.ok());
       results.push_back(emulate(inputs, planned.plan, options()));
       ASSERT_TRUE(results.back().completed) << results.back().error;
@@ -315,8 +314,7 @@ TEST(Emulator, RejectsPlanOfAnotherShape) {
   const AttentionShape shape = shape_of(kCases[0]);
   AttentionShape other = shape;
   other.seqlen_k = shape.seqlen_k / 2;
-  const PlanResult planned =
-      make_schedule_plan(make_emulator_problem(other, kSmallTiles), Schedule::kAscending, 3);
+  const PlanResult planned = make_schedule_plan(make_emulator_problem(other, kSmallTiles), Schedule::kAscending, 3);
   EXPECT_THROW(emulate(shape, planned.plan, options()), std::invalid_argument);
   EmulatorOptions one_run = options();
   one_run.runs = 1;

@@ -3,14 +3,14 @@
 // random) with bitwise-identical gradients across timings that match the float64 reference per sequence; a
 // sequence at the maximum lengths gives the dense emulation's bits; the nondeterministic schedule and a plan
 // missing a unit are caught; inputs outside the plan are refused.
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <random>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "emulator/emulator.hpp"
 #include "emulator_test_constants.hpp"
@@ -187,8 +187,8 @@ TEST(VarlenEmulator, FullLengthSequencesGiveTheDenseBits) {
     const EmulatorInputs dense = make_emulator_inputs(shape, 9);
     const EmulatorInputs varlen = make_varlen_emulator_inputs(shape, full, 9);
     const TiledProblem problem = make_emulator_problem(shape, kSmallTiles, 1);
-    for (const Schedule schedule : {Schedule::kAscending, Schedule::kShortestFirst, Schedule::kShift,
-                                    Schedule::kSymmetricShift}) {
+    for (const Schedule schedule :
+         {Schedule::kAscending, Schedule::kShortestFirst, Schedule::kShift, Schedule::kSymmetricShift}) {
       const VarlenPlanResult planned = plan_varlen_schedule(problem, true, true, schedule, 3);
       if (!planned.ok()) continue;
       const EmulationResult a = emulate(dense, planned.plan.plan, options(0));

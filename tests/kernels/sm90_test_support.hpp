@@ -4,9 +4,6 @@
 // readers of what a run wrote. Header-only: each test file keeps its own cases.
 #pragma once
 
-#include <cuda_runtime_api.h>
-#include <unistd.h>
-
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -15,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "harness/device_harness.hpp"
 #include "schedule/tile_config.hpp"
@@ -100,8 +99,8 @@ inline void expect_child_passes(const std::string& environment, int timeout_seco
   const ssize_t length = readlink("/proc/self/exe", self.data(), self.size() - 1);
   ASSERT_GT(length, 0) << "cannot find this test binary to run the child";
   const std::string command = environment + " timeout " + std::to_string(timeout_seconds) + " '" +
-                              std::string(self.data(), static_cast<size_t>(length)) + "' --gtest_filter=" +
-                              child_filter + " 2>&1";
+                              std::string(self.data(), static_cast<size_t>(length)) +
+                              "' --gtest_filter=" + child_filter + " 2>&1";
   FILE* child = popen(command.c_str(), "r");
   ASSERT_NE(child, nullptr) << command;
   std::string output;

@@ -1,10 +1,10 @@
 // SmOccupier (sm_occupier.hpp): one CTA per held SM, spinning on a flag in mapped host memory. Each CTA reports
 // with plain stores to a slot of its own (system-scope atomics on host memory are not promised over PCIe).
-#include <cuda_runtime.h>
-
 #include <chrono>
 #include <string>
 #include <thread>
+
+#include <cuda_runtime.h>
 
 #include "sm_occupier.hpp"
 
@@ -100,8 +100,7 @@ std::string SmOccupier::start(int sms, double hold_seconds, double start_seconds
   if (cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); e != cudaSuccess) {
     return error_text(e, "cudaStreamCreateWithFlags");
   }
-  if (cudaError_t e =
-          cudaFuncSetAttribute(occupy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_optin);
+  if (cudaError_t e = cudaFuncSetAttribute(occupy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_optin);
       e != cudaSuccess) {
     return error_text(e, "cudaFuncSetAttribute");
   }

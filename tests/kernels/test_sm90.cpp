@@ -5,9 +5,6 @@
 // kernel on another stream, and the nondeterministic schedule caught by the same comparison; a
 // watchdog turns any hang into a failure.
 // Without a Hopper GPU (or without compiled kernels) every test skips and says why.
-#include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +12,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include "harness/device_harness.hpp"
 #include "schedule/tile_config.hpp"
@@ -49,23 +49,24 @@ std::string shape_name(const ShapeCase& c) {
 
 // Ragged lengths, seqlen_q != seqlen_k both ways (including rows that see no key), GQA and MQA.
 const ShapeCase kShapes[] = {
-    {2, 256, 256, 4, 4, false}, {2, 256, 256, 4, 4, true},   {1, 130, 130, 2, 2, true},
-    {1, 77, 300, 4, 2, true},   {1, 77, 300, 4, 2, false},    {2, 300, 77, 4, 1, true},
-    {1, 1, 1, 1, 1, false},     {3, 1000, 1000, 2, 1, true},  {1, 513, 1031, 8, 2, false},
-    {2, 640, 640, 6, 3, true},
+    {2, 256, 256, 4, 4, false},  {2, 256, 256, 4, 4, true}, {1, 130, 130, 2, 2, true}, {1, 77, 300, 4, 2, true},
+    {1, 77, 300, 4, 2, false},   {2, 300, 77, 4, 1, true},  {1, 1, 1, 1, 1, false},    {3, 1000, 1000, 2, 1, true},
+    {1, 513, 1031, 8, 2, false}, {2, 640, 640, 6, 3, true},
 };
 
 // Every head dim and dtype, forward and backward (the backward runs the key split at 192 and 256, on 64x96 and 64x80
 // tiles, bwd_mma.cuh; symmetric shift is refused there and skipped).
 constexpr Instance kInstances[] = {{64, DType::kBF16},  {64, DType::kFP16},  {96, DType::kBF16},  {96, DType::kFP16},
-                               {128, DType::kBF16}, {128, DType::kFP16}, {192, DType::kBF16}, {192, DType::kFP16},
-                               {256, DType::kBF16}, {256, DType::kFP16}};
-static_assert([] {
-  for (const Instance& inst : kInstances) {
-    if (!has_backward_kernel(inst.head_dim)) return false;
-  }
-  return true;
-}(), "every instance the tests run has a backward kernel");
+                                   {128, DType::kBF16}, {128, DType::kFP16}, {192, DType::kBF16}, {192, DType::kFP16},
+                                   {256, DType::kBF16}, {256, DType::kFP16}};
+static_assert(
+    [] {
+      for (const Instance& inst : kInstances) {
+        if (!has_backward_kernel(inst.head_dim)) return false;
+      }
+      return true;
+    }(),
+    "every instance the tests run has a backward kernel");
 
 AttentionShape make_shape(const ShapeCase& c, const Instance& inst) {
   return gpu_testing::make_attention_shape(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.causal, inst);
@@ -157,7 +158,8 @@ size_t count_nan_floats(const DeviceBuffer& buffer, size_t count) {
 // The shapes of one remainder sweep: seqlen_q (or seqlen_k) runs over kRaggedBase + [0, kTile).
 ShapeCase ragged_case(int remainder, bool vary_keys, bool causal) {
   const int64_t ragged = kRaggedBase + remainder;
-  return vary_keys ? ShapeCase{3, kRaggedBase, ragged, 16, 4, causal} : ShapeCase{3, ragged, kRaggedBase, 16, 4, causal};
+  return vary_keys ? ShapeCase{3, kRaggedBase, ragged, 16, 4, causal}
+                   : ShapeCase{3, ragged, kRaggedBase, 16, 4, causal};
 }
 
 // Whether the forward of shape c wrote every element of O and LSE (outputs start poisoned with NaN).
@@ -289,8 +291,8 @@ TEST_P(Sm90WideForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatche
   if (const std::string why = skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
   sweep_forward_remainders(inst, kForwardWideBlockKv, /*reference_every=*/88, kForwardBlockQ, kForwardWideBlockKv,
                            [&](int remainder, int64_t heads_q, int64_t heads_kv) {
-                             return ShapeCase{2, kShortQueries, kForwardWideFromKeys + remainder, heads_q, heads_kv,
-                                              false};
+                             return ShapeCase{2,       kShortQueries, kForwardWideFromKeys + remainder,
+                                              heads_q, heads_kv,      false};
                            });
 }
 
@@ -323,8 +325,8 @@ TEST_P(Sm90NarrowForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatc
   const TileShape tile = forward_base_tile_shape(inst.head_dim);
   sweep_forward_remainders(inst, tile.block_kv, /*reference_every=*/tile.block_kv / 2, tile.block_q, tile.block_kv,
                            [&](int remainder, int64_t heads_q, int64_t heads_kv) {
-                             return ShapeCase{2, kShortQueries, kForwardWideFromKeys + remainder, heads_q, heads_kv,
-                                              causal};
+                             return ShapeCase{2,       kShortQueries, kForwardWideFromKeys + remainder,
+                                              heads_q, heads_kv,      causal};
                            });
 }
 
@@ -402,12 +404,11 @@ TEST_P(Sm90Determinism, EveryDeterministicScheduleIsBitwiseIdentical) {
 }
 
 // At least three key/value tiles reach every dQ tile (two contributions commute bit-exactly).
-const ShapeCase kDeterminismShapes[] = {{2, 1024, 1024, 4, 4, false}, {2, 1024, 1024, 4, 4, true},
-                                        {1, 1536, 1536, 8, 2, true}};
+const ShapeCase kDeterminismShapes[] = {
+    {2, 1024, 1024, 4, 4, false}, {2, 1024, 1024, 4, 4, true}, {1, 1536, 1536, 8, 2, true}};
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Determinism,
-                         ::testing::Combine(::testing::ValuesIn(kInstances),
-                                            ::testing::ValuesIn(kDeterminismShapes)),
+                         ::testing::Combine(::testing::ValuesIn(kInstances), ::testing::ValuesIn(kDeterminismShapes)),
                          correctness_name);
 
 // Negative control: the comparison above must be able to fail. Under the full mask every key/value

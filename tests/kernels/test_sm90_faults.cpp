@@ -16,9 +16,6 @@
 //   capture is the child's first call; the child checks the GPU with the CUDA runtime alone.
 // The wait that gives up (poisoned gradients, reported at the next call, a forward) is in test_wait_bound_gpu.cpp.
 // Without a Hopper GPU or the kernels every test skips and says why.
-#include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +23,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include "dash/attention.hpp"
 #include "harness/device_harness.hpp"
@@ -124,7 +124,8 @@ Status next_call_from_another_thread(VarlenProblem& p) {
 
 void expect_reported(const Status& s, const std::vector<std::string>& words) {
   EXPECT_EQ(s.code(), StatusCode::kSeqlenExceedsMax) << s.to_string();
-  for (const std::string& w : words) EXPECT_NE(s.message().find(w), std::string::npos) << w << " missing: " << s.message();
+  for (const std::string& w : words)
+    EXPECT_NE(s.message().find(w), std::string::npos) << w << " missing: " << s.message();
 }
 
 TEST(Sm90SeqlenGuard, AForwardSequenceOverTheMaximumIsNanAloneAndTheNextCallOnAnyThreadSaysSo) {
@@ -141,8 +142,8 @@ TEST(Sm90SeqlenGuard, AForwardSequenceOverTheMaximumIsNanAloneAndTheNextCallOnAn
   const size_t poisoned = static_cast<size_t>(kLongLength * p.shape.heads_q * kInstance.head_dim);
   const auto tol = harness::tolerance_for(p.shape);
   EXPECT_TRUE(matches_except_poisoned("O", p.d_out, p.out, poisoned, tol));
-  EXPECT_TRUE(matches_except_poisoned("LSE", p.d_lse, p.lse, static_cast<size_t>(kLongLength * p.shape.heads_q),
-                                      tol, /*is_float=*/true));
+  EXPECT_TRUE(matches_except_poisoned("LSE", p.d_lse, p.lse, static_cast<size_t>(kLongLength * p.shape.heads_q), tol,
+                                      /*is_float=*/true));
 
   zero(p.d_out);
   expect_reported(next_call_from_another_thread(p),
@@ -171,7 +172,8 @@ TEST(Sm90SeqlenGuard, ABackwardSequenceOverTheKeyMaximumHasNanGradientsAloneAndT
     zero(p.d_dq);
     zero(p.d_dk);
     zero(p.d_dv);
-    const Status s = backward(harness::backward_args(p, schedule), plan, p.workspace.get(), p.workspace.bytes(), nullptr);
+    const Status s =
+        backward(harness::backward_args(p, schedule), plan, p.workspace.get(), p.workspace.bytes(), nullptr);
     ASSERT_TRUE(s.ok()) << s.to_string();
     wait_or_die(nullptr, "varlen backward over its key maximum");
     const int q_first = p.cu_seqlens_q[kLongSequence], k_first = p.cu_seqlens_k[kLongSequence];
@@ -209,7 +211,8 @@ TEST(Sm90SeqlenGuard, KeysPastTheQueriesUnderThePromiseAreNanAloneAndReported) {
   wait_or_die(nullptr, "varlen forward breaking its promise");
   const int first = p.cu_seqlens_q[kLongSequence];
   EXPECT_EQ(rows_not_nan(p.d_out, p.total_q, p.shape.heads_q, first, 200, &p.d_lse), 0u);
-  EXPECT_TRUE(matches_except_poisoned("O", p.d_out, p.out, static_cast<size_t>(200 * p.shape.heads_q * kInstance.head_dim),
+  EXPECT_TRUE(matches_except_poisoned("O", p.d_out, p.out,
+                                      static_cast<size_t>(200 * p.shape.heads_q * kInstance.head_dim),
                                       harness::tolerance_for(p.shape)));
   expect_reported(next_call_from_another_thread(p),
                   {"sequence 1 has 250 key rows", "more than its 200 query rows", "promised keys_within_queries"});
@@ -268,9 +271,9 @@ TEST(Sm90TmaDescriptor, TheLaunchersCheckRefusesExactlyWhatTheDriverRefuses) {
     ASSERT_EQ(v.failure, "");
     // The driver first: it confirms that the case is the geometry it is meant to be.
     EXPECT_EQ(v.driver_result == 0, !c.refused) << "cuTensorMapEncodeTiled returned CUresult " << v.driver_result;
-    EXPECT_EQ(v.check, c.refused ? "q" : "") << "the launchers' check (rule: \"" << v.rule
-                                             << "\") disagrees with cuTensorMapEncodeTiled (CUresult "
-                                             << v.driver_result << ")";
+    EXPECT_EQ(v.check, c.refused ? "q" : "")
+        << "the launchers' check (rule: \"" << v.rule << "\") disagrees with cuTensorMapEncodeTiled (CUresult "
+        << v.driver_result << ")";
     EXPECT_EQ(v.rule, c.rule);
   }
 }

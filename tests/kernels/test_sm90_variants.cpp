@@ -15,15 +15,15 @@
 // (relative error about 2^-11: a capped score c is off by up to |c| 2^-11, so P by that fraction; the softcap
 // cases scale the scores up so that the cap bites, |c| up to softcap).
 // Without a Hopper GPU (or without compiled kernels) every test skips and says why.
-#include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstring>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include "harness/device_harness.hpp"
 #include "schedule/tile_config.hpp"
@@ -96,14 +96,16 @@ const VariantCase kCases[] = {
 // Every head dim and dtype, forward and backward (the backward runs the key split at 192 and 256, on 64x96 and 64x80
 // tiles, bwd_mma.cuh; symmetric shift is refused there and skipped).
 constexpr Instance kInstances[] = {{64, DType::kBF16},  {64, DType::kFP16},  {96, DType::kBF16},  {96, DType::kFP16},
-                               {128, DType::kBF16}, {128, DType::kFP16}, {192, DType::kBF16}, {192, DType::kFP16},
-                               {256, DType::kBF16}, {256, DType::kFP16}};
-static_assert([] {
-  for (const Instance& inst : kInstances) {
-    if (!has_backward_kernel(inst.head_dim)) return false;
-  }
-  return true;
-}(), "every instance the tests run has a backward kernel");
+                                   {128, DType::kBF16}, {128, DType::kFP16}, {192, DType::kBF16}, {192, DType::kFP16},
+                                   {256, DType::kBF16}, {256, DType::kFP16}};
+static_assert(
+    [] {
+      for (const Instance& inst : kInstances) {
+        if (!has_backward_kernel(inst.head_dim)) return false;
+      }
+      return true;
+    }(),
+    "every instance the tests run has a backward kernel");
 
 AttentionShape make_shape(const VariantCase& c, const Instance& inst) {
   AttentionShape s =
@@ -160,8 +162,8 @@ bool run_backward(Problem& p, Schedule schedule, cudaStream_t stream = nullptr) 
         if (p.lse[r] != -INFINITY) continue;
         ++keyless;
         if (lse[r] != -INFINITY) {
-          return ::testing::AssertionFailure() << "row " << i << " (batch " << b << ", head " << h
-                                               << ") sees no key but its LSE is " << lse[r];
+          return ::testing::AssertionFailure()
+                 << "row " << i << " (batch " << b << ", head " << h << ") sees no key but its LSE is " << lse[r];
         }
         const size_t at = static_cast<size_t>(((b * s.seqlen_q + i) * s.heads_q + h) * s.head_dim);
         for (int64_t d = 0; d < s.head_dim; ++d) {
@@ -326,8 +328,7 @@ const VariantCase kDeterminismCases[] = {
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, Sm90VariantDeterminism,
-                         ::testing::Combine(::testing::ValuesIn(kInstances),
-                                            ::testing::ValuesIn(kDeterminismCases)),
+                         ::testing::Combine(::testing::ValuesIn(kInstances), ::testing::ValuesIn(kDeterminismCases)),
                          variant_name);
 
 // Negative control: under a window that leaves most of the full mask, many key/value tiles reach the first query

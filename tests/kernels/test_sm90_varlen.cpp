@@ -24,9 +24,6 @@
 // Tolerances: harness::tolerance_for(shape), as in test_sm90.cpp (widened with softcap for the kernels' tanh, as in
 // test_sm90_variants.cpp).
 // Without a Hopper GPU (or without compiled varlen kernels of a case's instance) every test skips and says why.
-#include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -34,6 +31,9 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include "harness/varlen_harness.hpp"
 #include "sm90_test_support.hpp"
@@ -63,13 +63,45 @@ struct VarlenCase {
 
 // Each distribution breaks the packing in another place; see the file comment.
 const std::vector<VarlenCase> kCases = {
-    {"mixed_self_full", {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}}, 4, 4, false, -1, -1,
-     {1, 1}, 0.0f, 1.0f},
-    {"mixed_self_causal", {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}}, 4, 2, true, -1, -1,
-     {1, 1}, 0.0f, 1.0f},
-    {"q_ne_k_full", {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}}, 4, 2, false, -1, -1, {1, 1}, 0.0f,
+    {"mixed_self_full",
+     {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}},
+     4,
+     4,
+     false,
+     -1,
+     -1,
+     {1, 1},
+     0.0f,
      1.0f},
-    {"q_ne_k_causal", {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}}, 4, 1, true, -1, -1, {1, 1}, 0.0f,
+    {"mixed_self_causal",
+     {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}},
+     4,
+     2,
+     true,
+     -1,
+     -1,
+     {1, 1},
+     0.0f,
+     1.0f},
+    {"q_ne_k_full",
+     {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}},
+     4,
+     2,
+     false,
+     -1,
+     -1,
+     {1, 1},
+     0.0f,
+     1.0f},
+    {"q_ne_k_causal",
+     {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}},
+     4,
+     1,
+     true,
+     -1,
+     -1,
+     {1, 1},
+     0.0f,
      1.0f},
     {"all_equal_causal", {{256, 256}, {256, 256}, {256, 256}, {256, 256}}, 2, 2, true, -1, -1, {1, 1}, 0.0f, 1.0f},
     {"one_long_rest_empty", {{1000, 1000}, {0, 0}, {0, 0}, {0, 0}}, 2, 1, true, -1, -1, {1, 1}, 0.0f, 1.0f},
@@ -83,10 +115,26 @@ const std::vector<VarlenCase> kCases = {
     // softcap (the scores scaled up so that the cap bites): alone on the mixed lengths, with causal and seqlen_q !=
     // seqlen_k, with a window, and on the long batch's tall (d = 64) tiles, where at d = 128 the softcap kernels keep
     // 128x128 (fwd_launch.cuh)
-    {"softcap_mixed_self_full", {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}}, 4, 2, false,
-     -1, -1, {1, 1}, 5.0f, 4.0f},
-    {"softcap_q_ne_k_causal", {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}}, 4, 4, true, -1, -1,
-     {1, 1}, 10.0f, 3.0f},
+    {"softcap_mixed_self_full",
+     {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}},
+     4,
+     2,
+     false,
+     -1,
+     -1,
+     {1, 1},
+     5.0f,
+     4.0f},
+    {"softcap_q_ne_k_causal",
+     {{100, 300}, {300, 100}, {0, 50}, {50, 0}, {1, 1}, {257, 129}},
+     4,
+     4,
+     true,
+     -1,
+     -1,
+     {1, 1},
+     10.0f,
+     3.0f},
     {"softcap_window", {{300, 300}, {5, 5}, {129, 129}, {0, 0}, {600, 450}}, 4, 2, false, 150, 40, {1, 1}, 3.0f, 4.0f},
     {"softcap_long_full", {{2049, 2049}, {2100, 2100}}, 1, 1, false, -1, -1, {1, 1}, 8.0f, 3.0f},
 };
@@ -247,8 +295,8 @@ std::string varlen_name(const ::testing::TestParamInfo<std::tuple<Instance, Varl
   return "hdim" + std::to_string(inst.head_dim) + "_" + std::string(dtype_name(inst.dtype)) + "_" + c.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, Sm90Varlen, ::testing::Combine(::testing::ValuesIn(kInstances), ::testing::ValuesIn(kCases)),
-                         varlen_name);
+INSTANTIATE_TEST_SUITE_P(Cases, Sm90Varlen,
+                         ::testing::Combine(::testing::ValuesIn(kInstances), ::testing::ValuesIn(kCases)), varlen_name);
 
 // --- determinism ----------------------------------------------------------------------------------
 
@@ -308,17 +356,24 @@ VarlenProblem make_determinism_problem(const VarlenCase& c, const Instance& inst
 
 // Many key/value tiles reach each dQ tile of the long sequences; the short and empty ones sit between them.
 const VarlenCase kDeterminismCases[] = {
-    {"self_causal", {{1024, 1024}, {1, 1}, {0, 0}, {777, 777}, {129, 129}, {1500, 1500}}, 4, 4, true, -1, -1, {1, 1},
-     0.0f, 1.0f},
+    {"self_causal",
+     {{1024, 1024}, {1, 1}, {0, 0}, {777, 777}, {129, 129}, {1500, 1500}},
+     4,
+     4,
+     true,
+     -1,
+     -1,
+     {1, 1},
+     0.0f,
+     1.0f},
     {"self_full_gqa", {{900, 900}, {0, 0}, {1024, 1024}, {127, 127}}, 8, 2, false, -1, -1, {1, 1}, 0.0f, 1.0f},
     {"q_ne_k_window", {{1000, 600}, {600, 1000}, {1, 1}, {1200, 1200}}, 4, 2, true, 300, -1, {1, 1}, 0.0f, 1.0f},
-    {"softcap_self_full_gqa", {{900, 900}, {0, 0}, {1024, 1024}, {127, 127}}, 8, 2, false, -1, -1, {1, 1}, 5.0f,
-     4.0f},
+    {"softcap_self_full_gqa", {{900, 900}, {0, 0}, {1024, 1024}, {127, 127}}, 8, 2, false, -1, -1, {1, 1}, 5.0f, 4.0f},
 };
 
 harness::Problem make_load_problem(const AttentionShape& shape) {
-  AttentionShape load_shape = gpu_testing::make_attention_shape(4, 4096, 4096, shape.heads_q, shape.heads_kv, false,
-                                                                Instance{static_cast<int>(shape.head_dim), shape.dtype});
+  AttentionShape load_shape = gpu_testing::make_attention_shape(
+      4, 4096, 4096, shape.heads_q, shape.heads_kv, false, Instance{static_cast<int>(shape.head_dim), shape.dtype});
   return harness::make_problem(load_shape, /*seed=*/92, /*with_reference=*/false);
 }
 

@@ -8,9 +8,6 @@
 //    under the occupier: a static schedule may then stall until the SMs are released (its CTAs cannot all be
 //    resident), which the test reports without failing, but it must finish once they are, with its usual bits.
 // Without a Hopper GPU (or without compiled kernels) every test skips and says why; a hang ends the binary.
-#include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +16,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include "harness/device_harness.hpp"
 #include "sm90_test_support.hpp"

@@ -13,15 +13,15 @@
 // WaitTimeout runs this binary again with only WaitTimeoutChild selected and the variable set, under `timeout`, and
 // reads what it printed. WaitTimeoutChild skips when run any other way. All skip, saying why, without a Hopper GPU,
 // without the kernels or without the probe and occupier.
-#include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include "dash/attention.hpp"
 #include "harness/device_harness.hpp"
@@ -95,9 +95,9 @@ TEST(WaitTimeoutChild, AStaticScheduleThatCannotBeResidentGivesUpAndTheNextCallS
   DeviceInfo device;
   ASSERT_TRUE(current_device_info(&device).ok());
   const int held = device.multiprocessor_count - kResidentSms;
-  Problem p = harness::make_problem(
-      gpu_testing::make_attention_shape(1, 4096, 4096, 1, 1, /*causal=*/false, kInstance), /*seed=*/0x71e0u,
-      /*with_reference=*/false);
+  Problem p = harness::make_problem(gpu_testing::make_attention_shape(1, 4096, 4096, 1, 1, /*causal=*/false, kInstance),
+                                    /*seed=*/0x71e0u,
+                                    /*with_reference=*/false);
   BackwardPlan unmargined;
   BackwardPlan margined;
   ASSERT_TRUE(plan_backward(p.shape, Schedule::kShift, 0, &unmargined).ok());
@@ -145,15 +145,15 @@ TEST(WaitTimeoutChild, AStaticScheduleThatCannotBeResidentGivesUpAndTheNextCallS
   const std::vector<uint16_t> abandoned = download_gradients(p);
   size_t finite = 0;
   for (uint16_t bits : abandoned) finite += !std::isnan(harness::from_bits(bits, kInstance.dtype));
-  EXPECT_EQ(finite, 0u) << "of " << abandoned.size() << " elements of the abandoned launch's dq, dk and dv, "
-                        << finite << " are not NaN: a wrong gradient could reach the optimizer";
+  EXPECT_EQ(finite, 0u) << "of " << abandoned.size() << " elements of the abandoned launch's dq, dk and dv, " << finite
+                        << " are not NaN: a wrong gradient could reach the optimizer";
 
   // The next call on the device, whichever it is, reports the timeout and runs nothing.
   p.d_out.poison();
   s = forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), stream);
   EXPECT_EQ(s.code(), StatusCode::kWaitTimeout) << s.to_string();
-  for (const char* words : {"gave up the fixed order", "dQ tile", "filled with NaN", "sm_margin",
-                            "DASH_WAIT_TIMEOUT_SECONDS"}) {
+  for (const char* words :
+       {"gave up the fixed order", "dQ tile", "filled with NaN", "sm_margin", "DASH_WAIT_TIMEOUT_SECONDS"}) {
     EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
   }
   std::printf("[ info     ] the next call: %s\n", s.to_string().c_str());

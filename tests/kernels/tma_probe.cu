@@ -2,13 +2,12 @@
 // one tensor. The driver is reached through the runtime's entry-point query, as CuTe's make_tma_copy reaches it, so
 // the probe needs no link to libcuda; nothing goes through make_tma_copy, so no CuTe assert can stop it in a debug
 // build.
-#include <cuda.h>
-#include <cuda_runtime.h>
-
-#include <cutlass/numeric_types.h>
-
 #include <cstdint>
 #include <string>
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cutlass/numeric_types.h>
 
 #include "kernels/sm90/gmem_tensors.cuh"
 #include "tma_probe.hpp"

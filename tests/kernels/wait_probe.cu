@@ -1,8 +1,8 @@
 // semaphore_wait_outcome (wait_probe.hpp): the kernels' own wait_semaphore in a one-thread kernel.
-#include <cuda_runtime.h>
-
 #include <chrono>
 #include <string>
+
+#include <cuda_runtime.h>
 
 #include "kernels/sm90/primitives.cuh"
 #include "wait_probe.hpp"

@@ -4,8 +4,6 @@
 // separates the shift schedules from the ascending baseline (and, on bands, shortest-first from descending);
 // and a signal latency never shortens a statically dispatched schedule. Past the paper: a job overhead is paid
 // once per job, and jitter is reproducible from its seed and unbiased.
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -13,6 +11,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "planner/dag.hpp"
 #include "planner/expanded_schedule.hpp"
@@ -139,8 +139,8 @@ TEST(ClosedForms, CausalDescendingOddHeadCount) {
 TEST(DagVersusSimulation, CriticalPathEqualsMakespan) {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> heads(1, 5), tiles(1, 24), sms(1, 40), stride(1, 3);
-  const Schedule schedules[] = {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
-                                Schedule::kShift, Schedule::kSymmetricShift, Schedule::kNondeterministic};
+  const Schedule schedules[] = {Schedule::kAscending, Schedule::kDescending,     Schedule::kShortestFirst,
+                                Schedule::kShift,     Schedule::kSymmetricShift, Schedule::kNondeterministic};
   int compared[6] = {};
   for (int iter = 0; iter < 300; ++iter) {
     const bool causal = iter % 2 == 1;
@@ -177,8 +177,8 @@ TEST(DagVersusSimulation, LatencyNeverShortensTheMakespan) {
     const int n_kv = tiles(rng);
     const TiledProblem problem = abstract_problem(heads(rng), n_kv, n_kv + iter % 3, causal);
     const int num_sms = sms(rng);
-    for (Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
-                              Schedule::kShift, Schedule::kSymmetricShift, Schedule::kNondeterministic}) {
+    for (Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst, Schedule::kShift,
+                              Schedule::kSymmetricShift, Schedule::kNondeterministic}) {
       const PlanResult planned = make_schedule_plan(problem, schedule, num_sms);
       if (!planned.ok()) continue;
       const ExpandedSchedule s = expand_schedule(planned.plan);
@@ -268,8 +268,9 @@ TEST(ClosedForms, CausalBandSymmetricShift) {
             const CostModel costs{1.0, r, 0.0};
             const Outcome out = run(causal_band(heads, n, 2, 4 * j), Schedule::kSymmetricShift, sms, costs);
             const int waves = (heads * units + sms - 1) / sms;
-            const std::string what = "j=" + std::to_string(j) + " n=" + std::to_string(n) + " heads=" +
-                                     std::to_string(heads) + " sms=" + std::to_string(sms) + " r=" + std::to_string(r);
+            const std::string what = "j=" + std::to_string(j) + " n=" + std::to_string(n) +
+                                     " heads=" + std::to_string(heads) + " sms=" + std::to_string(sms) +
+                                     " r=" + std::to_string(r);
             EXPECT_DOUBLE_EQ(out.makespan, waves * band * (1.0 + r)) << what;
             EXPECT_DOUBLE_EQ(out.dag.critical_path, out.makespan) << what;
             EXPECT_EQ(out.dag.lemma_violations, 0) << what;

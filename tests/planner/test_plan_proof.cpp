@@ -9,16 +9,16 @@
 // heads fall into few classes, and every plan the planner makes meets the structural hypotheses (all schedules
 // but symmetric shift under a window) or the fast conditions (all), so the proof's work does not grow with batch
 // and heads.
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <map>
 #include <numeric>
 #include <random>
 #include <set>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "planner/expanded_schedule.hpp"
 #include "planner/kv_order_proof.hpp"
@@ -33,9 +33,9 @@
 namespace dash {
 namespace {
 
+using testing::abstract_problem;
 using testing::kSchedules;
 using testing::make_shape;
-using testing::abstract_problem;
 using testing::must_plan;
 using testing::step_of;
 using testing::swap_ranks;
@@ -44,8 +44,9 @@ std::string describe(const SchedulePlan& plan) {
   const TiledProblem& p = plan.problem;
   return std::string(schedule_name(plan.kind)) + (plan.dispatch == Dispatch::kStatic ? " static" : " dynamic") +
          " b=" + std::to_string(p.batch) + " hkv=" + std::to_string(p.heads_kv) + " g=" + std::to_string(p.group_size) +
-         "/" + std::to_string(p.group_splits) + " sq=" + std::to_string(p.seqlen_q) + " sk=" + std::to_string(p.seqlen_k) +
-         " bq=" + std::to_string(p.block_q) + " bkv=" + std::to_string(p.block_kv) + (p.causal ? " causal" : " full") +
+         "/" + std::to_string(p.group_splits) + " sq=" + std::to_string(p.seqlen_q) +
+         " sk=" + std::to_string(p.seqlen_k) + " bq=" + std::to_string(p.block_q) +
+         " bkv=" + std::to_string(p.block_kv) + (p.causal ? " causal" : " full") +
          " ctas=" + std::to_string(plan.num_ctas) + " units=" + std::to_string(plan.num_units) +
          " jobs/unit=" + std::to_string(plan.jobs_per_unit);
 }
@@ -71,8 +72,8 @@ std::vector<TiledProblem> random_problems(unsigned seed, int count) {
   std::vector<TiledProblem> out;
   for (int i = 0; i < count; ++i) {
     if (i % 4 == 3) {
-      TiledProblem p = abstract_problem(uniform(1, 12), uniform(1, 17), uniform(1, 40), uniform(0, 1) == 1,
-                                        uniform(1, 2));
+      TiledProblem p =
+          abstract_problem(uniform(1, 12), uniform(1, 17), uniform(1, 40), uniform(0, 1) == 1, uniform(1, 2));
       p.batch = uniform(1, 3);
       out.push_back(p);
       continue;
@@ -81,10 +82,10 @@ std::vector<TiledProblem> random_problems(unsigned seed, int count) {
     // A third square, a third ragged with seqlen_q > seqlen_k, a third the other way.
     const int seqlen_k = i % 3 == 0 ? seqlen_q : uniform(1, 2500);
     const int group = groups[uniform(0, 3)];
-    out.push_back(make_tiled_problem(
-        make_shape(uniform(1, 3), uniform(1, 6), group, seqlen_q, seqlen_k, uniform(0, 1) == 0 ? 64 : 128,
-                   uniform(0, 1) == 1),
-        uniform(0, 1) == 0 ? 0 : group));  // the planner's GQA split, or one job per query head
+    out.push_back(
+        make_tiled_problem(make_shape(uniform(1, 3), uniform(1, 6), group, seqlen_q, seqlen_k,
+                                      uniform(0, 1) == 0 ? 64 : 128, uniform(0, 1) == 1),
+                           uniform(0, 1) == 0 ? 0 : group));  // the planner's GQA split, or one job per query head
   }
   return out;
 }
@@ -96,9 +97,8 @@ bool is_shift_schedule(Schedule schedule) {
 // SM counts that put heads across wave boundaries: few, odd, or the H100/H200 ones.
 int random_sms(std::mt19937& rng) {
   const int named[] = {1, 2, 3, 7, 13, 78, 114, 132};
-  return std::uniform_int_distribution<int>(0, 1)(rng) == 0
-             ? named[std::uniform_int_distribution<int>(0, 7)(rng)]
-             : std::uniform_int_distribution<int>(1, 150)(rng);
+  return std::uniform_int_distribution<int>(0, 1)(rng) == 0 ? named[std::uniform_int_distribution<int>(0, 7)(rng)]
+                                                            : std::uniform_int_distribution<int>(1, 150)(rng);
 }
 
 TEST(PlanProof, AgreesWithTheExpandingValidatorOnEveryPlannedSchedule) {
@@ -225,15 +225,33 @@ SchedulePlan corrupted(const SchedulePlan& plan, std::mt19937& rng) {
   SchedulePlan bad = plan;
   TiledProblem& p = bad.problem;
   switch (uniform(0, 9)) {
-    case 0: bad.num_ctas = uniform(1, 2 * plan.num_ctas + 2); break;
-    case 1: bad.num_units += uniform(0, 1) == 0 ? -1 : 1; break;
-    case 2: bad.num_units = plan.num_units / std::max(1, p.num_heads()) * std::max(1, p.num_heads() - 1); break;
-    case 3: bad.jobs_per_unit = uniform(0, 3); break;
-    case 4: bad.kind = kSchedules[uniform(0, 5)]; break;
-    case 5: bad.dispatch = plan.dispatch == Dispatch::kStatic ? Dispatch::kDynamic : Dispatch::kStatic; break;
-    case 6: p.causal = !p.causal; break;
-    case 7: p.seqlen_q = std::max(1, p.seqlen_q + uniform(-2, 2) * p.block_q); break;
-    case 8: p.seqlen_k = std::max(1, p.seqlen_k + uniform(-2, 2) * p.block_kv); break;
+    case 0:
+      bad.num_ctas = uniform(1, 2 * plan.num_ctas + 2);
+      break;
+    case 1:
+      bad.num_units += uniform(0, 1) == 0 ? -1 : 1;
+      break;
+    case 2:
+      bad.num_units = plan.num_units / std::max(1, p.num_heads()) * std::max(1, p.num_heads() - 1);
+      break;
+    case 3:
+      bad.jobs_per_unit = uniform(0, 3);
+      break;
+    case 4:
+      bad.kind = kSchedules[uniform(0, 5)];
+      break;
+    case 5:
+      bad.dispatch = plan.dispatch == Dispatch::kStatic ? Dispatch::kDynamic : Dispatch::kStatic;
+      break;
+    case 6:
+      p.causal = !p.causal;
+      break;
+    case 7:
+      p.seqlen_q = std::max(1, p.seqlen_q + uniform(-2, 2) * p.block_q);
+      break;
+    case 8:
+      p.seqlen_k = std::max(1, p.seqlen_k + uniform(-2, 2) * p.block_kv);
+      break;
     case 9: {
       std::vector<int> divisors;
       for (int d = 1; d <= p.group_size; ++d) {
@@ -301,8 +319,8 @@ TEST(PlanProof, StaircaseUnderStaticDispatchIsValidByTheStreamedValidator) {
 // structure, and the expanding validator agrees. This is what lets a packed batch (varlen) plan each sequence's jobs
 // from the maximum length alone.
 TEST(PlanProof, KeyValueOrderPlansOfEveryLengthAreProvenByStructure) {
-  const int lengths[] = {1,   2,   63,  64,  65,  79,  80,  81,  95,  96,  97,  127, 128, 129, 159, 160,
-                         161, 191, 192, 255, 256, 257, 300, 383, 384, 385, 450};
+  const int lengths[] = {1,   2,   63,  64,  65,  79,  80,  81,  95,  96,  97,  127, 128, 129,
+                         159, 160, 161, 191, 192, 255, 256, 257, 300, 383, 384, 385, 450};
   const SlidingWindow windows[] = {{-1, -1}, {0, 0}, {1, -1}, {-1, 1}, {64, 0}, {100, 50}, {0, 200}, {300, -1}};
   const Schedule kv_order[] = {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
                                Schedule::kNondeterministic};
@@ -566,8 +584,8 @@ TEST(PlanProof, EachHeadOwnsItsBlockOfDqTiles) {
 TEST(PlanProof, ProofWorkDoesNotGrowWithBatchAndHeads) {
   const TiledProblem one_head = make_tiled_problem(make_shape(1, 1, 1, 4096, 4096, 128, true));
   const TiledProblem many_heads = make_tiled_problem(make_shape(8, 32, 1, 4096, 4096, 128, true));
-  for (Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
-                            Schedule::kNondeterministic}) {
+  for (Schedule schedule :
+       {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst, Schedule::kNondeterministic}) {
     const PlanProof one = prove_plan(must_plan(one_head, schedule, 132));
     const PlanProof many = prove_plan(must_plan(many_heads, schedule, 132));
     EXPECT_TRUE(many.ok()) << many.summary;
@@ -597,8 +615,8 @@ TEST(PlanProof, HeadsWithTheSameFirstWaveStartHaveTheSameJobs) {
     const auto& [head, kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin,
                  fold_begin, is_short, valid] = job;
     static_cast<void>(head);
-    return std::tuple(kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin,
-                      fold_begin, is_short, valid);
+    return std::tuple(kv_tile, q_begin, q_end, num_steps, lane, wave_size, earlier, wave_shorts, rect_begin, fold_begin,
+                      is_short, valid);
   };
   std::mt19937 rng(17);
   int compared_heads = 0;
@@ -619,7 +637,8 @@ TEST(PlanProof, HeadsWithTheSameFirstWaveStartHaveTheSameJobs) {
           for (int sub = 0; sub < plan.jobs_per_unit; ++sub) {
             const Job job = make_job(plan, head * units_per_head + a, sub);
             const Job other = make_job(plan, first * units_per_head + a, sub);
-            ASSERT_EQ(fields_but_head(job), fields_but_head(other)) << describe(plan) << " heads " << first << ", " << head;
+            ASSERT_EQ(fields_but_head(job), fields_but_head(other))
+                << describe(plan) << " heads " << first << ", " << head;
             if (job.valid) {
               ASSERT_EQ(job.head, head) << describe(plan);
             }

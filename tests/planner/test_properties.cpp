@@ -2,13 +2,13 @@
 // every schedule either plans and validates, or is rejected with a reason; auto always plans a valid schedule;
 // the key/value-order schedules sum dQ in an order independent of the SM count; and the shapes that break the authors'
 // code (odd tile counts, ragged lengths, seqlen_q != seqlen_k, other SM counts, > 32767 tiles) work.
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "planner/expanded_schedule.hpp"
 #include "planner/schedule_plan.hpp"
@@ -19,14 +19,14 @@
 namespace dash {
 namespace {
 
+using testing::all_ranks;
 using testing::kSchedules;
 using testing::make_shape;
-using testing::all_ranks;
 
 std::string describe(const AttentionShape& s, int num_sms) {
   return "b=" + std::to_string(s.batch) + " hkv=" + std::to_string(s.heads_kv) + " hq=" + std::to_string(s.heads_q) +
-         " sq=" + std::to_string(s.seqlen_q) + " sk=" + std::to_string(s.seqlen_k) + " d=" +
-         std::to_string(s.head_dim) + (s.causal ? " causal" : " full") + " sms=" + std::to_string(num_sms);
+         " sq=" + std::to_string(s.seqlen_q) + " sk=" + std::to_string(s.seqlen_k) +
+         " d=" + std::to_string(s.head_dim) + (s.causal ? " causal" : " full") + " sms=" + std::to_string(num_sms);
 }
 
 struct RandomCase {
@@ -52,9 +52,12 @@ std::vector<RandomCase> random_cases(unsigned seed, int count) {
     int heads_kv = uniform(1, 8);
     int group = groups[uniform(0, 3)];
     while (tiles * batch * heads_kv * group > 60000 && batch * heads_kv * group > 1) {
-      if (group > 1) group /= 2;
-      else if (heads_kv > 1) heads_kv /= 2;
-      else batch /= 2;
+      if (group > 1)
+        group /= 2;
+      else if (heads_kv > 1)
+        heads_kv /= 2;
+      else
+        batch /= 2;
     }
     const int num_sms = i % 4 == 3 ? named_sms[i / 4 % 3] : uniform(1, 200);
     out.push_back({make_shape(batch, heads_kv, group, seqlen_q, seqlen_k, head_dim, uniform(0, 1) == 1), num_sms});
@@ -113,8 +116,8 @@ TEST(Properties, WindowedShapesValidateOrAreRejected) {
                                uniform(0, 2) == 0 ? 0 : uniform(-1, reach)};
     const TiledProblem problem = make_tiled_problem(c.shape, window);
     windowed += problem.windowed() ? 1 : 0;
-    const std::string what = describe(c.shape, c.num_sms) + " window " + std::to_string(window.left) + "," +
-                             std::to_string(window.right);
+    const std::string what =
+        describe(c.shape, c.num_sms) + " window " + std::to_string(window.left) + "," + std::to_string(window.right);
     for (int i = 0; i < 6; ++i) planned[i] += plan_and_validate(problem, kSchedules[i], c.num_sms, what) ? 1 : 0;
     const PlanResult automatic = plan_schedule(problem, Schedule::kAuto, c.num_sms);
     ASSERT_TRUE(automatic.ok()) << what << ": " << automatic.rejected;
@@ -211,8 +214,7 @@ TEST(Regressions, PaperShapesHaveNoDependencyStalls) {
   for (int seqlen : {512, 1024, 2048}) {
     for (int head_dim : {64, 128}) {
       for (bool causal : {false, true}) {
-        const AttentionShape shape =
-            make_shape(16384 / seqlen, 2048 / head_dim, 1, seqlen, seqlen, head_dim, causal);
+        const AttentionShape shape = make_shape(16384 / seqlen, 2048 / head_dim, 1, seqlen, seqlen, head_dim, causal);
         const TiledProblem problem = make_tiled_problem(shape);
         const PlanResult planned =
             make_schedule_plan(problem, causal ? Schedule::kSymmetricShift : Schedule::kShift, 132);

@@ -2,10 +2,10 @@
 // out-of-range rank, a dropped or repeated visit, a dynamic wait on a later unit, a static wait cycle) and
 // a plan of no schedule are each reported with a message that names the problem, and make_schedule_plan refuses
 // to plan one. Also checks compare's per-schedule report.
-#include <gtest/gtest.h>
-
 #include <string>
 #include <utility>
+
+#include <gtest/gtest.h>
 
 #include "planner/compare.hpp"
 #include "planner/dag.hpp"
@@ -75,8 +75,8 @@ TEST(Validator, MakeSchedulePlanStatesEachSchedulesDispatchAndRefusesNoSchedule)
     EXPECT_EQ(planned.plan.jobs_per_unit, schedule == Schedule::kSymmetricShift ? 2 : 1) << schedule_name(schedule);
   }
   EXPECT_TRUE(mentions(make_schedule_plan(problem, Schedule::kAuto, 4).rejected, "auto is not a schedule"));
-  EXPECT_TRUE(mentions(make_schedule_plan(problem, static_cast<Schedule>(42), 4).rejected,
-                       "Schedule(42) is not a schedule"));
+  EXPECT_TRUE(
+      mentions(make_schedule_plan(problem, static_cast<Schedule>(42), 4).rejected, "Schedule(42) is not a schedule"));
 }
 
 // A planned schedule sums in order exactly when it is deterministic, and auto (never planned itself) counts as
@@ -216,8 +216,8 @@ TEST(Compare, ReportsEverySchedule) {
     }
   }
   // With a signal latency the simulated makespan may exceed the (latency-free) critical path.
-  const ScheduleReport slow = evaluate_schedule(abstract_problem(1, 8, 8, false), Schedule::kShift, 8,
-                                                CostModel{1.0, 0.25, 2.0});
+  const ScheduleReport slow =
+      evaluate_schedule(abstract_problem(1, 8, 8, false), Schedule::kShift, 8, CostModel{1.0, 0.25, 2.0});
   ASSERT_TRUE(slow.valid) << slow.reason;
   EXPECT_DOUBLE_EQ(slow.critical_path, 8 * 1.25);
   EXPECT_GT(slow.makespan, slow.critical_path);

@@ -2,12 +2,12 @@
 // plan's jobs; every admitted schedule's plan, fitted to every pair of small lengths (0 included) and to adversarial
 // length vectors at the kernels' tile shapes, passes the validator; the refusals say why; what auto runs under
 // the hint lengths_fill_maxima; and the same checks catch a corrupted order and a dropped job.
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "planner/schedule_plan.hpp"
 #include "planner/varlen_plan.hpp"
@@ -17,11 +17,11 @@ namespace {
 
 constexpr Schedule kDeterministic[] = {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
                                        Schedule::kShift, Schedule::kSymmetricShift};
-constexpr Schedule kEverySchedule[] = {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
-                                       Schedule::kShift, Schedule::kSymmetricShift, Schedule::kNondeterministic};
+constexpr Schedule kEverySchedule[] = {Schedule::kAscending, Schedule::kDescending,     Schedule::kShortestFirst,
+                                       Schedule::kShift,     Schedule::kSymmetricShift, Schedule::kNondeterministic};
 
-TiledProblem problem(int sequences, int heads_kv, int group_size, int group_splits, int max_q, int max_k,
-                     bool causal, TileShape tiles) {
+TiledProblem problem(int sequences, int heads_kv, int group_size, int group_splits, int max_q, int max_k, bool causal,
+                     TileShape tiles) {
   TiledProblem p{};
   p.batch = sequences;
   p.heads_kv = heads_kv;
@@ -62,8 +62,8 @@ bool same_job(const Job& a, const Job& b) {
 TEST(Varlen, SequencesAtTheMaximumLengthsRunThePlansJobs) {
   const TileShape tiles{16, 32};
   for (const bool causal : {false, true}) {
-    for (const int max_len : {96, 130, 200}) {      // even and odd key/value tile counts, ragged tiles
-      for (const int sms : {3, 5, 132}) {           // heads straddling waves, and one wave
+    for (const int max_len : {96, 130, 200}) {  // even and odd key/value tile counts, ragged tiles
+      for (const int sms : {3, 5, 132}) {       // heads straddling waves, and one wave
         const TiledProblem p = problem(3, 2, 2, 1, max_len, max_len, causal, tiles);
         for (const Schedule schedule : kEverySchedule) {
           if (!fits_mask(schedule, causal)) continue;
@@ -114,7 +114,7 @@ TEST(Varlen, EveryPairOfEdgeLengthsIsValidForEveryAdmittedSchedule) {
             const std::vector<SequenceLengths> vec{{max_len, max_len}, {q, k}, {0, 0}};
             if (!check_varlen_lengths(plan, vec).empty()) continue;  // keys past queries: not admitted
             ASSERT_EQ(verdict(plan, vec), "valid") << schedule_name(schedule) << (causal ? " causal" : " full")
-                                                  << " sms " << sms << " lengths " << q << ", " << k;
+                                                   << " sms " << sms << " lengths " << q << ", " << k;
             ++checked;
           }
         }
@@ -133,8 +133,8 @@ TEST(Varlen, DynamicSchedulesAreValidForEveryPairWithoutPromise) {
     for (const bool causal : {false, true}) {
       TiledProblem p = problem(2, 1, 2, 2, max_len, max_len, causal, tiles);
       p.window = window;
-      for (const Schedule schedule : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
-                                      Schedule::kNondeterministic}) {
+      for (const Schedule schedule :
+           {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst, Schedule::kNondeterministic}) {
         const VarlenPlanResult result = plan_varlen_schedule(p, false, true, schedule, 5);
         ASSERT_TRUE(result.ok()) << result.rejected;
         ASSERT_TRUE(prove_varlen_plan(result.plan).ok());
@@ -224,10 +224,9 @@ TEST(Varlen, RefusesWhatIsNotProvenForEveryLength) {
             std::string::npos);
   // Tiles whose block_kv is not a multiple of block_q (d = 192's 64x96, d = 256's 64x80): symmetric shift is refused
   // with the rule, and auto never picks it.
-  const VarlenPlan by_hand{make_schedule_plan(problem(2, 1, 1, 1, 1000, 1000, true, TileShape{64, 128}),
-                                              Schedule::kSymmetricShift, 4)
-                               .plan,
-                           true};
+  const VarlenPlan by_hand{
+      make_schedule_plan(problem(2, 1, 1, 1, 1000, 1000, true, TileShape{64, 128}), Schedule::kSymmetricShift, 4).plan,
+      true};
   for (const int block_kv : {96, 80}) {
     SCOPED_TRACE(block_kv);
     const TiledProblem uneven = problem(2, 1, 1, 1, 1000, 1000, true, TileShape{64, block_kv});

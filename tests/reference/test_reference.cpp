@@ -4,8 +4,6 @@
 // random tensors over ragged, GQA/MQA, causal and full shapes, with and without FlashAttention's sliding
 // window (alone, one-sided, two-sided, and with causal) and softcapping (tight and loose caps; a far cap changes
 // nothing, a tight one bounds the scores).
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -17,6 +15,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "dash/attention.hpp"
 #include "reference/attention_reference.hpp"
@@ -343,13 +343,10 @@ TEST_P(NaiveFormulation, ForwardAndBackwardMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RaggedShapes, NaiveFormulation,
-                         testing::Values(ShapeCase{1, 1, 1, 1, 1, 8, true},
-                                         ShapeCase{2, 7, 37, 4, 2, 16, true},
-                                         ShapeCase{1, 37, 7, 4, 2, 16, true},
-                                         ShapeCase{1, 130, 65, 4, 1, 16, true},
+                         testing::Values(ShapeCase{1, 1, 1, 1, 1, 8, true}, ShapeCase{2, 7, 37, 4, 2, 16, true},
+                                         ShapeCase{1, 37, 7, 4, 2, 16, true}, ShapeCase{1, 130, 65, 4, 1, 16, true},
                                          ShapeCase{2, 65, 130, 4, 4, 16, false, 1.3f},
-                                         ShapeCase{1, 130, 130, 2, 1, 64, true},
-                                         ShapeCase{1, 37, 65, 2, 2, 128, false},
+                                         ShapeCase{1, 130, 130, 2, 1, 64, true}, ShapeCase{1, 37, 65, 2, 2, 128, false},
                                          ShapeCase{1, 65, 37, 4, 2, 128, true},
                                          ShapeCase{2, 130, 130, 4, 2, 16, true, 0.0f, {17, -1}},
                                          ShapeCase{1, 65, 130, 2, 1, 16, false, 0.0f, {20, 9}},
@@ -379,8 +376,7 @@ TEST_P(Precision, Float32AgreesWithFloat64) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RaggedShapes, Precision,
-                         testing::Values(ShapeCase{1, 37, 130, 4, 2, 16, true},
-                                         ShapeCase{2, 130, 37, 4, 1, 16, true},
+                         testing::Values(ShapeCase{1, 37, 130, 4, 2, 16, true}, ShapeCase{2, 130, 37, 4, 1, 16, true},
                                          ShapeCase{1, 130, 130, 2, 1, 64, false},
                                          ShapeCase{1, 65, 130, 2, 2, 128, true},
                                          ShapeCase{1, 130, 130, 4, 2, 64, true, 0.0f, {31, -1}},
@@ -458,11 +454,10 @@ void check_hidden_rows(const ShapeCase& c) {
 }
 
 TEST(HiddenRows, ZeroOutputMinusInfLseZeroGradient) {
-  for (const ShapeCase& c : {ShapeCase{1, 7, 1, 2, 1, 8, true}, ShapeCase{2, 37, 7, 4, 2, 16, true},
-                             ShapeCase{1, 130, 65, 4, 1, 64, true},
-                             ShapeCase{1, 37, 7, 2, 1, 16, true, 0.0f, {3, -1}},
-                             ShapeCase{2, 40, 9, 2, 2, 16, false, 0.0f, {4, 11}},
-                             ShapeCase{1, 40, 9, 2, 1, 16, false, 0.0f, {-1, 5}}}) {
+  for (const ShapeCase& c :
+       {ShapeCase{1, 7, 1, 2, 1, 8, true}, ShapeCase{2, 37, 7, 4, 2, 16, true}, ShapeCase{1, 130, 65, 4, 1, 64, true},
+        ShapeCase{1, 37, 7, 2, 1, 16, true, 0.0f, {3, -1}}, ShapeCase{2, 40, 9, 2, 2, 16, false, 0.0f, {4, 11}},
+        ShapeCase{1, 40, 9, 2, 1, 16, false, 0.0f, {-1, 5}}}) {
     SCOPED_TRACE(testing::PrintToString(c));
     check_hidden_rows<float>(c);
     check_hidden_rows<double>(c);
@@ -480,10 +475,10 @@ void check_all_written(const ShapeCase& c) {
 }
 
 TEST(Outputs, EveryElementIsWritten) {
-  for (const ShapeCase& c : {ShapeCase{2, 37, 7, 4, 2, 16, true}, ShapeCase{2, 7, 37, 4, 1, 16, true},
-                             ShapeCase{1, 65, 130, 2, 2, 64, false},
-                             ShapeCase{2, 40, 9, 2, 2, 16, false, 0.0f, {4, 11}},
-                             ShapeCase{1, 9, 40, 2, 1, 16, true, 0.0f, {2, -1}}}) {
+  for (const ShapeCase& c :
+       {ShapeCase{2, 37, 7, 4, 2, 16, true}, ShapeCase{2, 7, 37, 4, 1, 16, true},
+        ShapeCase{1, 65, 130, 2, 2, 64, false}, ShapeCase{2, 40, 9, 2, 2, 16, false, 0.0f, {4, 11}},
+        ShapeCase{1, 9, 40, 2, 1, 16, true, 0.0f, {2, -1}}}) {
     SCOPED_TRACE(testing::PrintToString(c));
     check_all_written<float>(c);
     check_all_written<double>(c);

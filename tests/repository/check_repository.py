@@ -12,6 +12,7 @@
     check_repository.py [--root DIR]    check the tree (exit 1 and one line per finding when it fails)
     check_repository.py --self-test     the negative control: planted labels, dates and version drift are found
 """
+
 import argparse
 import pathlib
 import re
@@ -19,8 +20,21 @@ import sys
 
 # Trees and files scanned (relative to the repository root). python/tests is left out: pytest's "session" is its
 # own vocabulary there.
-SCANNED = ["src", "include", "tools", "tests", "scripts", "docs", "python/dash_attn", "python/benchmarks", "cmake",
-           "CMakeLists.txt", "README.md", "python/README.md", "CONTRIBUTING.md"]
+SCANNED = [
+    "src",
+    "include",
+    "tools",
+    "tests",
+    "scripts",
+    "docs",
+    "python/dash_attn",
+    "python/benchmarks",
+    "cmake",
+    "CMakeLists.txt",
+    "README.md",
+    "python/README.md",
+    "CONTRIBUTING.md",
+]
 TEXT_SUFFIXES = {".h", ".hpp", ".cpp", ".cu", ".cuh", ".c", ".py", ".sh", ".cmake", ".txt", ".md", ".in", ".toml"}
 THIS_FILE = pathlib.PurePosixPath("tests/repository/check_repository.py")
 
@@ -30,14 +44,16 @@ LABEL = re.compile(
     r"\bsessions?\b|\bwork[- ]periods?\b"
     r"|\b(?:eleventh|twelfth|thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth)\b"
     r"|\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth)[- ](?:period|round of work)\b",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 FIXTURE_SCOPE = re.compile(r"""scope\s*=\s*["']session["']""")
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 # "C ABI (version 8", "ABI version 8", "C ABI (`dash_c.h`, version 8": a stated version; "since"/"from"/"until"/
 # "before"/"up to" in front of it make it history. A period inside a word (dash_c.h) does not end the sentence.
 ABI_MENTION = re.compile(r"\bABI\b(?:[^.\n]|\.(?=\w)){0,60}?\bversion\s+(\d+)", re.IGNORECASE)
-HISTORY_WORDS = re.compile(r"\b(?:since|from|until|before|up to|through)\s+(?:C\s+)?(?:ABI\s+)?version\s+\d+$",
-                           re.IGNORECASE)
+HISTORY_WORDS = re.compile(
+    r"\b(?:since|from|until|before|up to|through)\s+(?:C\s+)?(?:ABI\s+)?version\s+\d+$", re.IGNORECASE
+)
 CMAKE_LIST = re.compile(r"^set\((DASH_SUPPORTED_\w+) ([^)]*)\)$", re.MULTILINE)
 PYTHON_TUPLE = re.compile(r"^(HEAD_DIMS|BACKWARD_HEAD_DIMS) = \(([^)]*)\)$", re.MULTILINE)
 PYTHON_DTYPE_NAMES = re.compile(r"^DTYPE_NAMES = \{([^}]*)\}$", re.MULTILINE)
@@ -63,7 +79,7 @@ def abi_findings(text, version):
     for number, line in enumerate(text.splitlines(), 1):
         for match in ABI_MENTION.finditer(line):
             stated = int(match.group(1))
-            if stated != version and not HISTORY_WORDS.search(line[:match.end()]):
+            if stated != version and not HISTORY_WORDS.search(line[: match.end()]):
                 found.append((number, f"states C ABI version {stated}, dash_c.h has {version}"))
     return found
 
@@ -76,8 +92,10 @@ def list_findings(cmake_text, python_text):
     if not head_dims or not dtypes:
         return ["cmake/Supported.cmake: no DASH_SUPPORTED_HEAD_DIMS or DASH_SUPPORTED_DTYPES list"]
     found = []
-    tuples = {name: [int(value) for value in values.replace(",", " ").split()]
-              for name, values in PYTHON_TUPLE.findall(python_text)}
+    tuples = {
+        name: [int(value) for value in values.replace(",", " ").split()]
+        for name, values in PYTHON_TUPLE.findall(python_text)
+    }
     if tuples.get("HEAD_DIMS") != head_dims:
         found.append(f"HEAD_DIMS = {tuples.get('HEAD_DIMS')}, cmake/Supported.cmake has {head_dims}")
     if not set(tuples.get("BACKWARD_HEAD_DIMS", [])) <= set(head_dims):
@@ -118,8 +136,9 @@ def check(root):
     if binding.is_file():
         python_match = PYTHON_VERSION.search(binding.read_text())
         if python_match and int(python_match.group(1)) != version:
-            problems.append(f"python/dash_attn/_library.py: ABI_VERSION = {python_match.group(1)}, "
-                            f"dash_c.h has {version}")
+            problems.append(
+                f"python/dash_attn/_library.py: ABI_VERSION = {python_match.group(1)}, dash_c.h has {version}"
+            )
         lists = root / "cmake/Supported.cmake"
         if not lists.is_file():
             problems.append("cmake/Supported.cmake: missing (the one list of head dims and dtypes)")
@@ -133,10 +152,19 @@ def self_test():
     """Each planted problem is found and each allowed form is not; returns the failures."""
     failures = []
     md, code = pathlib.PurePosixPath("docs/X.md"), pathlib.PurePosixPath("src/x.hpp")
-    must_find = [(code, "// 1.06x (fifteenth session)"), (code, "// measured 2026-12-02"),
-                 (md, "In the Session 17 run"), (md, "the seventeenth ..."), (code, "# a work period's result")]
-    must_pass = [(code, '@pytest.fixture(scope="session")'), (code, "// a fifth of the time, the fourth argument"),
-                 (md, "measured on 2026-12-04 at 3039be2"), (code, "// on the first call")]
+    must_find = [
+        (code, "// 1.06x (fifteenth session)"),
+        (code, "// measured 2026-12-02"),
+        (md, "In the Session 17 run"),
+        (md, "the seventeenth ..."),
+        (code, "# a work period's result"),
+    ]
+    must_pass = [
+        (code, '@pytest.fixture(scope="session")'),
+        (code, "// a fifth of the time, the fourth argument"),
+        (md, "measured on 2026-12-04 at 3039be2"),
+        (code, "// on the first call"),
+    ]
     for path, line in must_find:
         if not label_findings(path, line):
             failures.append(f"label not found in {path}: {line!r}")
@@ -144,8 +172,11 @@ def self_test():
         if label_findings(path, line):
             failures.append(f"false label in {path}: {line!r}")
     drift = ["The C ABI (version 8) carries", "the C ABI (`src/capi/dash_c.h`, version 8: ...", "ABI version 11"]
-    fine = ["The C ABI (version 9) carries", "dash_shape gains the fields (since ABI version 5)",
-            "The C ABI (src/capi/dash_c.h; its version is DASH_C_ABI_VERSION)"]
+    fine = [
+        "The C ABI (version 9) carries",
+        "dash_shape gains the fields (since ABI version 5)",
+        "The C ABI (src/capi/dash_c.h; its version is DASH_C_ABI_VERSION)",
+    ]
     for line in drift:
         if not abi_findings(line, 9):
             failures.append(f"version drift not found: {line!r}")
@@ -156,8 +187,11 @@ def self_test():
     python = 'HEAD_DIMS = (64, 128)\nBACKWARD_HEAD_DIMS = (64, 128)\nDTYPE_NAMES = {0: "bf16", 1: "fp16"}\n'
     if list_findings(cmake, python):
         failures.append(f"false list drift: {list_findings(cmake, python)}")
-    for drifted in (python.replace("(64, 128)\nB", "(64, 96, 128)\nB"), python.replace('"fp16"', '"fp8"'),
-                    python.replace("BACKWARD_HEAD_DIMS = (64, 128)", "BACKWARD_HEAD_DIMS = (64, 256)")):
+    for drifted in (
+        python.replace("(64, 128)\nB", "(64, 96, 128)\nB"),
+        python.replace('"fp16"', '"fp8"'),
+        python.replace("BACKWARD_HEAD_DIMS = (64, 128)", "BACKWARD_HEAD_DIMS = (64, 256)"),
+    ):
         if not list_findings(cmake, drifted):
             failures.append(f"list drift not found: {drifted!r}")
     return failures

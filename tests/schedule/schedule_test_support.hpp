@@ -3,12 +3,12 @@
 // expanded schedule (what each CTA visits, and the order in which each dQ tile is summed).
 #pragma once
 
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "planner/expanded_schedule.hpp"
 #include "planner/schedule_plan.hpp"
@@ -18,11 +18,12 @@
 namespace dash::testing {
 
 // Every schedule a plan can be made of (auto is resolved before planning).
-inline constexpr Schedule kSchedules[] = {Schedule::kAscending, Schedule::kDescending,      Schedule::kShortestFirst,
-                                   Schedule::kShift,     Schedule::kSymmetricShift, Schedule::kNondeterministic};
+inline constexpr Schedule kSchedules[] = {Schedule::kAscending, Schedule::kDescending,     Schedule::kShortestFirst,
+                                          Schedule::kShift,     Schedule::kSymmetricShift, Schedule::kNondeterministic};
 
 // An attention shape with heads_q = heads_kv * group.
-inline AttentionShape make_shape(int batch, int heads_kv, int group, int seqlen_q, int seqlen_k, int head_dim, bool causal) {
+inline AttentionShape make_shape(int batch, int heads_kv, int group, int seqlen_q, int seqlen_k, int head_dim,
+                                 bool causal) {
   AttentionShape shape;
   shape.batch = batch;
   shape.heads_kv = heads_kv;
@@ -106,9 +107,8 @@ inline std::vector<Visit> all_ranks(const ExpandedSchedule& s) {
       out.push_back({ej.job.head, ej.job.kv_tile, s.steps[k].q_tile, s.steps[k].rank});
     }
   }
-  std::sort(out.begin(), out.end(), [](const Visit& a, const Visit& b) {
-    return std::tie(a.head, a.kv, a.q) < std::tie(b.head, b.kv, b.q);
-  });
+  std::sort(out.begin(), out.end(),
+            [](const Visit& a, const Visit& b) { return std::tie(a.head, a.kv, a.q) < std::tie(b.head, b.kv, b.q); });
   return out;
 }
 

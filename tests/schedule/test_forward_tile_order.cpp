@@ -2,12 +2,12 @@
 // head, query tile) exactly once; groups of heads_per_group heads in order, the longest tiles of a group
 // first across its heads; each tile's key/value count equal to a brute-force count over its rows from the
 // mask; and the group size the launch derives from the shape (forward_heads_per_group).
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <random>
 #include <set>
 #include <tuple>
+
+#include <gtest/gtest.h>
 
 #include "schedule/forward_tile_order.hpp"
 
@@ -39,8 +39,8 @@ TEST(ForwardTileOrder, CoversEveryTileOnceGroupByGroupLongestFirstWithTheMasksKe
     const int batch = std::uniform_int_distribution<int>(1, 3)(rng);
     // Groups of one head, of some heads (the last one short), and of more heads than there are.
     const int heads_per_group = std::uniform_int_distribution<int>(1, heads_q * batch + 1)(rng);
-    const ForwardTileOrder order{MaskShape{seqlen_q, seqlen_k, causal}, shape.block_q, shape.block_kv, heads_q,
-                                 batch, heads_per_group};
+    const ForwardTileOrder order{
+        MaskShape{seqlen_q, seqlen_k, causal}, shape.block_q, shape.block_kv, heads_q, batch, heads_per_group};
     std::set<std::tuple<int, int, int>> seen;
     int previous_group = -1, previous_kv_tiles = 0;
     for (int t = 0; t < order.num_tiles(); ++t) {

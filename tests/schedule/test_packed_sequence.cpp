@@ -6,11 +6,11 @@
 // - fit_forward_tile, the varlen forward's tiles: over the maximum problem's whole tile order, every sequence's
 //   (head, query tile) exactly once, with the key/value range of a dense batch of the sequence's lengths, under the
 //   full, causal and windowed masks and adversarial lengths (0, 1, a tile +-1, the maximum).
-#include <gtest/gtest.h>
-
 #include <map>
 #include <tuple>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "schedule/varlen.hpp"
 
@@ -53,8 +53,8 @@ TEST(PackedSequence, ClampsOffsetsAndEndsIntoTheTensors) {
   const std::vector<int> cu_k{0, 700, -3, 90};
   const PackedBatch batch = batch_of(cu_q, cu_k, 100, 600, 1 << 20, 1 << 20);
   expect_sequence(packed_sequence(batch, 0), 0, 0, 20, 600);
-  expect_sequence(packed_sequence(batch, 1), 20, 600, 0, 0);   // decreasing: empty
-  expect_sequence(packed_sequence(batch, 2), 10, 0, 90, 90);   // the end clamped to total_q
+  expect_sequence(packed_sequence(batch, 1), 20, 600, 0, 0);  // decreasing: empty
+  expect_sequence(packed_sequence(batch, 2), 10, 0, 90, 90);  // the end clamped to total_q
   for (int b = 0; b < 3; ++b) {
     const PackedSequence s = packed_sequence(batch, b);
     EXPECT_LE(s.q_offset + s.lengths.seqlen_q, batch.total_q) << "sequence " << b;
@@ -122,7 +122,8 @@ void expect_forward_fit_covers(const std::vector<SequenceLengths>& lengths, cons
   for (int b = 0; b < batch; ++b) {
     const int q_tiles = (lengths[b].seqlen_q + kBlock - 1) / kBlock;
     for (int h = 0; h < kHeadsQ; ++h) {
-      for (int q = 0; q < q_tiles; ++q) EXPECT_EQ((seen[{b, h, q}]), 1) << "sequence " << b << " head " << h << " tile " << q;
+      for (int q = 0; q < q_tiles; ++q)
+        EXPECT_EQ((seen[{b, h, q}]), 1) << "sequence " << b << " head " << h << " tile " << q;
     }
   }
 }

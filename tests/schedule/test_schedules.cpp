@@ -2,14 +2,14 @@
 // tiling arithmetic against brute force, the full and causal masks' jobs, visits and ranks as they were before
 // sliding windows, the wave bookkeeping, each schedule's job/visit/rank formulas against the notes' closed
 // formulas and the band's, and the planner's preconditions with the reasons it gives.
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "planner/expanded_schedule.hpp"
 #include "planner/schedule_plan.hpp"
@@ -354,8 +354,8 @@ TEST(ShiftSchedule, RanksFollowTheWaveFormula) {
 TEST(SymmetricShiftSchedule, PairsLongAndShortTilesIntoEqualWork) {
   for (int stride : {1, 2, 4}) {
     const int n = 8;
-    const SchedulePlan plan = must_plan(abstract_problem(2, n, stride * n, true, stride), Schedule::kSymmetricShift,
-                                        132);
+    const SchedulePlan plan =
+        must_plan(abstract_problem(2, n, stride * n, true, stride), Schedule::kSymmetricShift, 132);
     ASSERT_EQ(plan.num_units, 2 * n / 2);
     ASSERT_EQ(plan.jobs_per_unit, 2);
     for (int unit = 0; unit < plan.num_units; ++unit) {
@@ -436,7 +436,8 @@ TEST(KvOrderSchedules, NondeterministicVisitsLikeAuto) {
   grouped.group_size = 2;
   TiledProblem grouped_full = grouped;
   grouped_full.causal = false;
-  for (const TiledProblem& p : {grouped, grouped_full, abstract_problem(2, 4, 4, true), abstract_problem(2, 4, 4, false)}) {
+  for (const TiledProblem& p :
+       {grouped, grouped_full, abstract_problem(2, 4, 4, true), abstract_problem(2, 4, 4, false)}) {
     const SchedulePlan nondet = must_plan(p, Schedule::kNondeterministic, 3);
     const bool descending = p.causal && p.heads_per_job() > 1;
     const Schedule jobs_of = p.causal && p.heads_per_job() == 1 ? Schedule::kShortestFirst : Schedule::kAscending;
@@ -540,8 +541,8 @@ TEST(Preconditions, WindowRejectionsSayWhy) {
   EXPECT_NE(odd.find("(here 1"), std::string::npos) << odd;
   unit_slope.group_size = 2;  // two query heads folded per job: a slope of 2
   EXPECT_EQ(reason(unit_slope, Schedule::kSymmetricShift), "");
-  for (Schedule s : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
-                     Schedule::kNondeterministic}) {
+  for (Schedule s :
+       {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst, Schedule::kNondeterministic}) {
     EXPECT_EQ(reason(two_sided, s), "") << schedule_name(s);
     EXPECT_EQ(reason(causal_band, s), "") << schedule_name(s);
   }
@@ -644,8 +645,8 @@ TEST(Preconditions, RejectionsSayWhy) {
   unaligned.block_q = 2;
   EXPECT_NE(reason(unaligned, Schedule::kSymmetricShift, 4).find("multiple of block_q"), std::string::npos);
   EXPECT_NE(reason(abstract_problem(1, 4, 4, false), Schedule::kAuto, 4).find("choose_schedule"), std::string::npos);
-  for (Schedule s : {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst,
-                     Schedule::kNondeterministic}) {
+  for (Schedule s :
+       {Schedule::kAscending, Schedule::kDescending, Schedule::kShortestFirst, Schedule::kNondeterministic}) {
     EXPECT_TRUE(make_schedule_plan(abstract_problem(1, 5, 3, true), s, 7).ok());
   }
 }
@@ -654,7 +655,8 @@ TEST(Preconditions, AutoFollowsTheMeasurements) {
   EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 8, false), 132), Schedule::kShift) << "full mask";
   EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 16, false, 2), 132), Schedule::kShift) << "64x128 tiles";
   EXPECT_EQ(choose_schedule(abstract_problem(1, 8, 4, false), 132), Schedule::kAscending) << "shift not applicable";
-  EXPECT_EQ(choose_schedule(abstract_problem(1, 65, 65, false), 132), Schedule::kAscending) << "past 64 key/value tiles";
+  EXPECT_EQ(choose_schedule(abstract_problem(1, 65, 65, false), 132), Schedule::kAscending)
+      << "past 64 key/value tiles";
   EXPECT_EQ(choose_schedule(abstract_problem(2, 8, 8, true), 132), Schedule::kShortestFirst);
   TiledProblem grouped = abstract_problem(2, 8, 8, true);
   grouped.group_size = 4;

@@ -1,11 +1,11 @@
 // The worked examples of the research notes (paper-notes.md sections 3.1-3.4), checked exactly: which
 // query tile every CTA visits at every step, each dQ tile's summation order, and the DAG-model makespan.
 // Tiles are one row each (block_q = 1), so the indices below are the notes' KV/Q indices.
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <utility>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "planner/expanded_schedule.hpp"
 #include "planner/simulator.hpp"
@@ -92,9 +92,14 @@ TEST(WorkedExamples, SymmetricShift8x8Stride1) {
     EXPECT_EQ(visits[cta].size(), 9u) << "every CTA does n + 1 visits";
     EXPECT_EQ(kv_q_pairs(visits[cta]), expected[cta]) << "cta " << cta;
   }
-  const std::vector<std::vector<int>> orders = {
-      {0}, {1, 0}, {2, 1, 0}, {0, 3, 2, 1}, {1, 0, 3, 2, 4}, {2, 1, 0, 3, 4, 5}, {3, 2, 1, 0, 4, 5, 6},
-      {3, 2, 1, 0, 4, 5, 6, 7}};
+  const std::vector<std::vector<int>> orders = {{0},
+                                                {1, 0},
+                                                {2, 1, 0},
+                                                {0, 3, 2, 1},
+                                                {1, 0, 3, 2, 4},
+                                                {2, 1, 0, 3, 4, 5},
+                                                {3, 2, 1, 0, 4, 5, 6},
+                                                {3, 2, 1, 0, 4, 5, 6, 7}};
   for (int q = 0; q < 8; ++q) EXPECT_EQ(accumulation_order(s, 0, q), orders[q]) << "Q" << q;
   for (double r : {0.25, 1.0}) {
     const SimulationResult sim = simulate(s, CostModel{1.0, r, 0.0});

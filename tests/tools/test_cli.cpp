@@ -4,9 +4,6 @@
 // Gantt SVG, varlen batches (--cu-seqlens) and sliding windows in plan, prove and emulate, and check's and bench's
 // refusals of them before the device check (their GPU runs are the GPU tests' subject: without a GPU they stop at the
 // device check), and each command's size bound, named with the flags that lower it.
-#include <gtest/gtest.h>
-#include <sys/wait.h>
-
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +13,9 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
 
 namespace {
 
@@ -136,10 +136,14 @@ class JsonReader {
       if (c == '\\') {
         if (pos_ >= text_.size()) fail("unfinished escape");
         const char e = text_[pos_++];
-        if (e == 'n') c = '\n';
-        else if (e == 't') c = '\t';
-        else if (e == 'r') c = '\r';
-        else if (e == '"' || e == '\\' || e == '/') c = e;
+        if (e == 'n')
+          c = '\n';
+        else if (e == 't')
+          c = '\t';
+        else if (e == 'r')
+          c = '\r';
+        else if (e == '"' || e == '\\' || e == '/')
+          c = e;
         else if (e == 'u' && pos_ + 4 <= text_.size()) {
           c = static_cast<char>(std::stoi(text_.substr(pos_, 4), nullptr, 16));
           pos_ += 4;
@@ -207,11 +211,11 @@ TEST(Cli, HelpListsCommands) {
 }
 
 TEST(Cli, BadCommandLinesExitWithUsage) {
-  for (const char* args : {"bogus", "plan --bogus", "plan --batch", "plan --batch x", "plan --batch -3",
-                           "plan --seqlen 0", "plan --reduce-cost abc", "plan --schedule fastest",
-                           "plan --heads 6 --heads-kv 4", "plan --preset paper-example --causal",
-                           "plan --preset nope", "plan stray", "plan --json=yes", "emulate --runs 1",
-                           "emulate --schedule nope", "emulate --max-delay-us -1"}) {
+  for (const char* args :
+       {"bogus", "plan --bogus", "plan --batch", "plan --batch x", "plan --batch -3", "plan --seqlen 0",
+        "plan --reduce-cost abc", "plan --schedule fastest", "plan --heads 6 --heads-kv 4",
+        "plan --preset paper-example --causal", "plan --preset nope", "plan stray", "plan --json=yes",
+        "emulate --runs 1", "emulate --schedule nope", "emulate --max-delay-us -1"}) {
     SCOPED_TRACE(args);
     const Output err = run(args, /*want_stderr=*/true);
     EXPECT_EQ(err.status, 2);
@@ -236,9 +240,10 @@ TEST(Cli, BadCommandLinesExitWithUsage) {
 
 // plan models the GPU kernels' tiles, so it refuses what the library refuses, with the library's message.
 TEST(Cli, PlanRefusesAHeadDimTheLibraryRefuses) {
-  EXPECT_TRUE(refused_with("plan --head-dim 80",
-                           "dash-attn plan: the library refuses this shape: shape.head_dim must be one of {64, 96, 128, "
-                           "192, 256}, got 80"));
+  EXPECT_TRUE(
+      refused_with("plan --head-dim 80",
+                   "dash-attn plan: the library refuses this shape: shape.head_dim must be one of {64, 96, 128, "
+                   "192, 256}, got 80"));
 }
 
 // plan models the backward, which the library has at every supported head dim (at 192 and 256 on the key split's
@@ -303,10 +308,10 @@ TEST(Cli, ASmMarginMustLeaveAnSm) {
 TEST(Cli, PlanRefusesCostsThatOverflowTheModel) {
   for (const char* format : {"", " --json"}) {
     SCOPED_TRACE(format);
-    EXPECT_TRUE(refused_with(std::string("plan --preset paper-example --compute-cost 1e308 --reduce-cost 1e308") +
-                                 format,
-                             "the DAG model's critical path of ascending is inf with --compute-cost 1e+308, "
-                             "--reduce-cost 1e+308 and --signal-latency 0: the costs overflow double arithmetic"));
+    EXPECT_TRUE(
+        refused_with(std::string("plan --preset paper-example --compute-cost 1e308 --reduce-cost 1e308") + format,
+                     "the DAG model's critical path of ascending is inf with --compute-cost 1e+308, "
+                     "--reduce-cost 1e+308 and --signal-latency 0: the costs overflow double arithmetic"));
   }
   EXPECT_TRUE(refused_with("plan --preset paper-example --signal-latency 1e308", "makespan of ascending is inf"));
 }
@@ -348,8 +353,8 @@ TEST(Cli, PlanPaperExampleJson) {
   EXPECT_TRUE(problem["causal"].boolean);
   ASSERT_EQ(report["schedules"].array.size(), 6u);
   for (const Json& s : report["schedules"].array) {
-    for (const char* key : {"name", "valid", "reason", "deadlock_free", "critical_path", "makespan",
-                            "bubble_fraction", "lemma_violations"}) {
+    for (const char* key : {"name", "valid", "reason", "deadlock_free", "critical_path", "makespan", "bubble_fraction",
+                            "lemma_violations"}) {
       EXPECT_TRUE(s.has(key)) << key;
     }
   }
@@ -406,8 +411,9 @@ TEST(Cli, PlanWithASlidingWindow) {
   EXPECT_DOUBLE_EQ(symmetric["makespan"].number, 12 * 18 * 1.25);
   EXPECT_NE(find_schedule(report, "shift")["reason"].string.find("full mask"), std::string::npos);
   // A right bound of 0 is the causal mask's; the table names the window after the tiles.
-  const Output table = run("plan --batch 8 --heads 16 --seqlen 2048 --head-dim 128 --window-left 1023 "
-                           "--window-right 0");
+  const Output table =
+      run("plan --batch 8 --heads 16 --seqlen 2048 --head-dim 128 --window-left 1023 "
+          "--window-right 0");
   ASSERT_EQ(table.status, 0) << table.text;
   EXPECT_NE(table.text.find("; sliding window left 1023, right 0 (causal)\n"), std::string::npos) << table.text;
   // Two-sided: symmetric shift needs a right bound of 0.
@@ -464,8 +470,9 @@ TEST(Cli, WindowPairAndSoftcapFlags) {
 }
 
 TEST(Cli, EmulateWithASlidingWindow) {
-  const Output out = run("emulate --heads 2 --seqlen 256 --head-dim 16 --block-q 16 --block-kv 32 --sms 5 --causal "
-                         "--window-left 63 --json");
+  const Output out =
+      run("emulate --heads 2 --seqlen 256 --head-dim 16 --block-q 16 --block-kv 32 --sms 5 --causal "
+          "--window-left 63 --json");
   ASSERT_EQ(out.status, 0) << out.text;
   const Json report = parse_json(out.text);
   EXPECT_TRUE(report["ok"].boolean);
@@ -499,8 +506,7 @@ TEST(Cli, ProveTakesAWindowAndAVarlenBatch) {
   EXPECT_EQ(windowed.text.find("disagrees"), std::string::npos) << windowed.text;
   const Output varlen = run("prove --cu-seqlens 0,100,100,700 --heads 4 --sms 13 --reference");
   ASSERT_EQ(varlen.status, 0) << varlen.text;
-  EXPECT_NE(varlen.text.find("varlen:  3 sequences, 700 query and 700 key tokens"), std::string::npos)
-      << varlen.text;
+  EXPECT_NE(varlen.text.find("varlen:  3 sequences, 700 query and 700 key tokens"), std::string::npos) << varlen.text;
   EXPECT_NE(varlen.text.find("lengths: 100/100, 0/0, 600/600"), std::string::npos) << varlen.text;
   std::istringstream lines(varlen.text);
   int proven = 0;
@@ -536,8 +542,8 @@ TEST(Cli, EmulateRefusesARunEstimatedPastItsBound) {
   EXPECT_TRUE(refused_with("emulate --block-q 1 --block-kv 1 --seqlen 4096 --heads 1",
                            "at most 600 s are allowed: lower --runs, --max-delay-us"));
   // Its float64 reference alone is bounded too.
-  EXPECT_TRUE(refused_with("emulate --seqlen 65536 --heads 8 --head-dim 128",
-                           "the float64 reference of this shape has"));
+  EXPECT_TRUE(
+      refused_with("emulate --seqlen 65536 --heads 8 --head-dim 128", "the float64 reference of this shape has"));
   // Negative control: the defaults, and the same tiles on a small shape, run and finish.
   const Output small = run("emulate --block-q 1 --block-kv 1 --seqlen 32 --runs 2 --schedule ascending");
   EXPECT_EQ(small.status, 0) << small.text;
@@ -793,8 +799,9 @@ TEST(Cli, VarlenBadCommandLines) {
       {"--cu-seqlens 0,100,50", "--cu-seqlens: entry 2 (50) is below entry 1 (100): offsets never decrease"},
       {"--cu-seqlens 0,100 --cu-seqlens-k 0,50,40", "--cu-seqlens-k: entry 2 (40) is below entry 1 (50)"},
       {"--cu-seqlens 0,100 --cu-seqlens-k 0,10,20", "--cu-seqlens-k has 3 offsets and --cu-seqlens 2"},
-      {"--cu-seqlens 0,0,0", "--cu-seqlens: every sequence has 0 queries; give the maximum the plan is for with "
-                             "--seqlen-q"},
+      {"--cu-seqlens 0,0,0",
+       "--cu-seqlens: every sequence has 0 queries; give the maximum the plan is for with "
+       "--seqlen-q"},
       {"--cu-seqlens 0,100 --cu-seqlens-k 0,0", "--cu-seqlens-k: every sequence has 0 keys"},
       {"--cu-seqlens 0,100,5000 --seqlen-q 2048",
        "--cu-seqlens: sequence 1 has 4900 queries, more than --seqlen-q 2048, the maximum the plan is made for: "
@@ -857,8 +864,9 @@ TEST(Cli, CheckAndBenchRefuseVarlenBatchesTheKernelsCannotRunBeforeTheDeviceChec
 // A varlen command line the flags accept gets past them: without a GPU to the device check's message (exit 1), on a
 // Hopper GPU it runs (a small batch, one schedule, so that it stays quick there).
 TEST(Cli, CheckAndBenchTakeVarlenBatches) {
-  const std::string batch = "--cu-seqlens 0,0,1,101 --cu-seqlens-k 0,0,1,90 --keys-within-queries --heads 4 "
-                            "--heads-kv 2 --head-dim 64 --causal --schedule ascending ";
+  const std::string batch =
+      "--cu-seqlens 0,0,1,101 --cu-seqlens-k 0,0,1,90 --keys-within-queries --heads 4 "
+      "--heads-kv 2 --head-dim 64 --causal --schedule ascending ";
   for (const std::string command : {"check --runs 2 ", "bench --warmup 0 --iters 1 ", "bench --fwd --iters 1 "}) {
     SCOPED_TRACE(command);
     const Output err = run(command + batch, /*want_stderr=*/true);
@@ -891,8 +899,9 @@ TEST(Cli, EmulateVarlen) {
             std::string::npos)
       << table.text;
   // Keys longer than queries under a sliding window: the dynamic schedules take them.
-  const Output keys = run(shape + "--cu-seqlens 0,20,20,180 --cu-seqlens-k 0,150,183,184 --causal --window-left 40 "
-                                  "--schedule auto --json");
+  const Output keys = run(shape +
+                          "--cu-seqlens 0,20,20,180 --cu-seqlens-k 0,150,183,184 --causal --window-left 40 "
+                          "--schedule auto --json");
   ASSERT_EQ(keys.status, 0) << keys.text;
   const Json k = parse_json(keys.text);
   EXPECT_FALSE(k["varlen"]["keys_within_queries"].boolean);
@@ -967,7 +976,7 @@ TEST(Cli, PaperGridJson) {
     EXPECT_TRUE(find_schedule(point, paper_schedule)["valid"].boolean);
     // The paper grid has one query head per key/value head; shift's rule stops at 64 key/value tiles
     // of 128 rows (seqlen 8192).
-    const char* measured_fastest = problem["causal"].boolean          ? "shortest-first"
+    const char* measured_fastest = problem["causal"].boolean            ? "shortest-first"
                                    : problem["seqlen_k"].number <= 8192 ? "shift"
                                                                         : "ascending";
     EXPECT_EQ(point["auto"].string, measured_fastest);
@@ -1082,9 +1091,10 @@ TEST(Cli, HeadDims192And256RefuseSymmetricShiftAndEmulateTheOthers) {
 }
 
 TEST(Cli, ProveRefusesWhatTheLibraryRefuses) {
-  EXPECT_TRUE(refused_with("prove --head-dim 80",
-                           "dash-attn prove: the library refuses this shape: shape.head_dim must be one of {64, 96, 128, "
-                           "192, 256}"));
+  EXPECT_TRUE(
+      refused_with("prove --head-dim 80",
+                   "dash-attn prove: the library refuses this shape: shape.head_dim must be one of {64, 96, 128, "
+                   "192, 256}"));
   EXPECT_TRUE(refused_with("prove --schedule fastest", "unknown schedule 'fastest'"));
   EXPECT_TRUE(refused_with("prove --threads -1", "usage: dash-attn prove"));
 }

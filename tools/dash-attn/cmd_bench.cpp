@@ -145,9 +145,9 @@ void measure(DeviceProblem& p, bool backward, const std::vector<Schedule>& sched
     if (p.workspace.bytes() < plan.workspace_bytes()) p.workspace = harness::DeviceBuffer(plan.workspace_bytes());
     BackwardArgs args = harness::backward_args(p, schedule);
     args.sm_margin = sm_margin;
-    const harness::CallTiming t = harness::time_calls(
-        [&] { return dash::backward(args, plan, p.workspace.get(), p.workspace.bytes(), nullptr); }, warmup, iters,
-        kRepeats);
+    const harness::CallTiming t =
+        harness::time_calls([&] { return dash::backward(args, plan, p.workspace.get(), p.workspace.bytes(), nullptr); },
+                            warmup, iters, kRepeats);
     point->results.push_back({std::string(kDashPrefix).append(schedule_name(schedule)), t.gpu_ms,
                               tflops(point->forward_flops, true, t.gpu_ms), t.host_us});
   }
@@ -158,8 +158,7 @@ Point measure_point(const AttentionShape& shape, const VarlenBatch& varlen, bool
   Point point{shape, varlen, 0.0, {}};
   if (varlen.varlen()) {
     point.forward_flops = harness::forward_flops(shape, varlen.lengths);
-    harness::VarlenProblem p =
-        make_device_problem(shape, varlen, kVarlenPaddingRows, kSeed, /*with_reference=*/false);
+    harness::VarlenProblem p = make_device_problem(shape, varlen, kVarlenPaddingRows, kSeed, /*with_reference=*/false);
     measure(p, backward, schedules, warmup, iters, sm_margin, &point);
   } else {
     point.forward_flops = harness::forward_flops(shape);
@@ -215,8 +214,8 @@ void write_varlen_notes(const Point& p, std::ostream& out) {
       << "lengths: " << describe_lengths(p.varlen) << " (seqlen_q/seqlen_k of each sequence)\n\n"
       << "FLOPs: the sum over the sequences of each one's own, 4 Hq sq sk_avg D under its mask (sk_avg: the keys a\n"
       << "query row of the sequence sees on average, halved by its causal diagonal, counted under a window), none\n"
-      << "for a sequence without queries or keys: " << format_number(p.forward_flops, kFlopsDigits)
-      << " per forward, x" << format_number(harness::kBackwardFlopsPerForwardFlop) << " per backward\n";
+      << "for a sequence without queries or keys: " << format_number(p.forward_flops, kFlopsDigits) << " per forward, x"
+      << format_number(harness::kBackwardFlopsPerForwardFlop) << " per backward\n";
 }
 
 // One row per shape, one column per implementation (TFLOPS); for the backward also the best
@@ -225,7 +224,8 @@ void write_markdown(const std::vector<Point>& points, bool backward, std::ostrea
   std::vector<std::string> columns;
   for (const Point& p : points) {
     for (const Measurement& m : p.results) {
-      if (std::find(columns.begin(), columns.end(), m.implementation) == columns.end()) columns.push_back(m.implementation);
+      if (std::find(columns.begin(), columns.end(), m.implementation) == columns.end())
+        columns.push_back(m.implementation);
     }
   }
   out << "| hdim | mask | seqlen | batch | heads |";
@@ -240,7 +240,8 @@ void write_markdown(const std::vector<Point>& points, bool backward, std::ostrea
     const Measurement* best = nullptr;
     const Measurement* nondet = nullptr;
     for (const std::string& c : columns) {
-      const auto it = std::find_if(p.results.begin(), p.results.end(), [&](const Measurement& m) { return m.implementation == c; });
+      const auto it =
+          std::find_if(p.results.begin(), p.results.end(), [&](const Measurement& m) { return m.implementation == c; });
       if (it == p.results.end()) {
         out << " - |";
         continue;
@@ -272,10 +273,11 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::string schedule_flag, csv_path, markdown_path, anchors_path;
   int64_t warmup = kDefaultWarmup, iters = kDefaultIters, sm_margin = 0;
   bool fwd = false;
-  FlagParser parser("bench",
-                    "Times the backward pass (every schedule) or, with --fwd, the forward pass on this GPU: the paper's\n"
-                    "grid unless shape flags are given. TFLOPS = 4 B H Sq Sk_avg D (x 2.5 for the backward) / time;\n"
-                    "of a varlen batch (--cu-seqlens), the sum of each sequence's own FLOPs under its mask / time.");
+  FlagParser parser(
+      "bench",
+      "Times the backward pass (every schedule) or, with --fwd, the forward pass on this GPU: the paper's\n"
+      "grid unless shape flags are given. TFLOPS = 4 B H Sq Sk_avg D (x 2.5 for the backward) / time;\n"
+      "of a varlen batch (--cu-seqlens), the sum of each sequence's own FLOPs under its mask / time.");
   add_shape_flags(parser, &shape_flags, /*with_sms=*/false);
   WindowFlags window;
   add_window_flags(parser, &window);
@@ -287,11 +289,13 @@ int cmd_bench(const std::vector<std::string>& args) {
   parser.add_switch("fwd", "benchmark the forward pass instead of the backward pass", &fwd);
   parser.add_string("schedule", "NAME", "time only this backward schedule", &schedule_flag, "every schedule");
   parser.add_int("warmup", "untimed calls before timing", &warmup, 0, kMaxIters);
-  parser.add_int("iters", "back-to-back calls per timed loop (the median of 7 loops is reported)", &iters, 1, kMaxIters);
+  parser.add_int("iters", "back-to-back calls per timed loop (the median of 7 loops is reported)", &iters, 1,
+                 kMaxIters);
   add_sm_margin_flag(parser, &sm_margin);
   parser.add_string("csv", "FILE", "also write every measurement as CSV", &csv_path);
   parser.add_string("markdown", "FILE", "also write the table as Markdown", &markdown_path);
-  parser.add_string("anchors", "FILE", "merge SDPA measurements (python/benchmarks/sdpa_anchors.py CSV)", &anchors_path);
+  parser.add_string("anchors", "FILE", "merge SDPA measurements (python/benchmarks/sdpa_anchors.py CSV)",
+                    &anchors_path);
   if (!parser.parse(args)) return kExitOk;
   window.resolve(parser);
   if (dtype != "bf16" && dtype != "fp16") parser.fail("--dtype must be bf16 or fp16, got '" + dtype + "'");

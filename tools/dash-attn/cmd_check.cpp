@@ -230,8 +230,9 @@ int cmd_check(const std::vector<std::string>& args) {
   }
   std::cout << "\n";
   std::cout << std::left << std::setw(kNameWidth) << "schedule" << std::setw(kIdenticalWidth) << "identical"
-            << std::setw(kColumnWidth) << "dQ rel_l2" << std::setw(kColumnWidth) << "dK rel_l2" << std::setw(kColumnWidth)
-            << "dV rel_l2" << "tolerance\n";
+            << std::setw(kColumnWidth) << "dQ rel_l2" << std::setw(kColumnWidth) << "dK rel_l2"
+            << std::setw(kColumnWidth) << "dV rel_l2"
+            << "tolerance\n";
   for (const CheckOutcome& o : outcomes) {
     std::cout << std::left << std::setw(kNameWidth) << schedule_name(o.schedule);
     if (!o.rejected.empty()) {
@@ -241,7 +242,8 @@ int cmd_check(const std::vector<std::string>& args) {
     std::ostringstream identical;
     identical << (o.differing_runs == 0 ? "yes" : "NO") << " (" << runs - o.differing_runs << "/" << runs << ")";
     std::cout << std::setw(kIdenticalWidth) << identical.str();
-    for (const auto* e : {&o.dq, &o.dk, &o.dv}) std::cout << std::setw(kColumnWidth) << format_number(e->relative_l2, kErrorDigits);
+    for (const auto* e : {&o.dq, &o.dk, &o.dv})
+      std::cout << std::setw(kColumnWidth) << format_number(e->relative_l2, kErrorDigits);
     std::cout << (o.within_tolerance ? "ok" : "EXCEEDED");
     if (o.padding_not_cleared > 0) std::cout << "; PADDING: " << o.padding_not_cleared << " elements not cleared";
     std::cout << "\n";

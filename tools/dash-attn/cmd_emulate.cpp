@@ -93,15 +93,14 @@ void check_emulation_cost(const TiledProblem& problem, const TileShape& tiles, i
   const double seconds =
       visits * (sleep_us / kUsPerSecond / sms + tile_elements * kTileNsPerElement / kNsPerSecond / cores);
   if (seconds <= kMaxEmulateSeconds) return;
-  parser.fail("the emulation would run about " + format_number(seconds, 3) + " s (" +
-              std::to_string(static_cast<long long>(visits)) +
-              " tile visits over --runs and the schedules, each about " + format_number(sleep_us, 3) +
-              " us of delay on one of --sms " + std::to_string(sms) + " threads and " +
-              format_number(tile_elements * kTileNsPerElement * kUsPerSecond / kNsPerSecond, 3) +
-              " us of tile arithmetic); at most " +
-              format_number(kMaxEmulateSeconds) + " s are allowed: lower --runs, --max-delay-us, --seqlen " +
-              "(--seqlen-q, --seqlen-k), --batch or --heads, raise --block-q and --block-kv, or emulate one " +
-              "--schedule");
+  parser.fail(
+      "the emulation would run about " + format_number(seconds, 3) + " s (" +
+      std::to_string(static_cast<long long>(visits)) + " tile visits over --runs and the schedules, each about " +
+      format_number(sleep_us, 3) + " us of delay on one of --sms " + std::to_string(sms) + " threads and " +
+      format_number(tile_elements * kTileNsPerElement * kUsPerSecond / kNsPerSecond, 3) +
+      " us of tile arithmetic); at most " + format_number(kMaxEmulateSeconds) +
+      " s are allowed: lower --runs, --max-delay-us, --seqlen " +
+      "(--seqlen-q, --seqlen-k), --batch or --heads, raise --block-q and --block-kv, or emulate one " + "--schedule");
 }
 
 int count_distinct(const std::vector<uint64_t>& hashes) {
@@ -179,7 +178,8 @@ std::string header() {
   std::ostringstream out;
   out << std::left << std::setw(kNameWidth) << "schedule" << std::setw(kIdenticalWidth) << "bitwise-identical"
       << std::setw(kDistinctWidth) << "distinct" << std::setw(kErrorWidth) << "max-error" << std::setw(kErrorWidth)
-      << "dQ" << std::setw(kErrorWidth) << "dK" << std::setw(kErrorWidth) << "dV" << "seconds";
+      << "dQ" << std::setw(kErrorWidth) << "dK" << std::setw(kErrorWidth) << "dV"
+      << "seconds";
   return out.str();
 }
 
@@ -198,13 +198,13 @@ int cmd_emulate(const std::vector<std::string>& args) {
   add_varlen_flags(parser, &f.varlen);
   parser.add_int("block-q", "query tile rows", &f.block_q, 1, kMaxBlock, "the GPU kernel's for --head-dim");
   parser.add_int("block-kv", "key/value tile rows", &f.block_kv, 1, kMaxBlock, "the GPU kernel's for --head-dim");
-  parser.add_int("group-splits", "parts each GQA query-head group is split into", &f.group_splits, 1,
-                 kMaxGroupSplits, "what the GPU kernels choose");
+  parser.add_int("group-splits", "parts each GQA query-head group is split into", &f.group_splits, 1, kMaxGroupSplits,
+                 "what the GPU kernels choose");
   parser.add_string("schedule", "NAME", "emulate only this schedule (auto: the one auto picks)", &f.schedule,
                     "every schedule");
   parser.add_int("runs", "runs per schedule, compared bit for bit (>= 2)", &f.runs, 2, kMaxRuns);
-  parser.add_int("max-delay-us", "random delay before each dQ reduction is 0..this many microseconds",
-                 &f.max_delay_us, 0, kMaxDelayUs);
+  parser.add_int("max-delay-us", "random delay before each dQ reduction is 0..this many microseconds", &f.max_delay_us,
+                 0, kMaxDelayUs);
   parser.add_int("seed", "seeds the inputs and the delays", &f.seed, 0, std::numeric_limits<int64_t>::max());
   parser.add_double("tolerance", "largest accepted max |x - ref| / max |ref| per gradient", &f.tolerance, 0.0);
   parser.add_switch("json", "print exactly one JSON object instead of a table", &f.json);
@@ -226,8 +226,7 @@ int cmd_emulate(const std::vector<std::string>& args) {
     parser.fail("--group-splits " + std::to_string(f.group_splits) + " does not divide the " +
                 std::to_string(group_size) + " query heads per key/value head");
   }
-  const TiledProblem problem =
-      make_emulator_problem(shape, tiles, static_cast<int>(f.group_splits), f.window.window());
+  const TiledProblem problem = make_emulator_problem(shape, tiles, static_cast<int>(f.group_splits), f.window.window());
   check_problem_size(problem, parser);
   check_reference_size(shape, varlen.lengths, parser);
   std::vector<Schedule> schedules;

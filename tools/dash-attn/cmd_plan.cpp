@@ -118,8 +118,8 @@ Point evaluate(const AttentionShape& shape, SlidingWindow window, int sms, const
 // One schedule on a varlen batch: planned from the maxima, proven for every admitted length vector, then fitted to
 // the batch's lengths, validated and simulated.
 std::pair<ScheduleReport, VarlenSchedule> evaluate_varlen_schedule(const TiledProblem& max_problem,
-                                                                   const VarlenBatch& batch, Schedule schedule,
-                                                                   int sms, const CostModel& costs) {
+                                                                   const VarlenBatch& batch, Schedule schedule, int sms,
+                                                                   const CostModel& costs) {
   ScheduleReport report;
   report.schedule = schedule;
   VarlenSchedule fitted;
@@ -237,15 +237,15 @@ std::string row(const ScheduleReport& r, const Comparison& c) {
 
 std::string header() {
   std::ostringstream out;
-  out << std::left << std::setw(kNameWidth) << "schedule" << std::setw(kYesNoWidth) << "valid"
-      << std::setw(kFlagWidth) << "deadlock-free" << std::right << std::setw(kNumberWidth) << "critical-path"
-      << std::setw(kNumberWidth) << "makespan" << std::setw(kSmallWidth) << "bubble" << std::setw(kViolationWidth)
-      << "lemma-violations" << "  note";
+  out << std::left << std::setw(kNameWidth) << "schedule" << std::setw(kYesNoWidth) << "valid" << std::setw(kFlagWidth)
+      << "deadlock-free" << std::right << std::setw(kNumberWidth) << "critical-path" << std::setw(kNumberWidth)
+      << "makespan" << std::setw(kSmallWidth) << "bubble" << std::setw(kViolationWidth) << "lemma-violations"
+      << "  note";
   return out.str();
 }
 
-std::string point_json(const Point& point, const CostModel& costs, std::optional<Schedule> only,
-                       const std::string& svg, int64_t sm_margin) {
+std::string point_json(const Point& point, const CostModel& costs, std::optional<Schedule> only, const std::string& svg,
+                       int64_t sm_margin) {
   const Comparison& c = point.comparison;
   std::vector<std::string> schedules;
   for (size_t i = 0; i < c.schedules.size(); ++i) {
@@ -304,16 +304,17 @@ void print_sequences(const Point& point, Schedule schedule) {
   }
   std::cout << "\nsequences: " << varlen.batch.lengths.size() << ", the jobs fitted to each by "
             << schedule_name(schedule) << "\n"
-            << std::left << std::setw(kIndexWidth) << "sequence" << std::right << std::setw(kColumnWidth)
-            << "seqlen_q" << std::setw(kColumnWidth) << "seqlen_k" << std::setw(kColumnWidth) << "query-tiles"
-            << std::setw(kColumnWidth) << "kv-tiles" << std::setw(kColumnWidth) << "jobs" << "\n";
+            << std::left << std::setw(kIndexWidth) << "sequence" << std::right << std::setw(kColumnWidth) << "seqlen_q"
+            << std::setw(kColumnWidth) << "seqlen_k" << std::setw(kColumnWidth) << "query-tiles"
+            << std::setw(kColumnWidth) << "kv-tiles" << std::setw(kColumnWidth) << "jobs"
+            << "\n";
   for (size_t b = 0; b < varlen.batch.lengths.size(); ++b) {
     const SequenceLengths lengths = varlen.batch.lengths[b];
     const TiledProblem sequence = sequence_problem(point.problem, lengths);
-    std::cout << std::left << std::setw(kIndexWidth) << b << std::right << std::setw(kColumnWidth)
-              << lengths.seqlen_q << std::setw(kColumnWidth) << lengths.seqlen_k << std::setw(kColumnWidth)
-              << sequence.real_q_tiles() << std::setw(kColumnWidth) << sequence.num_kv_tiles()
-              << std::setw(kColumnWidth) << (jobs.empty() ? "-" : std::to_string(jobs[b])) << "\n";
+    std::cout << std::left << std::setw(kIndexWidth) << b << std::right << std::setw(kColumnWidth) << lengths.seqlen_q
+              << std::setw(kColumnWidth) << lengths.seqlen_k << std::setw(kColumnWidth) << sequence.real_q_tiles()
+              << std::setw(kColumnWidth) << sequence.num_kv_tiles() << std::setw(kColumnWidth)
+              << (jobs.empty() ? "-" : std::to_string(jobs[b])) << "\n";
   }
 }
 
@@ -322,8 +323,7 @@ void print_point(const Point& point, const CostModel& costs, std::optional<Sched
   if (sm_margin > 0) std::cout << " (" << point.sms + sm_margin << " less --sm-margin " << sm_margin << ")";
   std::cout << "\n";
   if (point.varlen) {
-    std::cout << "varlen:  " << describe_varlen(point.varlen->batch)
-              << "; planned from the maxima above\n";
+    std::cout << "varlen:  " << describe_varlen(point.varlen->batch) << "; planned from the maxima above\n";
   }
   std::cout << "tiles:   " << describe_tiles(point.problem) << "\n"
             << "costs:   compute " << format_number(costs.compute) << ", reduce " << format_number(costs.reduce)
@@ -426,8 +426,8 @@ int cmd_plan(const std::vector<std::string>& args) {
                     "coefficient of variation of each tile visit's compute, 0 to 0.5; above 0 the makespan\n"
                     "is the mean of 8 simulations (0: the paper's equal costs)",
                     &f.costs.jitter, 0.0);
-  parser.add_string("schedule", "NAME",
-                    "show only this schedule (auto: the one auto picks), and draw it with --svg", &f.schedule, "all");
+  parser.add_string("schedule", "NAME", "show only this schedule (auto: the one auto picks), and draw it with --svg",
+                    &f.schedule, "all");
   parser.add_string("svg", "FILE", "write the Gantt chart of the recommended schedule (or of --schedule)", &f.svg,
                     "none");
   parser.add_string("preset", "NAME",
@@ -502,8 +502,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   const Point& point = points.front();
   std::optional<Schedule> drawn;
   if (parser.given("svg")) {
-    drawn = !only ? point.comparison.recommended
-                  : (*only == Schedule::kAuto ? point.comparison.auto_choice : *only);
+    drawn = !only ? point.comparison.recommended : (*only == Schedule::kAuto ? point.comparison.auto_choice : *only);
     if (const std::string error = write_svg(point, *drawn, f.costs, f.svg); !error.empty()) {
       std::cerr << "dash-attn plan: " << error << "\n";
       return kExitFailure;

@@ -87,7 +87,9 @@ std::string seconds_text(double seconds) {
   return out.str();
 }
 
-std::string memory_text(long long kib) { return kib < 0 ? "-" : format_number(static_cast<double>(kib) / kKibPerMib, 4); }
+std::string memory_text(long long kib) {
+  return kib < 0 ? "-" : format_number(static_cast<double>(kib) / kKibPerMib, 4);
+}
 
 std::string header(bool reference) {
   std::ostringstream out;
@@ -195,9 +197,7 @@ int cmd_prove(const std::vector<std::string>& args) {
   add_varlen_flags(parser, &varlen_flags);
   parser.add_string("schedule", "NAME", "prove only this schedule (auto: the one auto picks)", &schedule_text, "all");
   parser.add_int("threads", "threads the proof may use (0: one per hardware thread)", &threads, 0, kMaxThreads);
-  parser.add_switch("enumerate",
-                    "prove every schedule by enumerating its visits, not by its structure",
-                    &enumerate);
+  parser.add_switch("enumerate", "prove every schedule by enumerating its visits, not by its structure", &enumerate);
   parser.add_switch("reference",
                     "also run the validator on the expanded schedule (memory grows with the tile visits: at most\n"
                     "2^26 of them) and fail unless both verdicts agree",
@@ -207,8 +207,9 @@ int cmd_prove(const std::vector<std::string>& args) {
 
   const VarlenBatch varlen = make_varlen_batch(varlen_flags, &shape_flags, parser);
   if (varlen.varlen() && enumerate) {
-    parser.fail("--enumerate proves dense plans by their visits; a varlen batch's plan is proven by its structure "
-                "for every length vector it admits: drop --enumerate or --cu-seqlens");
+    parser.fail(
+        "--enumerate proves dense plans by their visits; a varlen batch's plan is proven by its structure "
+        "for every length vector it admits: drop --enumerate or --cu-seqlens");
   }
   AttentionShape shape = make_shape(shape_flags, parser);
   window.apply(&shape);

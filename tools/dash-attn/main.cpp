@@ -17,8 +17,7 @@ constexpr Command kCommands[] = {
     {"plan", "compare the backward schedules of a shape in the paper's DAG model; Gantt chart (no GPU)", cmd_plan},
     {"prove", "plan and prove schedules as the API does before a first launch: time and peak memory (no GPU)",
      cmd_prove},
-    {"emulate", "run schedules on CPU threads with random delays and compare the gradient bits (no GPU)",
-     cmd_emulate},
+    {"emulate", "run schedules on CPU threads with random delays and compare the gradient bits (no GPU)", cmd_emulate},
     {"check", "run the backward N times per schedule on this GPU: bitwise equality and error vs reference", cmd_check},
     {"bench", "time forward or backward (every schedule) on the paper's grid or one shape (GPU)", cmd_bench},
 };

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <limits>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include "api/validate.hpp"
@@ -189,8 +189,10 @@ void add_shape_flags(FlagParser& parser, ShapeFlags* f, bool with_sms) {
 }
 
 void add_sm_margin_flag(FlagParser& parser, int64_t* sm_margin) {
-  parser.add_int("sm-margin", "SMs left to other work (FA3's sm_margin), below the SM count: the kernels\n"
-                 "run on the SMs left, and the schedules are planned for them", sm_margin, 0, kMaxSms);
+  parser.add_int("sm-margin",
+                 "SMs left to other work (FA3's sm_margin), below the SM count: the kernels\n"
+                 "run on the SMs left, and the schedules are planned for them",
+                 sm_margin, 0, kMaxSms);
 }
 
 void check_sm_margin_fits_device(int64_t sm_margin, const FlagParser& parser) {
@@ -204,7 +206,8 @@ void check_sm_margin_fits_device(int64_t sm_margin, const FlagParser& parser) {
 }
 
 void add_window_flags(FlagParser& parser, WindowFlags* flags) {
-  parser.add_int_list("window", "L,R", "sliding window (FlashAttention's window_size): keys a query row sees\n"
+  parser.add_int_list("window", "L,R",
+                      "sliding window (FlashAttention's window_size): keys a query row sees\n"
                       "before (L) and after (R) its diagonal, -1: all; --causal makes R 0",
                       &flags->pair, kNoWindowBound, kMaxSeqlen, "-1,-1");
   parser.add_int("window-left", "the same as --window's L (window_size[0])", &flags->left, kNoWindowBound, kMaxSeqlen);
@@ -213,8 +216,10 @@ void add_window_flags(FlagParser& parser, WindowFlags* flags) {
 }
 
 void add_softcap_flag(FlagParser& parser, double* softcap) {
-  parser.add_double("softcap", "cap the scaled scores to X tanh(score / X) (Gemma 2's logit softcapping);\n"
-                    "0: no capping", softcap, 0.0);
+  parser.add_double("softcap",
+                    "cap the scaled scores to X tanh(score / X) (Gemma 2's logit softcapping);\n"
+                    "0: no capping",
+                    softcap, 0.0);
 }
 
 void WindowFlags::resolve(const FlagParser& parser) {
@@ -231,9 +236,9 @@ void WindowFlags::resolve(const FlagParser& parser) {
 
 std::vector<std::string> given_shape_flags(const FlagParser& parser) {
   std::vector<std::string> given;
-  for (const char* name : {"batch", "heads", "heads-kv", "seqlen", "seqlen-q", "seqlen-k", "head-dim", "causal",
-                           "window", "window-left", "window-right", "softcap", "cu-seqlens", "cu-seqlens-k",
-                           "keys-within-queries"}) {
+  for (const char* name :
+       {"batch", "heads", "heads-kv", "seqlen", "seqlen-q", "seqlen-k", "head-dim", "causal", "window", "window-left",
+        "window-right", "softcap", "cu-seqlens", "cu-seqlens-k", "keys-within-queries"}) {
     if (parser.given(name)) given.push_back(std::string("--") + name);
   }
   return given;

@@ -43,12 +43,12 @@ class FlagParser {
   FlagParser& operator=(const FlagParser&) = delete;
 
   // `default_text` replaces the target's current value in the usage text when not empty.
-  void add_int(const std::string& name, const std::string& help, int64_t* target, int64_t min_value,
-               int64_t max_value, const std::string& default_text = {});
+  void add_int(const std::string& name, const std::string& help, int64_t* target, int64_t min_value, int64_t max_value,
+               const std::string& default_text = {});
   void add_double(const std::string& name, const std::string& help, double* target, double min_value,
                   const std::string& default_text = {});
-  void add_string(const std::string& name, const std::string& value_name, const std::string& help,
-                  std::string* target, const std::string& default_text = {});
+  void add_string(const std::string& name, const std::string& value_name, const std::string& help, std::string* target,
+                  const std::string& default_text = {});
   void add_switch(const std::string& name, const std::string& help, bool* target);
   // A comma-separated list of integers, each in [min_value, max_value] (spaces around an entry are ignored); an
   // empty list or entry is refused.

@@ -63,8 +63,8 @@ int64_t maximum_length(const std::vector<int>& lengths, const std::string& list_
                 bounds.front().first);
   }
   if (*longest > kMaxSeqlen) {
-    parser.fail("--" + list_flag + ": " + sequence + " has " + std::to_string(*longest) + " " + what +
-                ", more than " + std::to_string(kMaxSeqlen) + ", the most --" + bounds.front().first + " takes");
+    parser.fail("--" + list_flag + ": " + sequence + " has " + std::to_string(*longest) + " " + what + ", more than " +
+                std::to_string(kMaxSeqlen) + ", the most --" + bounds.front().first + " takes");
   }
   return *longest;
 }
@@ -101,8 +101,9 @@ VarlenBatch make_varlen_batch(const VarlenFlags& flags, ShapeFlags* shape, const
     return {};
   }
   if (parser.given("batch")) {
-    parser.fail("--batch does not combine with --cu-seqlens: a varlen batch has one sequence per pair of "
-                "consecutive offsets");
+    parser.fail(
+        "--batch does not combine with --cu-seqlens: a varlen batch has one sequence per pair of "
+        "consecutive offsets");
   }
   const std::vector<int> queries = sequence_lengths("cu-seqlens", flags.cu_seqlens_q, parser);
   const bool own_keys = parser.given("cu-seqlens-k");
@@ -168,10 +169,9 @@ int64_t total_key_tokens(const VarlenBatch& batch) { return total_tokens(batch, 
 std::string describe_varlen(const VarlenBatch& batch) {
   std::ostringstream out;
   out << batch.lengths.size() << (batch.lengths.size() == 1 ? " sequence, " : " sequences, ")
-      << total_query_tokens(batch) << " query and "
-      << total_key_tokens(batch) << " key tokens; ";
+      << total_query_tokens(batch) << " query and " << total_key_tokens(batch) << " key tokens; ";
   out << (batch.keys_within_queries ? "every seqlen_k <= seqlen_q promised"
-                                     : "seqlen_k may exceed seqlen_q (no --keys-within-queries)");
+                                    : "seqlen_k may exceed seqlen_q (no --keys-within-queries)");
   return out.str();
 }
 

@@ -106,8 +106,7 @@ if Version(transformers.__version__) < Version(MIN_TRANSFORMERS_VERSION):
         f"receive q_length and q_offset; transformers {transformers.__version__} is installed"
     )
 
-from transformers import AttentionInterface  # noqa: E402
-from transformers import masking_utils  # noqa: E402
+from transformers import AttentionInterface, masking_utils  # noqa: E402  (after the version check)
 from transformers.masking_utils import (  # noqa: E402
     AttentionMaskInterface,
     and_masks,
@@ -255,8 +254,15 @@ class PaddedBatch:
         cu_seqlens_k = moved["cu_seqlens_q"] if same else self.cu_seqlens_k.to(device)
         same_rows = self.indices_k is self.indices_q
         indices_k = moved["indices_q"] if same_rows else moved["indices_k"]
-        return PaddedBatch(moved["indices_q"], indices_k, moved["cu_seqlens_q"], cu_seqlens_k, self.max_seqlen_q,
-                           self.max_seqlen_k, self.kv_length)
+        return PaddedBatch(
+            moved["indices_q"],
+            indices_k,
+            moved["cu_seqlens_q"],
+            cu_seqlens_k,
+            self.max_seqlen_q,
+            self.max_seqlen_k,
+            self.kv_length,
+        )
 
 
 def _real_tokens(mask: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -364,8 +370,19 @@ def dash_attention_forward(
     query, key, value = _half_precision(query, key, value)
     deterministic = _resolve_deterministic(module, deterministic, schedule)
     if padded is not None:
-        return _padded_attention(padded, kwargs, query, key, value, softmax_scale=scale, causal=causal,
-                                 window_size=window_size, deterministic=deterministic, schedule=schedule, softcap=cap)
+        return _padded_attention(
+            padded,
+            kwargs,
+            query,
+            key,
+            value,
+            softmax_scale=scale,
+            causal=causal,
+            window_size=window_size,
+            deterministic=deterministic,
+            schedule=schedule,
+            softcap=cap,
+        )
     packing = _packing(kwargs, batch, seqlen_q, query.device, packed_by_mask)
     if packing is not None:
         _check_packable(packing, seqlen_q, seqlen_k)
@@ -415,8 +432,9 @@ def _resolve_deterministic(module: torch.nn.Module, deterministic: object, sched
     return deterministic
 
 
-def _padded_attention(padded: PaddedBatch, kwargs: dict, query: Tensor, key: Tensor, value: Tensor,
-                      **options: object) -> tuple[Tensor, None]:
+def _padded_attention(
+    padded: PaddedBatch, kwargs: dict, query: Tensor, key: Tensor, value: Tensor, **options: object
+) -> tuple[Tensor, None]:
     """Attention on the real tokens of a padded batch: unpad (the rows PaddedBatch names, as differentiable
     gathers), flash_attn_varlen_func, pad (zeros for padding query rows)."""
     passed = [name for name in _PACKING_KEYWORDS if kwargs.get(name) is not None]
@@ -434,8 +452,11 @@ def _padded_attention(padded: PaddedBatch, kwargs: dict, query: Tensor, key: Ten
     padded = padded.on(query.device)
     position_ids = kwargs.get("position_ids")
     if isinstance(position_ids, Tensor) and position_ids.dim() == 2 and seqlen_q > 1:
-        if _read_once(position_ids, (padded, batch, seqlen_q),
-                      lambda: _restarts_within_real_tokens(position_ids, padded, batch, seqlen_q)):
+        if _read_once(
+            position_ids,
+            (padded, batch, seqlen_q),
+            lambda: _restarts_within_real_tokens(position_ids, padded, batch, seqlen_q),
+        ):
             raise NotImplementedError(
                 "attention_mask marks padding and position_ids restart among a row's real tokens (packed "
                 "sequences): DASH takes one or the other (pad, or pack with DataCollatorWithFlattening, not both)"

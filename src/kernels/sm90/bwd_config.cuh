@@ -13,16 +13,16 @@
 // the dQ writer walk the same jobs and steps (bwd_loader.cuh); the d <= 128 types are those of before the splits.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
-
-#include <type_traits>
 
 #include "kernels/kernel_params.hpp"
 #include "kernels/sm90/gemm.cuh"
 #include "kernels/sm90/gmem_tensors.cuh"
-#include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/pipeline.cuh"
+#include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/warp_roles.cuh"
 #include "schedule/mask.hpp"
 #include "schedule/tile_config.hpp"
@@ -39,7 +39,7 @@ struct JobRecord {
   int head_kv;
   int split;
   int kv_tile;
-  int head;       // schedule head
+  int head;  // schedule head
 };
 inline constexpr int kEndOfWork = -1;
 
@@ -94,7 +94,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   static constexpr int kStages = 2;
   // dO pipeline depth: one stage at d = 192 too, where a second (24 KiB) would need 240 KiB.
   static constexpr int kdOStages = kSplitsKeys ? 1 : kStages;
-  static constexpr int kStepRing = 8;       // step records in flight; must exceed kStages + 1 (bwd_loader.cuh)
+  static constexpr int kStepRing = 8;  // step records in flight; must exceed kStages + 1 (bwd_loader.cuh)
   static constexpr int kJobSlots = 2;
   static_assert(kSplitsKeys ? kBlockM == 64 && kMmaWarpGroups == 2 && kBlockN % (8 * kMmaWarpGroups) == 0
                             : kBlockN == kMmaWarpGroupRows * kMmaWarpGroups,
@@ -131,12 +131,11 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
       decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kKeyColumns>, BlockM>,
                                                    GMMA::Major::MN, GMMA::Major::K>(),
                               WarpGroupsAlongN{})),
-      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, HeadDim, BlockM>,
-                                                   GMMA::Major::K, GMMA::Major::MN>(),
-                              WarpGroups{}))>;
+      decltype(make_tiled_mma(
+          GMMA::rs_op_selector<Element, Element, float, Shape<_64, HeadDim, BlockM>, GMMA::Major::K, GMMA::Major::MN>(),
+          WarpGroups{}))>;
   // The shape of dK and dV's accumulator tiles: transposed in the key split.
-  using dKVAccumulatorShape =
-      std::conditional_t<kSplitsKeys, Shape<HeadDim, BlockN>, Shape<BlockN, HeadDim>>;
+  using dKVAccumulatorShape = std::conditional_t<kSplitsKeys, Shape<HeadDim, BlockN>, Shape<BlockN, HeadDim>>;
   // dQ = dS K: (kBlockM x head_dim) over kBlockN. With 128 query rows the warpgroups split the rows,
   // with 64 they split head_dim; either way each computes a 64-row partial (64 x 48 at d = 96, 64 x 96 and
   // 64 x 128 at 192 and 256). At d = 256 a warpgroup's 128 columns are four blocks of kdQColumns = 32, head_dim
@@ -173,13 +172,15 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // (d = 192 and 256) Q and dO are also read as the MN-major A operands of dK^T += Q^T dS and dV^T += dO^T P, 64
   // head_dim rows per wgmma tile, whole 128-byte swizzle atoms.
   using SmemLayoutQ = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kHeadDim>{}, Shape<BlockM, HeadDim, Stages>{}));
-  using SmemLayoutdO = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kHeadDim>{}, Shape<BlockM, HeadDim, dOStages>{}));
+  using SmemLayoutdO =
+      decltype(tile_to_shape(KMajorSwizzleAtom<Element, kHeadDim>{}, Shape<BlockM, HeadDim, dOStages>{}));
   using SmemLayoutKV = decltype(tile_to_shape(KMajorSwizzleAtom<Element, kdQColumns>{}, Shape<BlockN, HeadDim>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_layout(Shape<HeadDim, BlockM, Stages>{}, Stride<BlockM, _1, Int<kBlockM * kHeadDim>>{})));
   using SmemLayoutdOt = decltype(composition(
       SmemLayoutdO{}, make_layout(Shape<HeadDim, BlockM, dOStages>{}, Stride<BlockM, _1, Int<kBlockM * kHeadDim>>{})));
-  using SmemLayoutKt = decltype(composition(SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN>{}, Stride<BlockN, _1>{})));
+  using SmemLayoutKt =
+      decltype(composition(SmemLayoutKV{}, make_layout(Shape<HeadDim, BlockN>{}, Stride<BlockN, _1>{})));
   // dS, read as the MN-major A operand of dQ = dS K and written through its transpose dS^T (query columns
   // contiguous either way). One buffer per query/dO stage. In the key split P (kKeySplitP) and dS (kKeySplitdS),
   // written from S and dP's (query, key) accumulators with the transposing stmatrix, and read through the transposed
@@ -190,9 +191,11 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   static constexpr int kdSBuffers = !kSplitsKeys ? kStages : kSharesPdS ? 1 : 2;
   static constexpr int kKeySplitP = 0;
   static constexpr int kKeySplitdS = kSharesPdS ? 0 : 1;
-  using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<BlockM, BlockN, Int<kdSBuffers>>{}));
-  using SmemLayoutdSt = decltype(composition(
-      SmemLayoutdS{}, make_layout(Shape<BlockN, BlockM, Int<kdSBuffers>>{}, Stride<BlockM, _1, Int<kBlockM * kBlockN>>{})));
+  using SmemLayoutdS =
+      decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<BlockM, BlockN, Int<kdSBuffers>>{}));
+  using SmemLayoutdSt =
+      decltype(composition(SmemLayoutdS{}, make_layout(Shape<BlockN, BlockM, Int<kdSBuffers>>{},
+                                                       Stride<BlockM, _1, Int<kBlockM * kBlockN>>{})));
 
   struct SharedStorage {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> k;
@@ -205,9 +208,9 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dpsum[kdOStages][kBlockM];
     StepRecord steps[kStepRing];
-    RecordRing<JobRecordType, kJobSlots> jobs;  // loader -> MMA warpgroups and dQ writer
-    StepRings<kStages, kdOStages> step_rings;   // loader -> MMA warpgroups: Q, LSE, dO, dpsum (per step)
-    PipelineRing<1> kv_stages;                  // loader -> MMA warpgroups: K, V (per job)
+    RecordRing<JobRecordType, kJobSlots> jobs;                // loader -> MMA warpgroups and dQ writer
+    StepRings<kStages, kdOStages> step_rings;                 // loader -> MMA warpgroups: Q, LSE, dO, dpsum (per step)
+    PipelineRing<1> kv_stages;                                // loader -> MMA warpgroups: K, V (per job)
     PipelineRing<kdQBufferStages> dq_stages[kMmaWarpGroups];  // MMA warpgroup -> dQ writer: its dQ partial's
                                                               // column blocks (per step)
   };
@@ -230,8 +233,8 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     TmaKV tma_v;
     SchedulePlan plan;
     kernels::BackwardBuffers buffers;
-    long long wait_bound_ns;                     // kernels::BackwardParams's, for the dQ writer
-    kernels::FaultRecord* fault;                 // kernels::BackwardParams's: where a wait that gave up says so
+    long long wait_bound_ns;      // kernels::BackwardParams's, for the dQ writer
+    kernels::FaultRecord* fault;  // kernels::BackwardParams's: where a wait that gave up says so
     Element* dk;
     Element* dv;
     int64_t dk_strides[3];  // batch, seq, head (dim stride is 1)
@@ -242,7 +245,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     int heads_kv;
     int batch;
     float softmax_scale;
-    float scale_log2;  // softmax_scale * log2(e); softcap * log2(e) in the softcap kernels
+    float scale_log2;        // softmax_scale * log2(e); softcap * log2(e) in the softcap kernels
     float softcap_in;        // softcap kernels: softmax_scale / softcap, what S^T is multiplied by before the tanh
     float softcap_rcp_log2;  // softcap kernels: 1 / (softcap * log2(e)), from P's exponent back to the tanh where
                              // the MMA warpgroups keep no slope (bwd_mma.cuh, kKeepsSlope)

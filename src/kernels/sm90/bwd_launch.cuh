@@ -11,9 +11,9 @@
 
 #include "kernels/kernel_params.hpp"
 #include "kernels/sm90/bwd_config.cuh"
-#include "kernels/sm90/gmem_tensors.cuh"
 #include "kernels/sm90/bwd_kernel.cuh"
 #include "kernels/sm90/bwd_prepost.cuh"
+#include "kernels/sm90/gmem_tensors.cuh"
 #include "kernels/sm90/varlen_padding.cuh"
 
 namespace dash::sm90 {
@@ -32,8 +32,7 @@ kernels::LaunchResult launch_backward(const kernels::BackwardParams& params, cud
     return make_gmem_call_tensor<Element, kHeadDim, kVarlen>(data, seqlen, total_rows, heads, shape.batch, strides);
   };
   const GmemTensor<Element> q = gmem(a.q.data, shape.seqlen_q, a.varlen.total_q, shape.heads_q, a.q.strides);
-  const GmemTensor<Element> dout =
-      gmem(a.dout.data, shape.seqlen_q, a.varlen.total_q, shape.heads_q, a.dout.strides);
+  const GmemTensor<Element> dout = gmem(a.dout.data, shape.seqlen_q, a.varlen.total_q, shape.heads_q, a.dout.strides);
   const GmemTensor<Element> k = gmem(a.k.data, shape.seqlen_k, a.varlen.total_k, shape.heads_kv, a.k.strides);
   const GmemTensor<Element> v = gmem(a.v.data, shape.seqlen_k, a.varlen.total_k, shape.heads_kv, a.v.strides);
   // Before any descriptor is encoded: the driver's refusal would only be printed, and the kernel would get it.
@@ -49,8 +48,13 @@ kernels::LaunchResult launch_backward(const kernels::BackwardParams& params, cud
   PackedBatch packed{};
   if constexpr (kVarlen) {
     const VarlenBatch& vb = a.varlen;
-    packed = PackedBatch{vb.cu_seqlens_q, vb.cu_seqlens_k, static_cast<int>(vb.total_q), static_cast<int>(vb.total_k),
-                         static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k), vb.keys_within_queries};
+    packed = PackedBatch{vb.cu_seqlens_q,
+                         vb.cu_seqlens_k,
+                         static_cast<int>(vb.total_q),
+                         static_cast<int>(vb.total_k),
+                         static_cast<int>(shape.seqlen_q),
+                         static_cast<int>(shape.seqlen_k),
+                         vb.keys_within_queries};
     p.packed = packed;
   }
   p.plan = params.plan;

@@ -121,8 +121,9 @@ struct BackwardLoader {
     smem.steps[steps % Config::kStepRing] = record;
     const auto q_extent = make_shape(p.packed.total_q, int{Config::kHeadDim}, p.heads_q, 1);
     const int q_row = sequence.q_offset + q.q_tile * Config::kBlockM;
-    const int64_t row0 = (static_cast<int64_t>(q.batch) * p.heads_q + q.head_q) * max_problem.real_q_tiles() *
-                             Config::kBlockM + static_cast<int64_t>(q.q_tile) * Config::kBlockM;
+    const int64_t row0 =
+        (static_cast<int64_t>(q.batch) * p.heads_q + q.head_q) * max_problem.real_q_tiles() * Config::kBlockM +
+        static_cast<int64_t>(q.q_tile) * Config::kBlockM;
     uint64_t& q_full = smem.step_rings.expect_q(steps, Config::kQStageBytes, Config::kdOStageBytes);
     tma_load_rows(p.tma_q, q_extent, q.head_q, q_row, q_full, query_tiles(smem)(_, _, stage));
     load_rows_of_floats(p.buffers.lse_log2 + row0, q_full, smem.lse_log2[stage]);
@@ -169,8 +170,9 @@ struct BackwardLoader {
     const int stage = smem.step_rings.acquire_q(steps);
     smem.steps[steps % Config::kStepRing] = record;
     const auto q_extent = make_shape(p.seqlen_q, int{Config::kHeadDim}, p.heads_q, p.batch);
-    const int64_t row0 = (static_cast<int64_t>(q.batch) * p.heads_q + q.head_q) * plan.problem.real_q_tiles() *
-                             Config::kBlockM + static_cast<int64_t>(q.q_tile) * Config::kBlockM;
+    const int64_t row0 =
+        (static_cast<int64_t>(q.batch) * p.heads_q + q.head_q) * plan.problem.real_q_tiles() * Config::kBlockM +
+        static_cast<int64_t>(q.q_tile) * Config::kBlockM;
     uint64_t& q_full = smem.step_rings.expect_q(steps, Config::kQStageBytes, Config::kdOStageBytes);
     tma_load_tile(p.tma_q, q_extent, q.head_q, q.batch, q.q_tile, q_full, query_tiles(smem)(_, _, stage));
     load_rows_of_floats(p.buffers.lse_log2 + row0, q_full, smem.lse_log2[stage]);

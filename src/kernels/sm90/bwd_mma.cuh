@@ -126,8 +126,7 @@ struct BackwardMma {
       Tensor tdVrP = make_operand_a_for<Element>(tSrS);
       Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
       compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tdVrP, tSrS),
-                 operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage],
-                 p);
+                 operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, smem.dpsum[dout_stage], smem.lse_log2[stage], p);
       // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows. Stored
       // before the dV GEMM is issued, so the stores drain under its issue instead of stalling the fence.
       copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
@@ -380,8 +379,8 @@ struct BackwardMma {
   // third MUFU per score). The key split's S fragment gets the same, by query rows.
   template <MaskedEnds kMasked, class Fragment, class SlopeFragment, class Coords>
   __device__ static void compute_probabilities(Fragment& s_frag, SlopeFragment& slope_frag, const Coords& coords_frag,
-                                               const float* lse_log2, const MaskShape& mask, int q_row0,
-                                               int kv_row0, const Params& p) {
+                                               const float* lse_log2, const MaskShape& mask, int q_row0, int kv_row0,
+                                               const Params& p) {
     Tensor s = by_rows_and_columns(s_frag);
     Tensor slope = make_tensor(slope_frag.data(), accumulator_rows_by_columns(slope_frag.layout()));
     Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
@@ -396,8 +395,8 @@ struct BackwardMma {
         const int first = kLeft ? mask.first_visible_key(q_row0 + query) : 0;
         CUTE_UNROLL
         for (int c = 0; c < size<1>(s); ++c) {
-          s(r, c) = probability<kRight, kLeft>(s(r, c), slope(r, c), lse, kv_row0 + get<1>(coords(r, c)), limit,
-                                               first, p);
+          s(r, c) =
+              probability<kRight, kLeft>(s(r, c), slope(r, c), lse, kv_row0 + get<1>(coords(r, c)), limit, first, p);
         }
       }
     } else {
@@ -543,7 +542,8 @@ struct BackwardMma {
     if (problem.group_splits > 1) {
       const int64_t rows = static_cast<int64_t>(problem.num_kv_tiles()) * kBlockN;
       const int64_t at =
-          (((static_cast<int64_t>(job.split) * p.batch + job.batch) * p.heads_kv + job.head_kv) * rows + row0) * kHeadDim;
+          (((static_cast<int64_t>(job.split) * p.batch + job.batch) * p.heads_kv + job.head_kv) * rows + row0) *
+          kHeadDim;
       // The accumulators are padded to whole tiles: every row is written.
       if constexpr (Config::kSplitsKeys) {
         store_accumulator_transposed<float, kHeadDim, kBlockN>(mma_dkv, thread, dk, p.buffers.dk_accum + at, kHeadDim,
@@ -551,8 +551,10 @@ struct BackwardMma {
         store_accumulator_transposed<float, kHeadDim, kBlockN>(mma_dkv, thread, dv, p.buffers.dv_accum + at, kHeadDim,
                                                                kBlockN, 1.0f);
       } else {
-        store_accumulator_rows<float, kBlockN, kHeadDim>(mma_dkv, thread, dk, p.buffers.dk_accum + at, kHeadDim, kBlockN, scaled);
-        store_accumulator_rows<float, kBlockN, kHeadDim>(mma_dkv, thread, dv, p.buffers.dv_accum + at, kHeadDim, kBlockN, unscaled);
+        store_accumulator_rows<float, kBlockN, kHeadDim>(mma_dkv, thread, dk, p.buffers.dk_accum + at, kHeadDim,
+                                                         kBlockN, scaled);
+        store_accumulator_rows<float, kBlockN, kHeadDim>(mma_dkv, thread, dv, p.buffers.dv_accum + at, kHeadDim,
+                                                         kBlockN, unscaled);
       }
       return;
     }

@@ -14,11 +14,11 @@
 // the sequence's end get LSE +inf and dpsum 0, as rows past seqlen_q do in a dense batch.
 #pragma once
 
-#include <cutlass/array.h>
-
 #include <bit>
 #include <cmath>
 #include <type_traits>
+
+#include <cutlass/array.h>
 
 #include "kernels/sm90/bwd_config.cuh"
 #include "kernels/sm90/gemm.cuh"
@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(kPrepostThreads) backward_preprocess_kernel(co
   }
   if (!p.sums_in_order) {
     float4* accum = reinterpret_cast<float4*>(p.buffers.dq_accum + dq_tile * kBlockM * Config::kHeadDim);
-    for (int i = threadIdx.x; i < kBlockM * Config::kHeadDim / 4; i += kPrepostThreads) accum[i] = make_float4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < kBlockM * Config::kHeadDim / 4; i += kPrepostThreads)
+      accum[i] = make_float4(0, 0, 0, 0);
   }
   if (threadIdx.x == 0) {
     p.buffers.dq_semaphores[dq_tile] = 0;
@@ -159,7 +160,8 @@ __global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kern
   const int64_t dq_tile = (static_cast<int64_t>(batch) * p.heads_q + head) * p.real_q_tiles + tile;
   const int thread = threadIdx.x;
   typename Config::TiledMmadQ mma_dq;
-  Tensor coords = mma_dq.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor coords =
+      mma_dq.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   const int warp_group = thread / Config::kWarpGroupThreads;
   const int lane = thread % Config::kWarpGroupThreads;
   const float4* partial = reinterpret_cast<const float4*>(p.buffers.dq_accum + dq_tile * kBlockM * kHeadDim +
@@ -186,8 +188,8 @@ __global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kern
   __syncthreads();
 
   const SliceRows rows = slice_rows<Config::kVarlen>(p, batch, head);
-  auto* dq = static_cast<Element*>(p.dq) + batch * p.dq_strides[0] + head * p.dq_strides[2] +
-             rows.first_row * p.dq_strides[1];
+  auto* dq =
+      static_cast<Element*>(p.dq) + batch * p.dq_strides[0] + head * p.dq_strides[2] + rows.first_row * p.dq_strides[1];
   constexpr int kRowVectors = kHeadDim / Vector::kElements;
   constexpr int kStoresPerThread = kBlockM * kRowVectors / Config::kMmaThreads;
   static_assert(kStoresPerThread * Config::kMmaThreads == kBlockM * kRowVectors, "every thread stores as many vectors");

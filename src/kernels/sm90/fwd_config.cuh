@@ -6,16 +6,16 @@
 // tiles, two and 384 on the 128-row ones; schedule/tile_config.hpp says which shapes take which).
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
-
-#include <type_traits>
 
 #include "kernels/kernel_params.hpp"
 #include "kernels/sm90/gemm.cuh"
 #include "kernels/sm90/gmem_tensors.cuh"
-#include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/pipeline.cuh"
+#include "kernels/sm90/primitives.cuh"
 #include "kernels/sm90/warp_roles.cuh"
 #include "schedule/forward_tile_order.hpp"
 #include "schedule/tile_config.hpp"
@@ -52,8 +52,8 @@ using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows>;
 // stores a warpgroup's O rows with TMA where they all lie in the sequence, and the sequence's last, partial rows
 // with predicated stores (a TMA store clips only at the tensor's end, and the next sequence's rows follow). The
 // dense kernels compile as before.
-template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoftcap_ = false, bool kLeftBounded_ = false,
-          bool kVarlen_ = false>
+template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoftcap_ = false,
+          bool kLeftBounded_ = false, bool kVarlen_ = false>
 struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   // The counts this configuration's own layouts use (names of a dependent base need declaring).
   using Roles = ForwardWarpRoles<kBlockQ_>;
@@ -111,7 +111,7 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutKV>> v;
     std::conditional_t<kStaged, array_aligned<Element, cosize_v<SmemLayoutO>, 1024>, NoStaging> o_staging;
     RecordRing<TileRecord, kTileSlots> tiles;  // loader -> MMA warpgroups
-    PipelineRing<1> q_stages;        // loader -> MMA warpgroups: Q (per query tile)
+    PipelineRing<1> q_stages;                  // loader -> MMA warpgroups: Q (per query tile)
     // K and V of each key/value tile visited, in rings of their own: K_j is free once S_j is done, while
     // V_j is read until O += P_j V_j, which the mainloop issues one tile later (fwd_mainloop.cuh).
     PipelineRing<kStages> k_stages;  // loader -> MMA warpgroups

@@ -65,8 +65,8 @@ struct ForwardEpilogue {
     }
 
     // LSE: written by the thread that holds column 0 of the row.
-    Tensor coords_frag = mma_o.get_thread_slice(thread).partition_C(
-        make_identity_tensor(Shape<Int<kBlockM>, Int<Config::kHeadDim>>{}));
+    Tensor coords_frag =
+        mma_o.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<Config::kHeadDim>>{}));
     Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
     float* lse = p.lse + lse_row_offset(p, tile) + row0;
     CUTE_UNROLL
@@ -129,8 +129,8 @@ struct ForwardEpilogue {
     const int warp_group = uniform_warp_group(thread, kWarpGroupThreads);
     const int barrier = Config::kWarpGroupBarrierBase + warp_group;
     Tensor staging = make_tensor(make_smem_ptr(smem.o_staging.data()), typename Config::SmemLayoutO{});
-    Tensor coords_frag = mma_o.get_thread_slice(thread).partition_C(
-        make_identity_tensor(Shape<Int<kBlockM>, Int<Config::kHeadDim>>{}));
+    Tensor coords_frag =
+        mma_o.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<Config::kHeadDim>>{}));
     Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));
     Tensor acc = make_tensor(out_frag.data(), accumulator_rows_by_columns(out_frag.layout()));
     if (issues_store(thread)) tma_store_wait<0>();  // the previous tile's store has read the staging tile

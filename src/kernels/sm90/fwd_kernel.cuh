@@ -30,8 +30,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(shared_bytes);
   if (threadIdx.x == 0) init_forward_barriers<Config>(smem);
   __syncthreads();
-  run_warp_roles<Config>([&] { if (threadIdx.x == 0) ForwardLoader<Config>::run(params, smem); },
-                 [&](int thread) { ForwardMainloop<Config>::run(params, smem, thread); });
+  run_warp_roles<Config>(
+      [&] {
+        if (threadIdx.x == 0) ForwardLoader<Config>::run(params, smem);
+      },
+      [&](int thread) { ForwardMainloop<Config>::run(params, smem, thread); });
 }
 
 }  // namespace dash::sm90

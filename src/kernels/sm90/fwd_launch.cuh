@@ -45,9 +45,13 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   }
   if constexpr (kVarlen) {
     const VarlenBatch& packed = a.varlen;
-    p.packed = PackedBatch{packed.cu_seqlens_q, packed.cu_seqlens_k, static_cast<int>(packed.total_q),
-                           static_cast<int>(packed.total_k), static_cast<int>(shape.seqlen_q),
-                           static_cast<int>(shape.seqlen_k), packed.keys_within_queries};
+    p.packed = PackedBatch{packed.cu_seqlens_q,
+                           packed.cu_seqlens_k,
+                           static_cast<int>(packed.total_q),
+                           static_cast<int>(packed.total_k),
+                           static_cast<int>(shape.seqlen_q),
+                           static_cast<int>(shape.seqlen_k),
+                           packed.keys_within_queries};
   }
   p.out = static_cast<Element*>(a.out.data);
   copy_strides(p.out_strides, a.out.strides);
@@ -59,8 +63,9 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   const int heads_per_group = forward_heads_per_group(
       mask.causal, shape.seqlen_k, kHeadDim, static_cast<int>(sizeof(Element)), static_cast<int>(shape.heads_q),
       static_cast<int>(shape.heads_kv), static_cast<int>(shape.batch));
-  p.tiles = ForwardTileOrder{mask, Config::kBlockM, Config::kBlockN, static_cast<int>(shape.heads_q),
-                             static_cast<int>(shape.batch), heads_per_group};
+  p.tiles = ForwardTileOrder{
+      mask,           Config::kBlockM, Config::kBlockN, static_cast<int>(shape.heads_q), static_cast<int>(shape.batch),
+      heads_per_group};
   p.heads_kv = static_cast<int>(shape.heads_kv);
   p.scale_log2 = shape.softmax_scale * kLog2e;
   if constexpr (kSoftcap) {
@@ -109,7 +114,7 @@ kernels::LaunchResult launch_forward_tile_shape(const kernels::ForwardParams& pa
     }
   }
   return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, false, kVarlen>(params,
-                                                                                                        stream);
+                                                                                                          stream);
 }
 
 // The forward of a dense batch, or with kVarlen of a packed varlen batch (args.varlen): the tile order, grid and
@@ -134,7 +139,7 @@ kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaS
   constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
   if (mask.window.left >= 0) {
     return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, true, kVarlen>(params,
-                                                                                                         stream);
+                                                                                                           stream);
   }
   int64_t seqlen_q = shape.seqlen_q;
   int64_t seqlen_k = shape.seqlen_k;

@@ -150,8 +150,8 @@ struct ForwardMainloop {
   // S_j is complete: K_j is free, and after the tile's last S GEMM so is Q, which no other GEMM reads.
   // Releasing Q here rather than after the tile lets the loader fetch the next tile's Q (and, ring stages
   // permitting, its first K and V) under this tile's last O GEMM and its epilogue.
-  __device__ static void release_after_s(SharedStorage& smem, const ForwardTileRecord& tile, int tiles,
-                                         int kv_loads, int j) {
+  __device__ static void release_after_s(SharedStorage& smem, const ForwardTileRecord& tile, int tiles, int kv_loads,
+                                         int j) {
     smem.k_stages.consumer_release(kv_loads + j);
     if (j == tile.kv_tiles - 1) smem.q_stages.consumer_release(tiles);
   }
@@ -180,9 +180,9 @@ struct ForwardMainloop {
   // online_softmax on the CTA-uniform path: masked only for tiles that cross the causal diagonal, a sliding
   // window's bounds or the key tail, so the other path has no mask code.
   template <class Scores, class Coords>
-  __device__ static void softmax_tile(bool masked, Scores& scores, const Coords& coords, float* row_max,
-                                      float* row_sum, float* correction, const MaskShape& mask, int q_row0,
-                                      int kv_col0, float scale_log2) {
+  __device__ static void softmax_tile(bool masked, Scores& scores, const Coords& coords, float* row_max, float* row_sum,
+                                      float* correction, const MaskShape& mask, int q_row0, int kv_col0,
+                                      float scale_log2) {
     if (masked) {
       online_softmax<true>(scores, coords, row_max, row_sum, correction, mask, q_row0, kv_col0, scale_log2);
     } else {

@@ -89,7 +89,7 @@ __device__ __forceinline__ auto warpgroup_operand_slice(const TiledMma& mma, int
 // column pairs, so the conversion moves no data.
 template <class AccumulatorLayout>
 __device__ __forceinline__ auto accumulator_as_operand_a(AccumulatorLayout acc) {
-  auto values = layout<0>(acc);                                // (2, 2, N/8)
+  auto values = layout<0>(acc);                                       // (2, 2, N/8)
   auto col_blocks = logical_divide(layout<2>(values), Layout<_2>{});  // ((2), (N/16))
   return make_layout(make_layout(layout<0>(values), layout<1>(values), layout<0>(col_blocks)), layout<1>(acc),
                      make_layout(layout<1>(col_blocks), layout<2>(acc)));
@@ -175,8 +175,8 @@ __device__ __forceinline__ void store_accumulator_rows(const TiledMma& mma, int 
                                                        RowScale row_scale) {
   using Pair = cutlass::AlignedArray<T, 2>;
   auto thr = mma.get_thread_slice(thread);
-  Tensor dst_frag = thr.partition_C(make_tensor(make_gmem_ptr(tile), make_layout(Shape<Int<kRows>, Int<kCols>>{},
-                                                                                 make_stride(row_stride, _1{}))));
+  Tensor dst_frag = thr.partition_C(
+      make_tensor(make_gmem_ptr(tile), make_layout(Shape<Int<kRows>, Int<kCols>>{}, make_stride(row_stride, _1{}))));
   Tensor coords_frag = thr.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kCols>>{}));
   Tensor dst = make_tensor(dst_frag.data(), accumulator_rows_by_columns(dst_frag.layout()));
   Tensor coords = make_tensor(coords_frag.data(), accumulator_rows_by_columns(coords_frag.layout()));

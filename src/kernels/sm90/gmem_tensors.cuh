@@ -6,14 +6,13 @@
 // they encode any descriptor; a tensor that breaks one fails the launch, and nothing is launched.
 #pragma once
 
-#include <cuda_runtime.h>
-
-#include <cute/tensor.hpp>
-
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
 #include <utility>
+
+#include <cuda_runtime.h>
+#include <cute/tensor.hpp>
 
 #include "dash/types.hpp"
 #include "kernels/kernel_params.hpp"
@@ -23,8 +22,8 @@ namespace dash::sm90 {
 using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
 using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 template <class Element>
-using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{},
-                                              GmemStride{}));
+using GmemTensor =
+    decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}));
 
 template <class Element, int kHeadDim>
 GmemTensor<Element> make_gmem_bshd(const void* data, int64_t seqlen, int64_t heads, int64_t batch, const Strides& s) {

@@ -16,9 +16,9 @@
 // barrier completes its phase and the next, and the waiter waits forever for a phase it missed.
 #pragma once
 
-#include <cutlass/arch/barrier.h>
-
 #include <type_traits>
+
+#include <cutlass/arch/barrier.h>
 
 #include "kernels/sm90/primitives.cuh"
 

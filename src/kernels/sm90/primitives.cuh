@@ -90,15 +90,15 @@ __device__ __forceinline__ void release_semaphore(int* semaphore) {
 
 // gmem[0 .. bytes/4) += smem[0 .. bytes/4) in fp32, by the bulk copy engine, tracked by bulk groups.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* smem, int bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
-               ::"l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gmem),
+               "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
                : "memory");
 }
 
 // gmem[0 .. bytes/4) = smem[0 .. bytes/4), by the bulk copy engine, tracked by bulk groups.
 __device__ __forceinline__ void bulk_store(float* gmem, const float* smem, int bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-               ::"l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gmem),
+               "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
                : "memory");
 }
 

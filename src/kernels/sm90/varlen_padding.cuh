@@ -19,10 +19,10 @@
 // thread 0) writes the record, for the lowest-numbered sequence over a maximum. Dim stride 1 (the API checks it).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cmath>
 #include <cstdint>
+
+#include <cuda_runtime.h>
 
 #include "dash/types.hpp"
 #include "kernels/kernel_params.hpp"
@@ -147,15 +147,21 @@ __global__ void __launch_bounds__(kPaddingThreads)
 // The rows of `tensor`, packed (total, heads, head_dim); `keys` for a tensor numbered by cu_seqlens_k; `lse`,
 // (heads, total), or null.
 template <class Element>
-PaddingRows<Element> padding_rows(const MutableTensorRef& tensor, int64_t heads, int head_dim, int64_t total,
-                                  bool keys, float* lse = nullptr) {
-  return PaddingRows<Element>{static_cast<Element*>(tensor.data), tensor.strides.seq, tensor.strides.head,
-                              static_cast<int>(heads), head_dim, static_cast<int>(total), keys, lse};
+PaddingRows<Element> padding_rows(const MutableTensorRef& tensor, int64_t heads, int head_dim, int64_t total, bool keys,
+                                  float* lse = nullptr) {
+  return PaddingRows<Element>{static_cast<Element*>(tensor.data),
+                              tensor.strides.seq,
+                              tensor.strides.head,
+                              static_cast<int>(heads),
+                              head_dim,
+                              static_cast<int>(total),
+                              keys,
+                              lse};
 }
 
 // The guard of a varlen call with `shape`'s maxima and the batch `varlen`.
-inline SequenceGuard sequence_guard(const AttentionShape& shape, const VarlenBatch& varlen,
-                                    kernels::FaultRecord* fault, kernels::FaultPass pass) {
+inline SequenceGuard sequence_guard(const AttentionShape& shape, const VarlenBatch& varlen, kernels::FaultRecord* fault,
+                                    kernels::FaultPass pass) {
   return SequenceGuard{varlen.cu_seqlens_q,
                        varlen.cu_seqlens_k,
                        static_cast<int>(shape.batch),

@@ -39,8 +39,8 @@ struct WarpRoles {
   // Named barriers among MMA threads. The ids are CUTLASS NamedBarrier ids, which it offsets past the ones
   // it reserves (id 0 there is not __syncthreads). The forward and backward never share a CTA, so the ids
   // only need to be distinct within one kernel.
-  static constexpr int kDsReadyBarrier = 0;      // backward: dS of a step is complete in shared memory
-  static constexpr int kDsFreeBarrier = 1;       // backward: no MMA warpgroup reads dS, which stages dK and dV
+  static constexpr int kDsReadyBarrier = 0;  // backward: dS of a step is complete in shared memory
+  static constexpr int kDsFreeBarrier = 1;   // backward: no MMA warpgroup reads dS, which stages dK and dV
   // + w: MMA warpgroup w's own threads: its rows of a staging tile (gemm.cuh), its keys' P before its dV^T GEMM
   // (bwd_mma.cuh).
   static constexpr int kWarpGroupBarrierBase = 2;
