@@ -105,6 +105,15 @@ DASH_HOST_DEVICE constexpr TileShape forward_tile_shape(int head_dim, bool causa
   return TileShape{tall ? kForwardTallBlockQ : base.block_q, wide ? kForwardWideBlockKv : base.block_kv};
 }
 
+// The forward's tile for a packed varlen batch: the base tile at every length. A tile chosen by the batch's lengths
+// would make a sequence's bits depend on the other sequences: the wide tiles move where a row's online softmax
+// rescales, and the tall ones change the LSE's last bits under the causal mask (measured on the H200 with a 1000-token
+// sequence beside 20000 tokens, python/tests/test_batch_invariance.py). The varlen forward gives up their 2-13% on
+// long sequences (above) for that.
+DASH_HOST_DEVICE constexpr TileShape forward_varlen_tile_shape(int head_dim) {
+  return forward_base_tile_shape(head_dim);
+}
+
 DASH_HOST_DEVICE constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 }  // namespace dash

@@ -99,7 +99,7 @@ template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen>
 kernels::LaunchResult launch_forward_tile_shape(const kernels::ForwardParams& params, TileShape tile,
                                                 cudaStream_t stream) {
   constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
-  if constexpr (forward_has_tall_tiles(kHeadDim)) {
+  if constexpr (forward_has_tall_tiles(kHeadDim) && !kVarlen) {  // varlen: forward_varlen_tile_shape
     if (tile.block_q == kForwardTallBlockQ) {
       return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kBase.block_kv, false, kVarlen>(
           params, stream);
@@ -107,7 +107,7 @@ kernels::LaunchResult launch_forward_tile_shape(const kernels::ForwardParams& pa
   }
   // The softcap kernels keep 128-key tiles: at 128x176 their unmasked step loop spilled (7 local loads and 7
   // stores per iteration, scripts/sass_report.sh), where 128x128 spills none.
-  if constexpr (forward_has_wide_tiles(kHeadDim) && !kSoftcap) {
+  if constexpr (forward_has_wide_tiles(kHeadDim) && !kSoftcap && !kVarlen) {
     if (tile.block_kv == kForwardWideBlockKv) {
       return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv, false, kVarlen>(
           params, stream);
@@ -126,11 +126,10 @@ kernels::LaunchResult launch_forward_tile_shape(const kernels::ForwardParams& pa
 // masked steps cost 3-4% at 512-1024 causal tokens (same-run A/B on the H200, docs/HISTORY.md), and
 // branching between two sets of step loops in one kernel made the d = 128 kernels spill.
 //
-// A varlen batch's tiles are chosen by its mean lengths (the packed rows over the sequences, known on the host
-// without reading cu_seqlens), not by its maxima: the tall and wide tiles pay off on long sequences, and a batch's
-// maxima can be far above most of its sequences. Otherwise the varlen kernels take the dense kernels' tiles at every
-// head dim, softcap or not: 128x112 at d = 192 and 128x80 at 256, where a 128x128 tile would not fit shared memory
-// (ForwardConfig's static_assert holds each with its larger tile record).
+// A varlen batch runs the head dim's base tiles whatever its lengths, so that a sequence's bits do not depend on the
+// other sequences of the batch (forward_varlen_tile_shape): 128x128 up to d = 128, 128x112 at d = 192 and 128x80 at
+// 256, where a 128x128 tile would not fit shared memory (ForwardConfig's static_assert holds each with its larger
+// tile record). No varlen kernel of the tall or wide tiles is compiled.
 template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen = false>
 kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   const AttentionShape& shape = params.args.shape;
@@ -141,14 +140,13 @@ kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaS
     return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, true, kVarlen>(params,
                                                                                                            stream);
   }
-  int64_t seqlen_q = shape.seqlen_q;
-  int64_t seqlen_k = shape.seqlen_k;
-  if constexpr (kVarlen) {  // validate() holds shape.batch, the sequences, at >= 1
-    seqlen_q = params.args.varlen.total_q / shape.batch;
-    seqlen_k = params.args.varlen.total_k / shape.batch;
-  }
   const bool windowed = mask.window.right >= 0;  // a right bound alone: the left one returned above
-  const TileShape tile = windowed ? kBase : forward_tile_shape(kHeadDim, mask.causal, seqlen_q, seqlen_k);
+  TileShape tile = kBase;
+  if constexpr (kVarlen) {
+    tile = forward_varlen_tile_shape(kHeadDim);
+  } else if (!windowed) {
+    tile = forward_tile_shape(kHeadDim, mask.causal, shape.seqlen_q, shape.seqlen_k);
+  }
   return launch_forward_tile_shape<kHeadDim, Element, kSoftcap, kVarlen>(params, tile, stream);
 }
 
