@@ -2,8 +2,8 @@
 // kernels, through the public API:
 // - Sm90Varlen: the forward against the float64 CPU reference of every sequence on its own, on adversarial length
 //   distributions (lengths 0 and 1, just under and over a tile, the maximum, all equal, one long and the rest empty,
-//   seqlen_q != seqlen_k both ways per sequence, a maximum above every length, a batch long enough for the tall or
-//   wide tiles), full, causal (bottom-right aligned per sequence) and sliding windows, GQA and MQA, and softcap alone,
+//   seqlen_q != seqlen_k both ways per sequence, a maximum above every length, a batch long enough for the dense
+//   forward's tall or wide tiles, which the varlen forward does not take), full, causal (bottom-right aligned per sequence) and sliding windows, GQA and MQA, and softcap alone,
 //   with causal, with a window and on the long batch (the softcap instances' varlen kernels), at every head dim:
 //   64 and 128 on the row-split backward, 96 on its 64 x 48 dQ partials, 192 and 256 on the narrower forward key
 //   tiles (128x112, 128x80) and the key-split backward (64x96, 64x80). Outputs start poisoned (NaN): every element
@@ -108,13 +108,11 @@ const std::vector<VarlenCase> kCases = {
     {"max_above_every_length", {{200, 200}, {77, 77}, {129, 129}}, 6, 3, false, -1, -1, {700, 700}, 0.0f, 1.0f},
     {"window", {{300, 300}, {5, 5}, {129, 129}, {0, 0}, {600, 600}}, 4, 2, false, 64, 16, {1, 1}, 0.0f, 1.0f},
     {"window_causal_q_ne_k", {{300, 200}, {200, 300}, {1, 1}, {400, 400}}, 4, 4, true, 100, -1, {1, 1}, 0.0f, 1.0f},
-    // Mean length past 2048 (the packed rows over the sequences): the tall 192-row tiles at d = 64 and the wide
-    // 176-key tiles at d = 128 (fwd_launch.cuh chooses a varlen batch's tiles by its mean), each length ending
-    // inside a tile; the other head dims' base tiles.
+    // Mean length past 2048, where the dense forward takes tall tiles at d = 64 and wide ones at d = 128; a varlen
+    // batch keeps the base tiles (forward_varlen_tile_shape), each length ending inside a tile.
     {"long_full_tall_or_wide_tiles", {{2049, 2049}, {2100, 2100}}, 1, 1, false, -1, -1, {1, 1}, 0.0f, 1.0f},
     // softcap (the scores scaled up so that the cap bites): alone on the mixed lengths, with causal and seqlen_q !=
-    // seqlen_k, with a window, and on the long batch's tall (d = 64) tiles, where at d = 128 the softcap kernels keep
-    // 128x128 (fwd_launch.cuh)
+    // seqlen_k, with a window, and on the long batch
     {"softcap_mixed_self_full",
      {{0, 0}, {1, 1}, {127, 127}, {129, 129}, {300, 300}, {0, 0}, {64, 64}},
      4,
