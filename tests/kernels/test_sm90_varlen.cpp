@@ -110,7 +110,7 @@ const std::vector<VarlenCase> kCases = {
     {"window_causal_q_ne_k", {{300, 200}, {200, 300}, {1, 1}, {400, 400}}, 4, 4, true, 100, -1, {1, 1}, 0.0f, 1.0f},
     // Mean length past 2048, where the dense forward takes tall tiles at d = 64 and wide ones at d = 128; a varlen
     // batch keeps the base tiles (forward_varlen_tile_shape), each length ending inside a tile.
-    {"long_full_tall_or_wide_tiles", {{2049, 2049}, {2100, 2100}}, 1, 1, false, -1, -1, {1, 1}, 0.0f, 1.0f},
+    {"long_full_mean_past_2048", {{2049, 2049}, {2100, 2100}}, 1, 1, false, -1, -1, {1, 1}, 0.0f, 1.0f},
     // softcap (the scores scaled up so that the cap bites): alone on the mixed lengths, with causal and seqlen_q !=
     // seqlen_k, with a window, and on the long batch
     {"softcap_mixed_self_full",
