@@ -105,13 +105,28 @@ DASH_HOST_DEVICE constexpr TileShape forward_tile_shape(int head_dim, bool causa
   return TileShape{tall ? kForwardTallBlockQ : base.block_q, wide ? kForwardWideBlockKv : base.block_kv};
 }
 
-// The forward's tile for a packed varlen batch: the base tile at every length. A tile chosen by the batch's lengths
-// would make a sequence's bits depend on the other sequences: the wide tiles move where a row's online softmax
-// rescales, and the tall ones change the LSE's last bits under the causal mask (measured on the H200 with a 1000-token
-// sequence beside 20000 tokens, python/tests/test_batch_invariance.py). The varlen forward gives up their 2-13% on
-// long sequences (above) for that.
-DASH_HOST_DEVICE constexpr TileShape forward_varlen_tile_shape(int head_dim) {
-  return forward_base_tile_shape(head_dim);
+// The forward kernel a call runs: its tile and whether it is one of a left-bounded window's kernels
+// (kernels/sm90/fwd_config.cuh). kernels/sm90/fwd_launch.cuh launches it and `dash-attn plan` prints it.
+struct ForwardKernelChoice {
+  TileShape tile;
+  bool left_bounded;
+};
+
+// `causal`, `left_bounded` and `right_bounded` are the mask after canonical_mask (schedule/mask.hpp): a window bound
+// >= 0 bounds that side. The tall and wide tiles (forward_tile_shape) were measured on the full and causal masks
+// only, so a sliding window keeps the base tiles. The softcap kernels keep the base key tiles: at 128x176 their
+// unmasked step loop spilled (7 local loads and 7 stores per iteration, scripts/sass_report.sh). A packed varlen
+// batch keeps the base tiles at every length: a tile chosen by its lengths would make a sequence's bits depend on
+// the other sequences (the wide tiles move where a row's online softmax rescales, and the tall ones changed the
+// LSE's last bits under the causal mask, measured on the H200 with a 1000-token sequence beside 20000 tokens:
+// python/tests/test_batch_invariance.py). Varlen batches of long sequences give up the tiles' 2-13% (above) for that.
+DASH_HOST_DEVICE constexpr ForwardKernelChoice forward_kernel_choice(int head_dim, bool causal, bool left_bounded,
+                                                                     bool right_bounded, bool softcap, bool varlen,
+                                                                     int64_t seqlen_q, int64_t seqlen_k) {
+  const TileShape base = forward_base_tile_shape(head_dim);
+  if (left_bounded || right_bounded || varlen) return {base, left_bounded};
+  const TileShape tile = forward_tile_shape(head_dim, causal, seqlen_q, seqlen_k);
+  return {TileShape{tile.block_q, softcap ? base.block_kv : tile.block_kv}, false};
 }
 
 DASH_HOST_DEVICE constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }

@@ -389,6 +389,37 @@ TEST(Cli, PlanFullMaskRecommendsShift) {
   EXPECT_NE(text.text.find("recommended: shift"), std::string::npos) << text.text;
 }
 
+// plan names the forward kernel the library runs (forward_kernel_choice): the tall and wide tiles from the measured
+// lengths on a dense batch, the base tiles under a window and on a varlen batch at any length.
+TEST(Cli, PlanNamesTheForwardTiles) {
+  struct Case {
+    const char* flags;
+    const char* tiles;
+    int block_kv;
+  };
+  const Case cases[] = {
+      {"--batch 2 --seqlen 4096 --head-dim 128", "forward: 128x176 tiles (wide key tiles", 176},
+      {"--batch 2 --seqlen 1024 --head-dim 128", "forward: 128x128 tiles (the head dim's base tiles at this", 128},
+      {"--batch 2 --seqlen 4096 --head-dim 64", "forward: 192x128 tiles (tall query tiles", 128},
+      {"--batch 2 --seqlen 4096 --head-dim 128 --window 256,0",
+       "forward: 128x128 tiles (the head dim's base tiles, a "
+       "left-bounded window's kernel",
+       128},
+      {"--cu-seqlens 0,4096,8192 --head-dim 128", "forward: 128x128 tiles (the head dim's base tiles, which varlen",
+       128},
+      {"--batch 1 --seqlen 4096 --head-dim 256", "forward: 128x80 tiles", 80},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flags);
+    const Output text = run(std::string("plan --heads 8 ") + c.flags);
+    ASSERT_EQ(text.status, 0) << text.text;
+    EXPECT_NE(text.text.find(c.tiles), std::string::npos) << text.text;
+    const Output json = run(std::string("plan --heads 8 --json ") + c.flags);
+    ASSERT_EQ(json.status, 0) << json.text;
+    EXPECT_EQ(parse_json(json.text)["forward_tile"]["block_kv"].number, c.block_kv);
+  }
+}
+
 // A sliding window is planned as the library plans the shape's window: the mask reaches the JSON in
 // FlashAttention's terms, symmetric shift folds the causal band (head dim 128: a slope of 2), shift says why it
 // does not apply, and auto keeps to shortest-first.

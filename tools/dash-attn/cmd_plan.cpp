@@ -30,6 +30,7 @@
 #include "planner/validator.hpp"
 #include "planner/varlen_plan.hpp"
 #include "schedule/schedule.hpp"
+#include "schedule/tile_config.hpp"
 #include "varlen.hpp"
 
 namespace dash::cli {
@@ -244,6 +245,33 @@ std::string header() {
   return out.str();
 }
 
+// The forward kernel the library runs for the point (forward_kernel_choice, schedule/tile_config.hpp), as
+// "128x176 tiles (wide key tiles: ...)". Without softcap: `plan` takes no --softcap, and softcap keeps the base key
+// tiles.
+ForwardKernelChoice forward_choice(const Point& point) {
+  const MaskShape mask = point.problem.mask();
+  return forward_kernel_choice(static_cast<int>(point.shape.head_dim), mask.causal, mask.window.left >= 0,
+                               mask.window.right >= 0, /*softcap=*/false, point.varlen.has_value(),
+                               point.shape.seqlen_q, point.shape.seqlen_k);
+}
+
+std::string describe_forward(const Point& point) {
+  const ForwardKernelChoice choice = forward_choice(point);
+  const TileShape base = forward_base_tile_shape(static_cast<int>(point.shape.head_dim));
+  std::string why;
+  if (choice.tile.block_q != base.block_q) why += "tall query tiles from the sequence length";
+  if (choice.tile.block_kv != base.block_kv) {
+    why += std::string(why.empty() ? "" : ", ") + "wide key tiles from the key length under the full mask";
+  }
+  if (why.empty()) {
+    why = point.varlen               ? "the head dim's base tiles, which varlen batches keep at every length"
+          : choice.left_bounded      ? "the head dim's base tiles, a left-bounded window's kernel"
+          : point.problem.windowed() ? "the head dim's base tiles, which sliding windows keep"
+                                     : "the head dim's base tiles at this length";
+  }
+  return std::to_string(choice.tile.block_q) + "x" + std::to_string(choice.tile.block_kv) + " tiles (" + why + ")";
+}
+
 std::string point_json(const Point& point, const CostModel& costs, std::optional<Schedule> only, const std::string& svg,
                        int64_t sm_margin) {
   const Comparison& c = point.comparison;
@@ -282,6 +310,12 @@ std::string point_json(const Point& point, const CostModel& costs, std::optional
       .add("problem", problem_json(point.shape, point.problem, point.sms,
                                    {{"sm_margin", json_number(sm_margin)}, {"costs", cost_json}}))
       .add("schedules", json_array(schedules));
+  const ForwardKernelChoice forward = forward_choice(point);
+  o.add("forward_tile", JsonObject()
+                            .add("block_q", json_number(forward.tile.block_q))
+                            .add("block_kv", json_number(forward.tile.block_kv))
+                            .add("left_bounded", json_bool(forward.left_bounded))
+                            .str());
   if (point.varlen) o.add("varlen", varlen_json(point.varlen->batch));
   if (!svg.empty()) o.add("svg", json_string(svg));
   return o.str();
@@ -326,6 +360,7 @@ void print_point(const Point& point, const CostModel& costs, std::optional<Sched
     std::cout << "varlen:  " << describe_varlen(point.varlen->batch) << "; planned from the maxima above\n";
   }
   std::cout << "tiles:   " << describe_tiles(point.problem) << "\n"
+            << "forward: " << describe_forward(point) << "\n"
             << "costs:   compute " << format_number(costs.compute) << ", reduce " << format_number(costs.reduce)
             << ", signal latency " << format_number(costs.signal_latency) << ", job overhead "
             << format_number(costs.job_overhead) << ", jitter " << format_number(costs.jitter) << "\n\n"

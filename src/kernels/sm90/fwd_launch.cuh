@@ -94,60 +94,38 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   return launched(cudaGetLastError());
 }
 
-// The kernel of `tile` (the head dim's base, tall or wide tiles, tile_config.hpp) for a dense or a varlen batch.
-template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen>
-kernels::LaunchResult launch_forward_tile_shape(const kernels::ForwardParams& params, TileShape tile,
-                                                cudaStream_t stream) {
-  constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
-  if constexpr (forward_has_tall_tiles(kHeadDim) && !kVarlen) {  // varlen: forward_varlen_tile_shape
-    if (tile.block_q == kForwardTallBlockQ) {
-      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kBase.block_kv, false, kVarlen>(
-          params, stream);
-    }
-  }
-  // The softcap kernels keep 128-key tiles: at 128x176 their unmasked step loop spilled (7 local loads and 7
-  // stores per iteration, scripts/sass_report.sh), where 128x128 spills none.
-  if constexpr (forward_has_wide_tiles(kHeadDim) && !kSoftcap && !kVarlen) {
-    if (tile.block_kv == kForwardWideBlockKv) {
-      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv, false, kVarlen>(
-          params, stream);
-    }
-  }
-  return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, false, kVarlen>(params,
-                                                                                                          stream);
-}
-
-// The forward of a dense batch, or with kVarlen of a packed varlen batch (args.varlen): the tile order, grid and
-// mask of the maximum problem, each tile fitted to its sequence in the kernel.
-//
-// Under a sliding window the tiles stay the head dim's base tiles (128x128 up to d = 128): the tall and wide tiles
-// were measured on the full and causal masks only (tile_config.hpp), and would compute more of a narrow band's
-// masked corners. A left bound takes kernels of their own (fwd_config.cuh): testing it at run time in the others'
-// masked steps cost 3-4% at 512-1024 causal tokens (same-run A/B on the H200, docs/HISTORY.md), and
-// branching between two sets of step loops in one kernel made the d = 128 kernels spill.
-//
-// A varlen batch runs the head dim's base tiles whatever its lengths, so that a sequence's bits do not depend on the
-// other sequences of the batch (forward_varlen_tile_shape): 128x128 up to d = 128, 128x112 at d = 192 and 128x80 at
-// 256, where a 128x128 tile would not fit shared memory (ForwardConfig's static_assert holds each with its larger
-// tile record). No varlen kernel of the tall or wide tiles is compiled.
+// The forward of a dense batch, or with kVarlen of a packed varlen batch (args.varlen): the kernel
+// forward_kernel_choice picks (schedule/tile_config.hpp says why), with the tile order, grid and mask of the maximum
+// problem, each tile fitted to its sequence in the kernel. The `if constexpr` guards compile only the kernels the
+// choice can pick for this instance: no tall or wide varlen kernel, no wide softcap kernel. A left bound takes kernels
+// of their own (fwd_config.cuh): testing it at run time in the others' masked steps cost 3-4% at 512-1024 causal
+// tokens (same-run A/B on the H200, docs/HISTORY.md), and branching between two sets of step loops in one kernel made
+// the d = 128 kernels spill.
 template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen = false>
 kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   const AttentionShape& shape = params.args.shape;
   const MaskShape mask = canonical_mask(static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k),
                                         shape.causal, shape.window_left, shape.window_right);
+  const ForwardKernelChoice choice =
+      forward_kernel_choice(kHeadDim, mask.causal, mask.window.left >= 0, mask.window.right >= 0, kSoftcap, kVarlen,
+                            shape.seqlen_q, shape.seqlen_k);
   constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
-  if (mask.window.left >= 0) {
+  if (choice.left_bounded) {
     return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, true, kVarlen>(params,
                                                                                                            stream);
   }
-  const bool windowed = mask.window.right >= 0;  // a right bound alone: the left one returned above
-  TileShape tile = kBase;
-  if constexpr (kVarlen) {
-    tile = forward_varlen_tile_shape(kHeadDim);
-  } else if (!windowed) {
-    tile = forward_tile_shape(kHeadDim, mask.causal, shape.seqlen_q, shape.seqlen_k);
+  if constexpr (forward_has_tall_tiles(kHeadDim) && !kVarlen) {
+    if (choice.tile.block_q == kForwardTallBlockQ) {
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kBase.block_kv>(params, stream);
+    }
   }
-  return launch_forward_tile_shape<kHeadDim, Element, kSoftcap, kVarlen>(params, tile, stream);
+  if constexpr (forward_has_wide_tiles(kHeadDim) && !kSoftcap && !kVarlen) {
+    if (choice.tile.block_kv == kForwardWideBlockKv) {
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv>(params, stream);
+    }
+  }
+  return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, false, kVarlen>(params,
+                                                                                                          stream);
 }
 
 template <int kHeadDim, class Element, bool kSoftcap>
