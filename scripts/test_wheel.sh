@@ -153,8 +153,8 @@ for head_dim in _library.HEAD_DIMS:
         for what, available in (
             ("dense", _library.kernel_available(head_dim, code)),
             ("softcap", _library.kernel_available(head_dim, code, softcap=True)),
-            ("varlen", _library.varlen_kernel_available(head_dim, code)),
-            ("varlen softcap", _library.varlen_kernel_available(head_dim, code, softcap=True)),
+            ("varlen", _library.kernel_available(head_dim, code, varlen=True)),
+            ("varlen softcap", _library.kernel_available(head_dim, code, softcap=True, varlen=True)),
         ):
             if not available:
                 missing.append(f"head_dim {head_dim} {name} {what}")

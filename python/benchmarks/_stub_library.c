@@ -35,10 +35,9 @@ const char* dash_status_name(int code) { return code == DASH_STATUS_OK ? "ok" : 
 const char* dash_schedule_names(void) {
   return "auto,ascending,descending,shortest-first,shift,symmetric-shift,nondeterministic";
 }
-int dash_kernel_available(int64_t head_dim, int dtype) { return stub_kernel(head_dim, dtype); }
-int dash_softcap_kernel_available(int64_t head_dim, int dtype) { return stub_kernel(head_dim, dtype); }
-int dash_varlen_kernel_available(int64_t head_dim, int dtype) { return stub_kernel(head_dim, dtype); }
-int dash_varlen_softcap_kernel_available(int64_t head_dim, int dtype) { return stub_kernel(head_dim, dtype); }
+int dash_kernel_available(int64_t head_dim, int dtype, int features) {
+  return (features & ~(DASH_KERNEL_SOFTCAP | DASH_KERNEL_VARLEN)) == 0 && stub_kernel(head_dim, dtype);
+}
 const char* dash_library_version(void) { return "stub"; }
 int dash_cuda_runtime_version(void) { return 0; }
 int dash_cuda_driver_version(void) { return 0; }
@@ -68,53 +67,30 @@ int dash_backward_workspace_size(const dash_shape* s, const char* schedule, size
   return ok(m, n);
 }
 
-int dash_forward(const dash_shape* s, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
-                 const dash_tensor* out, float* lse, int margin, void* ws, size_t ws_bytes, void* stream, char* m,
-                 size_t n) {
-  (void)s, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)margin, (void)ws, (void)ws_bytes, (void)stream;
+int dash_forward(const dash_shape* s, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
+                 const dash_tensor* v, const dash_tensor* out, float* lse, int margin, void* ws, size_t ws_bytes,
+                 void* stream, char* m, size_t n) {
+  (void)s, (void)varlen, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)margin, (void)ws, (void)ws_bytes;
+  (void)stream;
   return ok(m, n);
 }
 
-int dash_backward(const dash_shape* s, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
-                  const dash_tensor* out, const dash_tensor* dout, const float* lse, const dash_tensor* dq,
-                  const dash_tensor* dk, const dash_tensor* dv, const char* schedule, int margin, void* ws,
-                  size_t ws_bytes, void* stream, char* m, size_t n) {
-  (void)s, (void)q, (void)k, (void)v, (void)out, (void)dout, (void)lse, (void)dq, (void)dk, (void)dv;
+int dash_backward(const dash_shape* s, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
+                  const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout, const float* lse,
+                  const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv, const char* schedule, int margin,
+                  void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
+  (void)s, (void)varlen, (void)q, (void)k, (void)v, (void)out, (void)dout, (void)lse, (void)dq, (void)dk, (void)dv;
   (void)schedule, (void)margin, (void)ws, (void)ws_bytes, (void)stream;
   return ok(m, n);
 }
 
-int dash_forward_varlen(const dash_shape* s, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
-                        const dash_tensor* v, const dash_tensor* out, float* lse, int margin, void* ws, size_t ws_bytes,
-                        void* stream, char* m, size_t n) {
-  (void)varlen;
-  return dash_forward(s, q, k, v, out, lse, margin, ws, ws_bytes, stream, m, n);
-}
-
-int dash_backward_varlen(const dash_shape* s, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
-                         const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout, const float* lse,
-                         const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv, const char* schedule,
-                         int margin, void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
-  (void)varlen;
-  return dash_backward(s, q, k, v, out, dout, lse, dq, dk, dv, schedule, margin, ws, ws_bytes, stream, m, n);
-}
-
-int dash_backward_plan_create(const dash_shape* s, const char* schedule, int margin, const dash_device* device,
-                              dash_backward_plan** plan, char* m, size_t n) {
+int dash_backward_plan_create(const dash_shape* s, const dash_varlen* varlen, const char* schedule, int margin,
+                              const dash_device* device, dash_backward_plan** plan, char* m, size_t n) {
   (void)schedule, (void)margin, (void)device;
   stub_plan_bytes = backward_bytes(s);
-  stub_plan_is_varlen = 0;
+  stub_plan_is_varlen = varlen != NULL;
   *plan = (dash_backward_plan*)&stub_plan;
   return ok(m, n);
-}
-
-int dash_backward_plan_create_varlen(const dash_shape* s, int keys_within_queries, int lengths_fill_maxima,
-                                     const char* schedule, int margin, const dash_device* device,
-                                     dash_backward_plan** plan, char* m, size_t n) {
-  (void)keys_within_queries, (void)lengths_fill_maxima;
-  const int code = dash_backward_plan_create(s, schedule, margin, device, plan, m, n);
-  stub_plan_is_varlen = 1;
-  return code;
 }
 
 int dash_backward_plan_is_varlen(const dash_backward_plan* plan, int* is_varlen, char* m, size_t n) {
@@ -143,20 +119,11 @@ int dash_backward_plan_sm_count(const dash_backward_plan* plan, int* sm_count, c
   return ok(m, n);
 }
 
-int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* s, const dash_tensor* q,
-                           const dash_tensor* k, const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout,
-                           const float* lse, const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv,
-                           void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
-  (void)plan, (void)s, (void)q, (void)k, (void)v, (void)out, (void)dout, (void)lse, (void)dq, (void)dk, (void)dv;
-  (void)ws, (void)ws_bytes, (void)stream;
+int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* s, const dash_varlen* varlen,
+                           const dash_tensor* q, const dash_tensor* k, const dash_tensor* v, const dash_tensor* out,
+                           const dash_tensor* dout, const float* lse, const dash_tensor* dq, const dash_tensor* dk,
+                           const dash_tensor* dv, void* ws, size_t ws_bytes, void* stream, char* m, size_t n) {
+  (void)plan, (void)s, (void)varlen, (void)q, (void)k, (void)v, (void)out, (void)dout, (void)lse, (void)dq, (void)dk;
+  (void)dv, (void)ws, (void)ws_bytes, (void)stream;
   return ok(m, n);
-}
-
-int dash_backward_plan_run_varlen(const dash_backward_plan* plan, const dash_shape* s, const dash_varlen* varlen,
-                                  const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
-                                  const dash_tensor* out, const dash_tensor* dout, const float* lse,
-                                  const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv, void* ws,
-                                  size_t ws_bytes, void* stream, char* m, size_t n) {
-  (void)varlen;
-  return dash_backward_plan_run(plan, s, q, k, v, out, dout, lse, dq, dk, dv, ws, ws_bytes, stream, m, n);
 }

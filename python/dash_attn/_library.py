@@ -36,7 +36,7 @@ LIBRARY_FILE = "libdash_attn_c.so"
 LIBRARY_ENV = "DASH_ATTN_LIBRARY"
 
 # DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 # The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
 # library is loaded; load() verifies that the library agrees.
@@ -62,6 +62,10 @@ HEAD_DIMS = (64, 96, 128, 192, 256)
 BACKWARD_HEAD_DIMS = (64, 96, 128, 192, 256)
 
 STATUS_OK = 0
+
+# enum dash_kernel_feature: the bits of dash_kernel_available's features.
+KERNEL_SOFTCAP = 1
+KERNEL_VARLEN = 2
 
 # DASH_DEVICE_NAME_BYTES: room for the device name in struct dash_device.
 DEVICE_NAME_BYTES = 256
@@ -265,10 +269,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     signatures = {
         "dash_status_name": (c_char_p, [c_int]),
         "dash_schedule_names": (c_char_p, []),
-        "dash_kernel_available": (c_int, [c_int64, c_int]),
-        "dash_softcap_kernel_available": (c_int, [c_int64, c_int]),
-        "dash_varlen_kernel_available": (c_int, [c_int64, c_int]),
-        "dash_varlen_softcap_kernel_available": (c_int, [c_int64, c_int]),
+        "dash_kernel_available": (c_int, [c_int64, c_int, c_int]),
         "dash_library_version": (c_char_p, []),
         "dash_cuda_runtime_version": (c_int, []),
         "dash_cuda_driver_version": (c_int, []),
@@ -278,12 +279,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dash_backward_workspace_size": (c_int, [shape_p, c_char_p, size_p, *message]),
         "dash_forward": (
             c_int,
-            [shape_p, tensor_p, tensor_p, tensor_p, tensor_p, c_void_p, c_int, c_void_p, c_size_t, c_void_p, *message],
+            [shape_p, varlen_p, *[tensor_p] * 4, c_void_p, c_int, c_void_p, c_size_t, c_void_p, *message],
         ),
         "dash_backward": (
             c_int,
             [
                 shape_p,
+                varlen_p,
                 *[tensor_p] * 5,
                 c_void_p,
                 *[tensor_p] * 3,
@@ -297,17 +299,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         ),
         "dash_backward_plan_create": (
             c_int,
-            [shape_p, c_char_p, c_int, ctypes.POINTER(Device), ctypes.POINTER(c_void_p), *message],
+            [shape_p, varlen_p, c_char_p, c_int, ctypes.POINTER(Device), ctypes.POINTER(c_void_p), *message],
         ),
-        "dash_forward_varlen": (
-            c_int,
-            [shape_p, varlen_p, *[tensor_p] * 4, c_void_p, c_int, c_void_p, c_size_t, c_void_p, *message],
-        ),
-        "dash_backward_plan_create_varlen": (
-            c_int,
-            [shape_p, c_int, c_int, c_char_p, c_int, ctypes.POINTER(Device), ctypes.POINTER(c_void_p), *message],
-        ),
-        "dash_backward_plan_run_varlen": (
+        "dash_backward_plan_destroy": (None, [c_void_p]),
+        "dash_backward_plan_workspace_size": (c_int, [c_void_p, size_p, *message]),
+        "dash_backward_plan_sm_count": (c_int, [c_void_p, ctypes.POINTER(c_int), *message]),
+        "dash_backward_plan_schedule": (c_int, [c_void_p, ctypes.POINTER(c_char_p), *message]),
+        "dash_backward_plan_run": (
             c_int,
             [
                 c_void_p,
@@ -321,14 +319,6 @@ def _declare(lib: ctypes.CDLL) -> None:
                 c_void_p,
                 *message,
             ],
-        ),
-        "dash_backward_plan_destroy": (None, [c_void_p]),
-        "dash_backward_plan_workspace_size": (c_int, [c_void_p, size_p, *message]),
-        "dash_backward_plan_sm_count": (c_int, [c_void_p, ctypes.POINTER(c_int), *message]),
-        "dash_backward_plan_schedule": (c_int, [c_void_p, ctypes.POINTER(c_char_p), *message]),
-        "dash_backward_plan_run": (
-            c_int,
-            [c_void_p, shape_p, *[tensor_p] * 5, c_void_p, *[tensor_p] * 3, c_void_p, c_size_t, c_void_p, *message],
         ),
     }
     for name, (restype, argtypes) in signatures.items():
@@ -402,21 +392,12 @@ def _check_status(what: str, code: int, buffer: ctypes.Array) -> None:
         raise error_for_status(what, code, status, buffer.value.decode(errors="replace"))
 
 
-def kernel_available(head_dim: int, dtype: int, softcap: bool = False) -> bool:
-    """Whether the library has kernels for (head_dim, dtype); with softcap=True, its softcap kernels."""
+def kernel_available(head_dim: int, dtype: int, softcap: bool = False, varlen: bool = False) -> bool:
+    """Whether the library has kernels for (head_dim, dtype): with softcap=True, its softcap instance's; with
+    varlen=True, the varlen kernels (packed batches with cu_seqlens)."""
     head_dim, dtype = check_c_integer(head_dim, "head_dim", "int64_t"), check_c_integer(dtype, "dtype", "int")
-    if softcap:
-        return bool(load().dash_softcap_kernel_available(head_dim, dtype))
-    return bool(load().dash_kernel_available(head_dim, dtype))
-
-
-def varlen_kernel_available(head_dim: int, dtype: int, softcap: bool = False) -> bool:
-    """Whether the library has the varlen kernels (packed batches with cu_seqlens) for (head_dim, dtype); with
-    softcap=True, those of its softcap kernels."""
-    head_dim, dtype = check_c_integer(head_dim, "head_dim", "int64_t"), check_c_integer(dtype, "dtype", "int")
-    if softcap:
-        return bool(load().dash_varlen_softcap_kernel_available(head_dim, dtype))
-    return bool(load().dash_varlen_kernel_available(head_dim, dtype))
+    features = (KERNEL_SOFTCAP if softcap else 0) | (KERNEL_VARLEN if varlen else 0)
+    return bool(load().dash_kernel_available(head_dim, dtype, features))
 
 
 def compiled_kernels() -> list[tuple[int, str]]:
@@ -494,37 +475,17 @@ def forward(
     workspace_bytes: int,
     stream: int | None,
     sm_margin: int = 0,
+    varlen: Varlen | None = None,
 ) -> None:
     """Enqueues the forward on `stream`, leaving `sm_margin` SMs to other work; `lse` and `workspace` are device
-    addresses."""
+    addresses. With `varlen`, a packed varlen batch: `shape` is its maximum problem, `lse` the (heads_q, total_q) fp32
+    LSE."""
     _check_launch_integers(sm_margin, workspace_bytes)
     buffer = _message_buffer()
     code = load().dash_forward(
-        shape, q, k, v, out, lse, sm_margin, workspace, workspace_bytes, stream, buffer, _MESSAGE_BYTES
-    )
-    _check_status("forward", code, buffer)
-
-
-def forward_varlen(
-    shape: Shape,
-    varlen: Varlen,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: int,
-    workspace: int,
-    workspace_bytes: int,
-    stream: int | None,
-    sm_margin: int = 0,
-) -> None:
-    """forward() of a packed varlen batch: `shape` is its maximum problem, `lse` the (heads_q, total_q) fp32 LSE."""
-    _check_launch_integers(sm_margin, workspace_bytes)
-    buffer = _message_buffer()
-    code = load().dash_forward_varlen(
         shape, varlen, q, k, v, out, lse, sm_margin, workspace, workspace_bytes, stream, buffer, _MESSAGE_BYTES
     )
-    _check_status("varlen forward", code, buffer)
+    _check_status("forward", code, buffer)
 
 
 def backward(
@@ -543,14 +504,16 @@ def backward(
     workspace_bytes: int,
     stream: int | None,
     sm_margin: int = 0,
+    varlen: Varlen | None = None,
 ) -> None:
     """Enqueues the backward on `stream`, summing dQ in the order `schedule` fixes as planned (at every call) for
-    the device's SMs less `sm_margin`."""
+    the device's SMs less `sm_margin`; with `varlen`, of a packed varlen batch, as forward()."""
     _check_launch_integers(sm_margin, workspace_bytes)
     _call(
         "backward",
         "dash_backward",
         shape,
+        varlen,
         q,
         k,
         v,
@@ -581,41 +544,28 @@ class BackwardPlan:
         schedule: str,
         device: Device | None = None,
         sm_margin: int = 0,
-        varlen: bool = False,
-        keys_within_queries: bool = False,
-        lengths_fill_maxima: bool = True,
+        varlen: Varlen | None = None,
     ) -> None:
-        """varlen=True plans packed varlen batches whose maximum problem is `shape` (dash_backward_plan_create_varlen),
-        with the promise `keys_within_queries` (every sequence has seqlen_k <= seqlen_q) and auto's hint
-        `lengths_fill_maxima` (_plans.lengths_fill_maxima of the batches' packed rows; False picks shortest-first under
-        the full mask, and restricts no batch the plan runs); run it with backward_varlen."""
+        """With `varlen`, plans packed varlen batches whose maximum problem is `shape`: the library reads only its
+        promise keys_within_queries (every sequence has seqlen_k <= seqlen_q) and its totals, which give auto's hint
+        (_plans.lengths_fill_maxima; rows showing some sequence shorter than the maxima pick shortest-first under the
+        full mask, and restrict no batch the plan runs); its cu_seqlens may be 0. Its runs pass a varlen with the
+        same promise, and only they: `varlen` is set to whether it is a varlen plan."""
         sm_margin = check_c_integer(sm_margin, "sm_margin", "int")
         lib = load()
         handle = ctypes.c_void_p()
         device_p = None if device is None else ctypes.byref(device)
-        if varlen:
-            _call(
-                "varlen backward plan",
-                "dash_backward_plan_create_varlen",
-                ctypes.byref(shape),
-                int(keys_within_queries),
-                int(lengths_fill_maxima),
-                schedule.encode(),
-                sm_margin,
-                device_p,
-                ctypes.byref(handle),
-            )
-        else:
-            _call(
-                "backward plan",
-                "dash_backward_plan_create",
-                ctypes.byref(shape),
-                schedule.encode(),
-                sm_margin,
-                device_p,
-                ctypes.byref(handle),
-            )
-        self.varlen = varlen
+        _call(
+            "backward plan",
+            "dash_backward_plan_create",
+            ctypes.byref(shape),
+            varlen,
+            schedule.encode(),
+            sm_margin,
+            device_p,
+            ctypes.byref(handle),
+        )
+        self.varlen = varlen is not None
         self._handle = handle.value
         # weakref.finalize frees the handle once: at collection, at exit or at close(), whichever comes first.
         self._free = weakref.finalize(self, lib.dash_backward_plan_destroy, self._handle)
@@ -653,55 +603,15 @@ class BackwardPlan:
         workspace: int,
         workspace_bytes: int,
         stream: int | None,
+        varlen: Varlen | None = None,
     ) -> None:
-        """Enqueues the planned backward on `stream`; `shape` must be the plan's."""
+        """Enqueues the planned backward on `stream`; `shape` must be the plan's, and `varlen` given for a varlen plan
+        alone, with its keys_within_queries."""
         if self.closed:
             raise ValueError("this BackwardPlan is closed; make a new one")
         _check_launch_integers(self.sm_margin, workspace_bytes)
         buffer = _message_buffer()
         code = load().dash_backward_plan_run(
-            self._handle,
-            shape,
-            q,
-            k,
-            v,
-            out,
-            dout,
-            lse,
-            dq,
-            dk,
-            dv,
-            workspace,
-            workspace_bytes,
-            stream,
-            buffer,
-            _MESSAGE_BYTES,
-        )
-        _check_status("backward", code, buffer)
-
-    def backward_varlen(
-        self,
-        shape: Shape,
-        varlen: Varlen,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        out: Tensor,
-        dout: Tensor,
-        lse: int,
-        dq: Tensor,
-        dk: Tensor,
-        dv: Tensor,
-        workspace: int,
-        workspace_bytes: int,
-        stream: int | None,
-    ) -> None:
-        """backward() of a varlen plan on a packed batch; `varlen` must carry the plan's keys_within_queries."""
-        if self.closed:
-            raise ValueError("this BackwardPlan is closed; make a new one")
-        _check_launch_integers(self.sm_margin, workspace_bytes)
-        buffer = _message_buffer()
-        code = load().dash_backward_plan_run_varlen(
             self._handle,
             shape,
             varlen,
@@ -720,4 +630,4 @@ class BackwardPlan:
             buffer,
             _MESSAGE_BYTES,
         )
-        _check_status("varlen backward", code, buffer)
+        _check_status("backward", code, buffer)

@@ -101,8 +101,8 @@ def _kernel_lines(out: list[str]) -> list[tuple[int, str]]:
     codes = {name: code for code, name in _library.DTYPE_NAMES.items()}
     variants = {
         "softcap": lambda d, t: _library.kernel_available(d, t, softcap=True),
-        "varlen": lambda d, t: _library.varlen_kernel_available(d, t),
-        "varlen softcap": lambda d, t: _library.varlen_kernel_available(d, t, softcap=True),
+        "varlen": lambda d, t: _library.kernel_available(d, t, varlen=True),
+        "varlen softcap": lambda d, t: _library.kernel_available(d, t, softcap=True, varlen=True),
     }
     for name, available in variants.items():
         have = [(d, t) for d, t in kernels if available(d, codes[t])]

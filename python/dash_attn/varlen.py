@@ -240,7 +240,7 @@ class _VarlenForwardCall:
 class _VarlenBackwardCall:
     """What every varlen backward of one signature (the device, the problem, schedule, margin and promise, and
     dout's, q's, k's, v's and out's layouts) shares, as _ops._BackwardCall: the maximum problem's C shape, its plan's
-    key in _plans.varlen_backward_plans, whether the kernels read dout, q, k, v and out in place, whether q, k and v
+    key in _plans.backward_plans, whether the kernels read dout, q, k, v and out in place, whether q, k and v
     are packed, the structs of q, k, v, out, dout, dq, dk and dv in the C call's order, and the dash_varlen
     struct."""
 
@@ -258,15 +258,16 @@ class _VarlenBackwardCall:
         dout_layout, (q_shape, q_strides), (k_shape, k_strides), (v_shape, v_strides), out_layout = layouts
         self.shape = _max_problem(problem, q_shape, k_shape)
         # auto's hint (lengths_fill_maxima) comes from the packed row counts, which the signature holds.
-        self.plan_key = _plans.varlen_plan_key(
-            device, self.shape, schedule, sm_margin, keys_within_queries, q_shape[0], k_shape[0]
+        self.varlen = _library.Varlen(0, 0, q_shape[0], k_shape[0], int(keys_within_queries))
+        fields = _plans.shape_fields(self.shape)
+        self.plan_key = _plans.plan_key(
+            device, fields, schedule, sm_margin, _plans.varlen_batch(self.shape, self.varlen)
         )
         self.in_place = all(_ops._strides_ok(shape, strides) for shape, strides in layouts)
         gradient_strides = tuple(_ops._packed_strides(shape) for shape in (q_shape, k_shape, v_shape))
         self.inputs_packed = (q_strides, k_strides, v_strides) == gradient_strides
         c_order = (q_strides, k_strides, v_strides, out_layout[1], dout_layout[1], *gradient_strides)
         self.structs = _ops._TensorStructs(tuple((0, *strides) for strides in c_order))
-        self.varlen = _library.Varlen(0, 0, q_shape[0], k_shape[0], int(keys_within_queries))
 
 
 # The loaded library is part of the forward's key (its first argument), so a library loaded anew is asked again.
@@ -360,9 +361,8 @@ def _launch_forward(
         out_c.data = out.data_ptr()
         varlen.cu_seqlens_q, varlen.cu_seqlens_k = offsets
         varlen.keys_within_queries = keys_within_queries
-        _library.forward_varlen(
+        _library.forward(
             call.shape,
-            varlen,
             q_c,
             k_c,
             v_c,
@@ -372,6 +372,7 @@ def _launch_forward(
             call.workspace_bytes,
             torch._C._cuda_getCurrentRawStream(index),
             sm_margin,
+            varlen,
         )
     finally:
         if taken:
@@ -439,7 +440,7 @@ def _launch_backward(
     gradients: tuple[Tensor, Tensor, Tensor],
 ) -> None:
     # Planned and proven once per (device, maximum problem, schedule, margin, promise).
-    plan = _plans.varlen_backward_plans.get(call.plan_key)
+    plan = _plans.backward_plans.get(call.plan_key, call.varlen)
     workspace = _ops._workspace(plan.workspace_bytes, lse.device)
     dq, dk, dv = gradients
     structs = call.structs
@@ -450,9 +451,8 @@ def _launch_backward(
         dout_c.data, q_c.data, k_c.data, v_c.data, out_c.data = pointers
         dq_c.data, dk_c.data, dv_c.data = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         varlen.cu_seqlens_q, varlen.cu_seqlens_k = offsets
-        plan.backward_varlen(
+        plan.backward(
             call.shape,
-            varlen,
             q_c,
             k_c,
             v_c,
@@ -465,6 +465,7 @@ def _launch_backward(
             workspace.data_ptr(),
             plan.workspace_bytes,
             torch._C._cuda_getCurrentRawStream(index),
+            varlen,
         )
     finally:
         if taken:

@@ -348,7 +348,7 @@ def test_library_truncates_messages_to_the_buffer(library) -> None:
     size = 8
     buffer = ctypes.create_string_buffer(b"\xff" * size, size)
     code = library.load().dash_forward(
-        ctypes.byref(shape), *[ctypes.byref(c_tensor)] * 4, tensor.data_ptr(), 0, None, 0, None, buffer, size
+        ctypes.byref(shape), None, *[ctypes.byref(c_tensor)] * 4, tensor.data_ptr(), 0, None, 0, None, buffer, size
     )
     assert library.load().dash_status_name(code) == b"not-supported"
     assert buffer.raw == b"shape.h\0"

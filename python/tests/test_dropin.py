@@ -505,7 +505,7 @@ def run_with_grads(function, tensors, *args, **kwargs):
 
 def skip_without_varlen(library, require_kernel):
     require_kernel(HEAD_DIM, torch.bfloat16)
-    if not library.varlen_kernel_available(HEAD_DIM, library.DTYPE_BF16, False):
+    if not library.kernel_available(HEAD_DIM, library.DTYPE_BF16, varlen=True):
         pytest.skip("this build has no varlen kernels for head_dim 64 / bf16 (DASH_VARLEN_KERNELS)")
 
 

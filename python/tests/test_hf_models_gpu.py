@@ -79,7 +79,7 @@ def family_config(request, device, library, require_kernel):
     config = FAMILIES[request.param]()
     softcap = bool(getattr(config, "attn_logit_softcapping", None))
     require_kernel(config.head_dim, torch.bfloat16)
-    if not library.varlen_kernel_available(config.head_dim, library.DTYPE_BF16, softcap):
+    if not library.kernel_available(config.head_dim, library.DTYPE_BF16, softcap, varlen=True):
         pytest.skip(
             f"this build has no varlen kernels for head_dim {config.head_dim} / bf16"
             f"{' with softcap' if softcap else ''} (DASH_VARLEN_KERNELS, DASH_SOFTCAP_KERNELS)"

@@ -106,7 +106,7 @@ def test_every_integer_is_range_checked_at_the_ctypes_boundary(fresh_interpreter
         refused(ValueError, ["shape.softcap", "inf as the C float"], _library.Shape, softcap=1e39)
         # The functions that take integers check them before loading the library.
         refused(ValueError, ["head_dim", "int64_t"], _library.kernel_available, 2**64 + 128, 0)
-        refused(ValueError, ["dtype", "C int"], _library.varlen_kernel_available, 128, 2**32)
+        refused(ValueError, ["dtype", "C int"], _library.kernel_available, 128, 2**32, varlen=True)
         refused(ValueError, ["sm_margin", "C int"], _library.BackwardPlan, _library.Shape(), "auto",
                 sm_margin=2**32)
         refused(ValueError, ["workspace_bytes", "size_t"], _library._check_launch_integers, 0, -1)

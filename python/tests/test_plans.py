@@ -37,7 +37,7 @@ class Maker:
         self.failing = set(failing)
         self.lock = threading.Lock()
 
-    def __call__(self, key) -> Made:
+    def __call__(self, key, *details) -> Made:
         with self.lock:
             self.made.append(key)
         if key in self.failing:
@@ -173,29 +173,44 @@ def test_the_key_holds_the_device_every_shape_field_the_schedule_and_the_sm_marg
     assert _plans.backward_plan(0, nearby, "auto") is plan
 
 
-def test_the_varlen_key_appends_the_promise_and_whether_the_rows_fill_the_maxima() -> None:
+def test_the_varlen_key_holds_the_promise_and_whether_the_rows_fill_the_maxima(monkeypatch) -> None:
     from dash_attn import _library
 
+    maker = Maker()
+    monkeypatch.setattr(_plans, "backward_plans", _plans.PlanCache(64, maker))
     shape = _library.Shape(*SHAPE_FIELDS)  # 2 sequences of at most 256 queries and 384 keys
     full_rows = (2 * 256, 2 * 384)
-    key = _plans.varlen_plan_key(0, shape, "auto", 8, True, *full_rows)
-    assert key == (*_plans.plan_key(0, _plans.shape_fields(shape), "auto", 8), True, True)
-    assert _plans.varlen_plan_key(0, shape, "auto", 8, True, 2 * 256 + 37, 2 * 384 + 37) == key  # padding rows
-    for rows in ((2 * 256 - 1, 2 * 384), (2 * 256, 2 * 384 - 1), (300, 500)):
-        assert _plans.varlen_plan_key(0, shape, "auto", 8, True, *rows) == key[:-1] + (False,)
-    assert _plans.varlen_plan_key(0, shape, "auto", 8, False, *full_rows) == key[:-2] + (False, True)
+
+    def plan(promise, rows):
+        return _plans.backward_plan(0, shape, "auto", 8, _library.Varlen(0, 0, *rows, int(promise)))
+
+    full = plan(True, full_rows)
+    assert maker.made[-1] == _plans.plan_key(0, _plans.shape_fields(shape), "auto", 8, (True, True))
+    assert plan(True, (2 * 256 + 37, 2 * 384 + 37)) is full  # padding rows
+    short = plan(True, (300, 500))
+    assert maker.made[-1][-1] == (True, False)
+    for rows in ((2 * 256 - 1, 2 * 384), (2 * 256, 2 * 384 - 1)):
+        assert plan(True, rows) is short
+    assert maker.made[-1] != plan(False, full_rows).key
+    assert maker.made[-1][-1] == (False, True)
+    # A dense plan of the same shape is another key.
+    assert _plans.backward_plan(0, shape, "auto", 8).key[-1] is None
+    assert len(maker.made) == 4
 
 
-def test_a_varlen_key_makes_the_plan_with_its_promise_and_hint(monkeypatch) -> None:
+def test_a_varlen_key_makes_the_plan_with_the_calls_varlen(monkeypatch) -> None:
     from dash_attn import _library
 
     made = []
     monkeypatch.setattr(_library, "BackwardPlan", lambda *args, **kwargs: made.append((args, kwargs)))
-    key = _plans.varlen_plan_key(0, _library.Shape(*SHAPE_FIELDS), "auto", 8, True, 300, 500)
-    _plans._make_varlen_backward_plan(key)
+    varlen = _library.Varlen(0, 0, 300, 500, 1)
+    key = _plans.plan_key(0, SHAPE_FIELDS, "auto", 8, (True, False))
+    _plans._make_backward_plan(key, varlen)
     (_shape, schedule), options = made[0]
     assert schedule == "auto"
-    assert options == {"sm_margin": 8, "varlen": True, "keys_within_queries": True, "lengths_fill_maxima": False}
+    assert options == {"sm_margin": 8, "varlen": varlen}
+    _plans._make_backward_plan(_plans.plan_key(0, SHAPE_FIELDS, "auto"))
+    assert made[1][1] == {"sm_margin": 0, "varlen": None}
 
 
 # --- handles of the real library, for a device described by hand (no GPU needed) ---------------------------
@@ -218,9 +233,16 @@ def fake_tensors(library, shape) -> list:
     ]
 
 
-def run_plan(library, plan, shape) -> None:
+def run_plan(library, plan, shape, varlen=None) -> None:
     q, k, v, out, dout, dq, dk, dv = fake_tensors(library, shape)
-    plan.backward(shape, q, k, v, out, dout, (1 << 44) + 8 * (1 << 36), dq, dk, dv, 0, 0, None)
+    plan.backward(shape, q, k, v, out, dout, (1 << 44) + 8 * (1 << 36), dq, dk, dv, 0, 0, None, varlen)
+
+
+def varlen_of(library, shape, fill, promise=True, offsets=0):
+    """The dash_varlen of a varlen plan of maximum problem `shape` (no offsets unless given: a plan reads none), its
+    totals filling the maxima or a query row short."""
+    total_q = shape.batch * shape.seqlen_q - (0 if fill else 1)
+    return library.Varlen(offsets, offsets, total_q, shape.batch * shape.seqlen_k, int(promise))
 
 
 def test_a_plan_for_a_described_device_knows_its_workspace(library, h200) -> None:
@@ -266,11 +288,9 @@ def test_a_varlen_plans_auto_reads_the_hint_under_the_full_mask(library, h200) -
     full.seqlen_k = full.seqlen_q
 
     def schedule(shape, name, fill):
-        return library.BackwardPlan(
-            shape, name, h200, varlen=True, keys_within_queries=True, lengths_fill_maxima=fill
-        ).schedule
+        return library.BackwardPlan(shape, name, h200, varlen=varlen_of(library, shape, fill)).schedule
 
-    assert library.BackwardPlan(full, "auto", h200, varlen=True, keys_within_queries=True).schedule == "shift"
+    assert schedule(full, "auto", True) == "shift"
     assert schedule(full, "auto", True) == "shift"
     assert schedule(full, "auto", False) == "shortest-first"
     assert schedule(full, "shift", False) == "shift"
@@ -307,9 +327,9 @@ def test_head_dims_192_and_256_refuse_symmetric_shift_naming_the_rule_and_auto_p
     # symmetric shift needs.
     scale = head_dim**-0.5
     causal = library.Shape(1, 1000, 1000, 2, 2, head_dim, 0, scale, 1)
-    for varlen in (False, True):
+    for varlen in (None, varlen_of(library, causal, True)):
         with pytest.raises(library.LibraryError) as caught:
-            library.BackwardPlan(causal, "symmetric-shift", h200, varlen=varlen, keys_within_queries=True)
+            library.BackwardPlan(causal, "symmetric-shift", h200, varlen=varlen)
         assert caught.value.status == "schedule-rejected"
         assert (
             "symmetric-shift needs block_kv to be a multiple of block_q, and the backward's tiles at this head dim "
@@ -324,9 +344,7 @@ def test_head_dims_192_and_256_refuse_symmetric_shift_naming_the_rule_and_auto_p
     assert library.BackwardPlan(window, "auto", h200).schedule == "shortest-first"
 
     def varlen_auto(shape, fill):
-        return library.BackwardPlan(
-            shape, "auto", h200, varlen=True, keys_within_queries=True, lengths_fill_maxima=fill
-        ).schedule
+        return library.BackwardPlan(shape, "auto", h200, varlen=varlen_of(library, shape, fill)).schedule
 
     assert varlen_auto(causal, True) == "shortest-first"
     assert varlen_auto(full, True) == "shift"
@@ -342,6 +360,23 @@ def test_a_plan_refuses_a_call_whose_shape_is_not_its_own(library, h200) -> None
         run_plan(library, plan, other)
     assert caught.value.status == "invalid-argument"
     assert caught.value.message == "shape.seqlen_q is 512, but the plan was made for 256 (make a plan for this call)"
+
+
+def test_a_plan_runs_only_batches_of_its_kind_naming_varlen(library, h200) -> None:
+    shape = library.Shape(*SHAPE_FIELDS)
+    dense = library.BackwardPlan(shape, "auto", h200)
+    packed = library.BackwardPlan(shape, "auto", h200, varlen=varlen_of(library, shape, True))
+    assert (dense.varlen, packed.varlen) == (False, True)
+    offsets = (1 << 44) + 9 * (1 << 36)
+    with pytest.raises(library.ArgumentRefusedError, match="^.*: varlen must be NULL: the plan is a dense plan"):
+        run_plan(library, dense, shape, varlen_of(library, shape, True, offsets=offsets))
+    with pytest.raises(library.ArgumentRefusedError, match="^.*: varlen must not be NULL: the plan is a varlen plan"):
+        run_plan(library, packed, shape)
+    # Negative control: each kind with its own batch gets past the plan checks (to the device or the pointers).
+    for plan, varlen in ((dense, None), (packed, varlen_of(library, shape, True, offsets=offsets))):
+        with pytest.raises(library.LibraryError) as caught:
+            run_plan(library, plan, shape, varlen)
+        assert "varlen must" not in caught.value.message
 
 
 def test_close_frees_the_handle_once_and_a_closed_plan_refuses_to_run(library, h200) -> None:

@@ -286,7 +286,7 @@ def skip_without_varlen_kernels(library, require_kernel, head_dim, dtype, softca
     """Skips, naming the build options, unless this build has the varlen kernels of (head_dim, dtype, softcap)."""
     require_kernel(head_dim, dtype)
     code = {torch.bfloat16: library.DTYPE_BF16, torch.float16: library.DTYPE_FP16}[dtype]
-    if not library.varlen_kernel_available(head_dim, code, softcap):
+    if not library.kernel_available(head_dim, code, softcap, varlen=True):
         options = "DASH_VARLEN_KERNELS, DASH_SOFTCAP_KERNELS" if softcap else "DASH_VARLEN_KERNELS"
         pytest.skip(
             f"this build has no varlen kernels for head_dim {head_dim} / {dtype}"
@@ -351,7 +351,7 @@ def test_softcap_matches_a_per_sequence_loop_of_flash_attn_func_with_softcap(
 @pytest.mark.parametrize("schedule", ["ascending", "descending", "shortest-first", "shift", "symmetric-shift"])
 def test_every_admitted_schedule_repeats_its_bits(device, library, require_kernel, schedule):
     require_kernel(128, torch.bfloat16)
-    if not library.varlen_kernel_available(128, 0):
+    if not library.kernel_available(128, 0, varlen=True):
         pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
     lengths = [(700, 700), (1, 1), (0, 0), (1024, 1024), (129, 129)]
     q, k, v, cu, _, _, _ = packed_batch(lengths, 4, 4, 128, torch.bfloat16, device, seed=5)
@@ -370,7 +370,7 @@ def test_every_admitted_schedule_repeats_its_bits(device, library, require_kerne
 
 def test_the_shift_schedules_need_one_offsets_tensor(device, library, require_kernel):
     require_kernel(128, torch.bfloat16)
-    if not library.varlen_kernel_available(128, 0):
+    if not library.kernel_available(128, 0, varlen=True):
         pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
     q, k, v, cu_q, cu_k, _, _ = packed_batch([(200, 200), (300, 300)], 2, 2, 128, torch.bfloat16, device)
     q.requires_grad_()
@@ -381,7 +381,7 @@ def test_the_shift_schedules_need_one_offsets_tensor(device, library, require_ke
 
 def test_a_cuda_graph_replays_the_call_with_new_offsets(device, library, require_kernel):
     require_kernel(128, torch.bfloat16)
-    if not library.varlen_kernel_available(128, 0):
+    if not library.kernel_available(128, 0, varlen=True):
         pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
     q, k, v, cu, _, _, _ = packed_batch([(100, 100), (156, 156)], 2, 2, 128, torch.bfloat16, device)
     flash_attn_varlen_func(q, k, v, cu, cu, 256, 256, causal=True)  # plans and warms up outside the capture
@@ -399,7 +399,7 @@ def test_the_eager_path_and_the_custom_ops_give_the_same_bits(device, library, r
     """flash_attn_varlen_func in eager mode runs the ops' bodies without their dispatch; the ops themselves (the
     path torch.compile records) must give out, lse and every gradient bit for bit the same."""
     require_kernel(128, torch.bfloat16)
-    if not library.varlen_kernel_available(128, 0):
+    if not library.kernel_available(128, 0, varlen=True):
         pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
     q, k, v, cu, _, _, _ = packed_batch(
         [(300, 300), (5, 5), (600, 600)], 4, 2, 128, torch.bfloat16, device, padding=3, seed=11

@@ -185,24 +185,51 @@ dash::BackwardArgs to_backward_args(const dash_shape& shape, const BackwardTenso
   return args;
 }
 
-dash::VarlenBatch to_varlen(const dash_varlen& v) {
-  dash::VarlenBatch varlen;
-  varlen.cu_seqlens_q = v.cu_seqlens_q;
-  varlen.cu_seqlens_k = v.cu_seqlens_k;
-  varlen.total_q = v.total_q;
-  varlen.total_k = v.total_k;
-  varlen.keys_within_queries = v.keys_within_queries != 0;
-  return varlen;
+// A call's dash_varlen: NULL for a dense batch (no VarlenBatch), else the packed batch it describes, which must name
+// its offsets: both null would make it a dense call in a varlen's clothing. Its flag is checked as the shape's are.
+dash::Status to_varlen(const dash_varlen* v, dash::VarlenBatch* varlen) {
+  if (v == nullptr) return dash::Status::success();
+  if (v->cu_seqlens_q == nullptr && v->cu_seqlens_k == nullptr) {
+    return invalid(
+        "varlen.cu_seqlens_q and varlen.cu_seqlens_k must not both be null (pass varlen NULL for a dense "
+        "batch)");
+  }
+  if (dash::Status s = check_flag(v->keys_within_queries, "varlen.keys_within_queries"); !s.ok()) return s;
+  varlen->cu_seqlens_q = v->cu_seqlens_q;
+  varlen->cu_seqlens_k = v->cu_seqlens_k;
+  varlen->total_q = v->total_q;
+  varlen->total_k = v->total_k;
+  varlen->keys_within_queries = v->keys_within_queries != 0;
+  return dash::Status::success();
 }
 
-// A varlen call's dash_varlen must be present and name a packed batch: both offset pointers null would make it a
-// dense call under a varlen name.
-dash::Status check_varlen_present(const dash_varlen* varlen) {
-  if (dash::Status s = check_present({{varlen, "varlen"}}); !s.ok()) return s;
-  if (varlen->cu_seqlens_q == nullptr && varlen->cu_seqlens_k == nullptr) {
-    return invalid("varlen.cu_seqlens_q and varlen.cu_seqlens_k must not be null in a varlen call");
+// What a varlen plan reads of its dash_varlen: the promise and the totals that give auto's hint. The totals are
+// checked as a call's are (> 0) so that a plan is not made from rows no call could have.
+dash::Status check_plan_varlen(const dash_varlen& v) {
+  if (dash::Status s = check_flag(v.keys_within_queries, "varlen.keys_within_queries"); !s.ok()) return s;
+  for (const auto& [total, name] : {std::pair{v.total_q, "varlen.total_q"}, std::pair{v.total_k, "varlen.total_k"}}) {
+    if (total <= 0) {
+      return invalid(std::string(name) + " must be > 0 (the packed rows; a varlen plan's auto reads its hint from " +
+                     "them), got " + std::to_string(total));
+    }
   }
-  return check_flag(varlen->keys_within_queries, "varlen.keys_within_queries");
+  return dash::Status::success();
+}
+
+// A plan runs only the batches it was made for: a varlen plan's units and workspace are the maximum problem's, read
+// per sequence from cu_seqlens, so a dense call on it (or a varlen call on a dense plan) would run the wrong kernels.
+dash::Status check_plan_kind(const dash::BackwardPlan& plan, const dash_varlen* varlen) {
+  if (plan.varlen() && varlen == nullptr) {
+    return invalid(
+        "varlen must not be NULL: the plan is a varlen plan (made with a dash_varlen), and runs packed "
+        "batches only");
+  }
+  if (!plan.varlen() && varlen != nullptr) {
+    return invalid(
+        "varlen must be NULL: the plan is a dense plan (made with varlen NULL), and runs dense batches "
+        "only");
+  }
+  return dash::Status::success();
 }
 
 dash::ForwardArgs to_forward_args(const dash_shape& shape, const dash_tensor& q, const dash_tensor& k,
@@ -247,20 +274,14 @@ const char* dash_schedule_names(void) {
   return names.c_str();
 }
 
-int dash_kernel_available(int64_t head_dim, int dtype) {
-  return dash::kernel_available(head_dim, static_cast<dash::DType>(dtype)) ? 1 : 0;
-}
-
-int dash_softcap_kernel_available(int64_t head_dim, int dtype) {
-  return dash::kernel_available(head_dim, static_cast<dash::DType>(dtype), /*softcap=*/true) ? 1 : 0;
-}
-
-int dash_varlen_kernel_available(int64_t head_dim, int dtype) {
-  return dash::varlen_kernel_available(head_dim, static_cast<dash::DType>(dtype)) ? 1 : 0;
-}
-
-int dash_varlen_softcap_kernel_available(int64_t head_dim, int dtype) {
-  return dash::varlen_kernel_available(head_dim, static_cast<dash::DType>(dtype), /*softcap=*/true) ? 1 : 0;
+int dash_kernel_available(int64_t head_dim, int dtype, int features) {
+  constexpr int kKnownFeatures = DASH_KERNEL_SOFTCAP | DASH_KERNEL_VARLEN;
+  if ((features & ~kKnownFeatures) != 0) return 0;
+  const auto type = static_cast<dash::DType>(dtype);  // kernel_available() answers false outside the enum
+  const bool softcap = (features & DASH_KERNEL_SOFTCAP) != 0;
+  const bool available = (features & DASH_KERNEL_VARLEN) != 0 ? dash::varlen_kernel_available(head_dim, type, softcap)
+                                                              : dash::kernel_available(head_dim, type, softcap);
+  return available ? 1 : 0;
 }
 
 const char* dash_library_version(void) { return DASH_C_LIBRARY_VERSION; }
@@ -303,98 +324,59 @@ int dash_backward_workspace_size(const dash_shape* shape, const char* schedule, 
   });
 }
 
-int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
-                 const dash_tensor* out, float* lse, int sm_margin, void* workspace, size_t workspace_bytes,
-                 void* stream, char* message, size_t message_size) {
+int dash_forward(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
+                 const dash_tensor* v, const dash_tensor* out, float* lse, int sm_margin, void* workspace,
+                 size_t workspace_bytes, void* stream, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
     if (dash::Status s = check_shape(shape); !s.ok()) return s;
     if (dash::Status s = check_present({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) return s;
-    const dash::ForwardArgs args = to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin);
-    return dash::forward(args, workspace, workspace_bytes, to_stream(stream));
-  });
-}
-
-int dash_forward_varlen(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
-                        const dash_tensor* v, const dash_tensor* out, float* lse, int sm_margin, void* workspace,
-                        size_t workspace_bytes, void* stream, char* message, size_t message_size) {
-  return guarded(message, message_size, [&] {
-    if (dash::Status s = check_shape(shape); !s.ok()) return s;
-    if (dash::Status s = check_present({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) return s;
-    if (dash::Status s = check_varlen_present(varlen); !s.ok()) return s;
     dash::ForwardArgs args = to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin);
-    args.varlen = to_varlen(*varlen);
+    if (dash::Status s = to_varlen(varlen, &args.varlen); !s.ok()) return s;
     return dash::forward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
 
-int dash_backward_varlen(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
-                         const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout, const float* lse,
-                         const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv, const char* schedule,
-                         int sm_margin, void* workspace, size_t workspace_bytes, void* stream, char* message,
-                         size_t message_size) {
-  return guarded(message, message_size, [&] {
-    const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
-    if (dash::Status s = check_backward_present(shape, tensors); !s.ok()) return s;
-    if (dash::Status s = check_varlen_present(varlen); !s.ok()) return s;
-    dash::BackwardArgs args = to_backward_args(*shape, tensors);
-    if (dash::Status s = parse(schedule, &args.schedule); !s.ok()) return s;
-    args.sm_margin = sm_margin;
-    args.varlen = to_varlen(*varlen);
-    return dash::backward(args, workspace, workspace_bytes, to_stream(stream));
-  });
-}
-
-int dash_backward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
-                  const dash_tensor* out, const dash_tensor* dout, const float* lse, const dash_tensor* dq,
-                  const dash_tensor* dk, const dash_tensor* dv, const char* schedule, int sm_margin, void* workspace,
-                  size_t workspace_bytes, void* stream, char* message, size_t message_size) {
+int dash_backward(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
+                  const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout, const float* lse,
+                  const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv, const char* schedule,
+                  int sm_margin, void* workspace, size_t workspace_bytes, void* stream, char* message,
+                  size_t message_size) {
   return guarded(message, message_size, [&] {
     const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
     if (dash::Status s = check_backward_present(shape, tensors); !s.ok()) return s;
     dash::BackwardArgs args = to_backward_args(*shape, tensors);
+    if (dash::Status s = to_varlen(varlen, &args.varlen); !s.ok()) return s;
     if (dash::Status s = parse(schedule, &args.schedule); !s.ok()) return s;
     args.sm_margin = sm_margin;
+    // dash::backward plans a varlen call with plan_varlen_backward, its hint from the totals.
     return dash::backward(args, workspace, workspace_bytes, to_stream(stream));
   });
 }
 
-int dash_backward_plan_create(const dash_shape* shape, const char* schedule, int sm_margin, const dash_device* device,
-                              dash_backward_plan** plan, char* message, size_t message_size) {
+int dash_backward_plan_create(const dash_shape* shape, const dash_varlen* varlen, const char* schedule, int sm_margin,
+                              const dash_device* device, dash_backward_plan** plan, char* message,
+                              size_t message_size) {
   return guarded(message, message_size, [&] {
     if (dash::Status s = check_present({{shape, "shape"}, {plan, "plan"}}); !s.ok()) return s;
     if (dash::Status s = check_shape_flags(*shape); !s.ok()) return s;
     dash::Schedule parsed = dash::Schedule::kAuto;
     if (dash::Status s = parse(schedule, &parsed); !s.ok()) return s;
-    dash::BackwardPlan made;
-    const dash::Status planned =
-        device == nullptr ? dash::plan_backward(to_shape(*shape), parsed, sm_margin, &made)
-                          : dash::plan_backward(to_shape(*shape), parsed, sm_margin, to_device_info(*device), &made);
-    if (!planned.ok()) return planned;
-    *plan = new dash_backward_plan{std::move(made)};
-    return dash::Status::success();
-  });
-}
-
-int dash_backward_plan_create_varlen(const dash_shape* shape, int keys_within_queries, int lengths_fill_maxima,
-                                     const char* schedule, int sm_margin, const dash_device* device,
-                                     dash_backward_plan** plan, char* message, size_t message_size) {
-  return guarded(message, message_size, [&] {
-    if (dash::Status s = check_present({{shape, "shape"}, {plan, "plan"}}); !s.ok()) return s;
-    if (dash::Status s = check_shape_flags(*shape); !s.ok()) return s;
-    dash::Schedule parsed = dash::Schedule::kAuto;
-    if (dash::Status s = parse(schedule, &parsed); !s.ok()) return s;
-    if (dash::Status s =
-            check_flags({{keys_within_queries, "keys_within_queries"}, {lengths_fill_maxima, "lengths_fill_maxima"}});
-        !s.ok()) {
-      return s;
+    if (varlen != nullptr) {
+      if (dash::Status s = check_plan_varlen(*varlen); !s.ok()) return s;
     }
+    const dash::AttentionShape api_shape = to_shape(*shape);
     dash::BackwardPlan made;
-    const bool promise = keys_within_queries != 0;
-    const bool fill = lengths_fill_maxima != 0;
-    const dash::Status planned =
-        device == nullptr ? dash::plan_varlen_backward(to_shape(*shape), promise, fill, parsed, sm_margin, &made)
-                          : dash::plan_varlen_backward(to_shape(*shape), promise, fill, parsed, sm_margin,
-                                                       to_device_info(*device), &made);
+    dash::Status planned;
+    if (varlen == nullptr) {
+      planned = device == nullptr ? dash::plan_backward(api_shape, parsed, sm_margin, &made)
+                                  : dash::plan_backward(api_shape, parsed, sm_margin, to_device_info(*device), &made);
+    } else {
+      const bool promise = varlen->keys_within_queries != 0;
+      const bool fill = dash::varlen_lengths_fill_maxima(api_shape, varlen->total_q, varlen->total_k);
+      planned = device == nullptr ? dash::plan_varlen_backward(api_shape, promise, fill, parsed, sm_margin, &made)
+                                  : dash::plan_varlen_backward(api_shape, promise, fill, parsed, sm_margin,
+                                                               to_device_info(*device), &made);
+    }
     if (!planned.ok()) return planned;
     *plan = new dash_backward_plan{std::move(made)};
     return dash::Status::success();
@@ -438,36 +420,22 @@ int dash_backward_plan_sm_count(const dash_backward_plan* plan, int* sm_count, c
   });
 }
 
-int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* shape, const dash_tensor* q,
-                           const dash_tensor* k, const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout,
-                           const float* lse, const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv,
-                           void* workspace, size_t workspace_bytes, void* stream, char* message, size_t message_size) {
+int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* shape, const dash_varlen* varlen,
+                           const dash_tensor* q, const dash_tensor* k, const dash_tensor* v, const dash_tensor* out,
+                           const dash_tensor* dout, const float* lse, const dash_tensor* dq, const dash_tensor* dk,
+                           const dash_tensor* dv, void* workspace, size_t workspace_bytes, void* stream, char* message,
+                           size_t message_size) {
   return guarded(message, message_size, [&] {
     if (dash::Status s = check_present({{plan, "plan"}}); !s.ok()) return s;
     const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
     if (dash::Status s = check_backward_present(shape, tensors); !s.ok()) return s;
+    if (dash::Status s = check_plan_kind(plan->plan, varlen); !s.ok()) return s;
     dash::BackwardArgs args = to_backward_args(*shape, tensors);
-    // The handle carries the schedule and the SM margin; the C call does not.
+    if (dash::Status s = to_varlen(varlen, &args.varlen); !s.ok()) return s;
+    // The handle carries the schedule and the SM margin; the C call does not. dash::backward compares the rest of
+    // the call (the shape, the promise) with the plan.
     args.schedule = plan->plan.requested_schedule();
     args.sm_margin = plan->plan.sm_margin();
-    return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
-  });
-}
-
-int dash_backward_plan_run_varlen(const dash_backward_plan* plan, const dash_shape* shape, const dash_varlen* varlen,
-                                  const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
-                                  const dash_tensor* out, const dash_tensor* dout, const float* lse,
-                                  const dash_tensor* dq, const dash_tensor* dk, const dash_tensor* dv, void* workspace,
-                                  size_t workspace_bytes, void* stream, char* message, size_t message_size) {
-  return guarded(message, message_size, [&] {
-    if (dash::Status s = check_present({{plan, "plan"}}); !s.ok()) return s;
-    const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
-    if (dash::Status s = check_backward_present(shape, tensors); !s.ok()) return s;
-    if (dash::Status s = check_varlen_present(varlen); !s.ok()) return s;
-    dash::BackwardArgs args = to_backward_args(*shape, tensors);
-    args.schedule = plan->plan.requested_schedule();
-    args.sm_margin = plan->plan.sm_margin();
-    args.varlen = to_varlen(*varlen);
     return dash::backward(args, plan->plan, workspace, workspace_bytes, to_stream(stream));
   });
 }

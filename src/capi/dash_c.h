@@ -41,8 +41,15 @@ extern "C" {
  *      backward on the device gave up its dQ order (dash::StatusCode::kWaitTimeout).
  *  10: DASH_STATUS_SEQLEN_EXCEEDS_MAX, which every call that runs on a device returns when an earlier varlen call there
  *      had a sequence longer than its max_seqlen_q or max_seqlen_k (dash::StatusCode::kSeqlenExceedsMax); both it and
- *      DASH_STATUS_WAIT_TIMEOUT are now returned by the forward calls too. */
-#define DASH_C_ABI_VERSION 10
+ *      DASH_STATUS_WAIT_TIMEOUT are now returned by the forward calls too.
+ *  11: one entry point per operation for dense and varlen batches: dash_forward, dash_backward and
+ *      dash_backward_plan_create take a const dash_varlen* after the shape (NULL: a dense batch), and
+ *      dash_backward_plan_run after the plan's shape; dash_backward_plan_create reads auto's hint from the varlen's
+ *      totals instead of an int lengths_fill_maxima. dash_kernel_available takes an int of enum dash_kernel_feature
+ *      bits. dash_forward_varlen, dash_backward_varlen, dash_backward_plan_create_varlen,
+ *      dash_backward_plan_run_varlen, dash_softcap_kernel_available, dash_varlen_kernel_available and
+ *      dash_varlen_softcap_kernel_available are gone. */
+#define DASH_C_ABI_VERSION 11
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -69,8 +76,7 @@ enum dash_dtype { DASH_DTYPE_BF16 = 0, DASH_DTYPE_FP16 = 1 };
  * key j iff i + d - window_left <= j <= i + d + window_right; -1 leaves a side open, each must be >= -1, and causal
  * makes window_right 0 whatever it is. windowed == 0 means no window and the two bounds are not read, so that a
  * zeroed struct (or one filled by a caller of version 4's fields) is not the window (0, 0), the diagonal alone.
- * Every flag of these structs and of the functions below (causal, windowed, keys_within_queries,
- * lengths_fill_maxima) must be 0 or 1: any other value is refused with DASH_STATUS_INVALID_ARGUMENT naming it, as C
+ * Every flag of these structs (causal, windowed, keys_within_queries) must be 0 or 1: any other value is refused with DASH_STATUS_INVALID_ARGUMENT naming it, as C
  * has no bool.
  * softcap > 0 caps each scaled score s to softcap * tanh(s / softcap); 0 does not; it must be finite and >= 0, and a
  * normal float when > 0, as softmax_scale must be (> 0): the kernels flush subnormals to 0. */
@@ -96,7 +102,8 @@ typedef struct dash_tensor {
   int64_t strides[4];
 } dash_tensor;
 
-/* dash::VarlenBatch: a packed variable-length batch (FlashAttention's varlen). With it, dash_shape's batch is the
+/* dash::VarlenBatch: a packed variable-length batch (FlashAttention's varlen). The calls below take a
+ * const dash_varlen*: NULL for a dense batch, else the packed batch it describes. With it, dash_shape's batch is the
  * number of sequences and seqlen_q, seqlen_k the maximum lengths; sequence b's query rows are rows
  * [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of the packed (total_q, heads_q, head_dim) q, out, dout and dq, its key rows
  * those of cu_seqlens_k in the (total_k, heads_kv, head_dim) k, v, dk and dv; every packed dash_tensor has
@@ -121,12 +128,17 @@ DASH_C_API const char* dash_status_name(int code);
 /* The canonical schedule names, comma-separated ("auto,ascending,..."); a static string. */
 DASH_C_API const char* dash_schedule_names(void);
 
-/* Nonzero if this build has kernels for (head_dim, dtype); the second: its softcap kernels (softcap > 0). */
-DASH_C_API int dash_kernel_available(int64_t head_dim, int dtype);
-DASH_C_API int dash_softcap_kernel_available(int64_t head_dim, int dtype);
-/* Nonzero if this build has the varlen kernels of (head_dim, dtype); the second: those of its softcap instance. */
-DASH_C_API int dash_varlen_kernel_available(int64_t head_dim, int dtype);
-DASH_C_API int dash_varlen_softcap_kernel_available(int64_t head_dim, int dtype);
+/* The kernel variants dash_kernel_available asks about, as bits of its `features`. */
+enum dash_kernel_feature {
+  DASH_KERNEL_SOFTCAP = 1, /* the softcap instance's kernels (softcap > 0) */
+  DASH_KERNEL_VARLEN = 2,  /* the varlen kernels (calls with a dash_varlen) */
+};
+
+/* Nonzero if this build has the kernels of (head_dim, dtype) with every feature in `features`, a bitwise OR of enum
+ * dash_kernel_feature: 0 asks for the dense kernels without softcap, DASH_KERNEL_SOFTCAP | DASH_KERNEL_VARLEN for
+ * the softcap instance's varlen kernels. A `features` with any other bit set, or an unknown dtype, is answered 0:
+ * this library has no kernel of a feature it does not know. */
+DASH_C_API int dash_kernel_available(int64_t head_dim, int dtype, int features);
 
 /* The version of the DASH sources this library was built from (the CMake project version, e.g. "0.1.0"); a
  * static string. */
@@ -177,31 +189,23 @@ DASH_C_API int dash_forward_workspace_size(const dash_shape* shape, size_t* byte
 DASH_C_API int dash_backward_workspace_size(const dash_shape* shape, const char* schedule, size_t* bytes, char* message,
                                             size_t message_size);
 
-/* out, lse = attention(q, k, v); lse is (B, Hq, Sq) packed fp32. */
-DASH_C_API int dash_forward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
-                            const dash_tensor* out, float* lse, int sm_margin, void* workspace, size_t workspace_bytes,
-                            void* stream, char* message, size_t message_size);
+/* out, lse = attention(q, k, v). varlen NULL: a dense batch, lse (B, Hq, Sq) packed fp32. varlen not NULL: the packed
+ * batch it describes (dash_varlen above), *shape its maximum problem, lse (Hq, total_q); varlen->cu_seqlens_q and
+ * cu_seqlens_k must not both be NULL. The workspace is dash_forward_workspace_size's of *shape in both. */
+DASH_C_API int dash_forward(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q,
+                            const dash_tensor* k, const dash_tensor* v, const dash_tensor* out, float* lse,
+                            int sm_margin, void* workspace, size_t workspace_bytes, void* stream, char* message,
+                            size_t message_size);
 
-/* dq, dk, dv for upstream gradient dout, summed in the order `schedule` fixes. Plans the schedule at every call;
- * a caller that repeats shapes keeps a dash_backward_plan instead. */
-DASH_C_API int dash_backward(const dash_shape* shape, const dash_tensor* q, const dash_tensor* k, const dash_tensor* v,
-                             const dash_tensor* out, const dash_tensor* dout, const float* lse, const dash_tensor* dq,
-                             const dash_tensor* dk, const dash_tensor* dv, const char* schedule, int sm_margin,
-                             void* workspace, size_t workspace_bytes, void* stream, char* message, size_t message_size);
-
-/* dash_forward and dash_backward of a packed varlen batch (dash_varlen above); dash_backward_varlen plans with
- * dash_backward_plan_create_varlen's rules at every call. The workspace sizes are the dense queries' of *shape, the
- * maximum problem (dash_backward_plan_workspace_size of a varlen plan for the backward). */
-DASH_C_API int dash_forward_varlen(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q,
-                                   const dash_tensor* k, const dash_tensor* v, const dash_tensor* out, float* lse,
-                                   int sm_margin, void* workspace, size_t workspace_bytes, void* stream, char* message,
-                                   size_t message_size);
-DASH_C_API int dash_backward_varlen(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q,
-                                    const dash_tensor* k, const dash_tensor* v, const dash_tensor* out,
-                                    const dash_tensor* dout, const float* lse, const dash_tensor* dq,
-                                    const dash_tensor* dk, const dash_tensor* dv, const char* schedule, int sm_margin,
-                                    void* workspace, size_t workspace_bytes, void* stream, char* message,
-                                    size_t message_size);
+/* dq, dk, dv for upstream gradient dout, summed in the order `schedule` fixes; varlen as in dash_forward. Plans the
+ * schedule at every call, as dash_backward_plan_create would with this varlen (a varlen call's hint from its totals);
+ * a caller that repeats shapes keeps a dash_backward_plan instead. The workspace is dash_backward_workspace_size's of
+ * *shape for a dense call, dash_backward_plan_workspace_size's of the varlen plan for a varlen one. */
+DASH_C_API int dash_backward(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q,
+                             const dash_tensor* k, const dash_tensor* v, const dash_tensor* out,
+                             const dash_tensor* dout, const float* lse, const dash_tensor* dq, const dash_tensor* dk,
+                             const dash_tensor* dv, const char* schedule, int sm_margin, void* workspace,
+                             size_t workspace_bytes, void* stream, char* message, size_t message_size);
 
 /* dash::BackwardPlan: the backward planned once for one shape, schedule, SM margin and device (the schedule resolved,
  * planned for the device's SM count less the margin and proven) with the workspace size it needs. Immutable: one
@@ -212,26 +216,21 @@ typedef struct dash_backward_plan dash_backward_plan;
  * then plans for `device`, leaving sm_margin of its SMs free: NULL for the current device, which must be able to run
  * the kernels; otherwise only device->index and device->multiprocessor_count are read, and no GPU is needed.
  * sm_margin must be less than the device's SM count. On success *plan receives a new handle, which the caller frees
- * with dash_backward_plan_destroy; on failure *plan is untouched. */
-DASH_C_API int dash_backward_plan_create(const dash_shape* shape, const char* schedule, int sm_margin,
-                                         const dash_device* device, dash_backward_plan** plan, char* message,
-                                         size_t message_size);
+ * with dash_backward_plan_destroy; on failure *plan is untouched.
+ * varlen NULL makes a dense plan. varlen not NULL makes a varlen plan (dash::plan_varlen_backward) for packed batches
+ * whose maximum problem is *shape (batch = sequences, seqlen_q and seqlen_k = the maximum lengths); it holds for every
+ * vector of lengths within the maxima. Only three fields of *varlen are read, and its cu_seqlens may be NULL:
+ * - keys_within_queries, the promise its runs must carry; shift and symmetric shift are planned only with it
+ *   (DASH_STATUS_SCHEDULE_REJECTED, naming the rule, otherwise);
+ * - total_q and total_k (each must be > 0), for auto's hint alone: whether the packed rows let every sequence be as
+ *   long as the maxima (total_q >= batch * seqlen_q and total_k >= batch * seqlen_k, dash::varlen_lengths_fill_maxima);
+ *   when they show some sequence shorter, auto picks shortest-first under the full mask (shift runs mixed lengths
+ *   slower). The totals restrict no batch the plan runs: a run is not checked against them. */
+DASH_C_API int dash_backward_plan_create(const dash_shape* shape, const dash_varlen* varlen, const char* schedule,
+                                         int sm_margin, const dash_device* device, dash_backward_plan** plan,
+                                         char* message, size_t message_size);
 
-/* dash::plan_varlen_backward: dash_backward_plan_create for packed varlen batches whose maximum problem is *shape
- * (batch = sequences, seqlen_q and seqlen_k = the maximum lengths), with the promise keys_within_queries (nonzero:
- * every sequence has seqlen_k <= seqlen_q). The plan holds for every vector of lengths within the maxima; shift and
- * symmetric shift only with the promise (DASH_STATUS_SCHEDULE_REJECTED, naming the rule, otherwise).
- * lengths_fill_maxima is a hint for "auto" alone: 1 when the batches' packed rows let every sequence be as long
- * as the maxima (total_q >= batch * seqlen_q and total_k >= batch * seqlen_k, as dash_backward_varlen computes it
- * from its dash_varlen), 0 when they show some sequence shorter, which under the full mask picks shortest-first
- * (shift runs mixed lengths slower). It restricts no batch the plan runs: a call is not checked against it. Freed by
- * dash_backward_plan_destroy, run by dash_backward_plan_run_varlen. */
-DASH_C_API int dash_backward_plan_create_varlen(const dash_shape* shape, int keys_within_queries,
-                                                int lengths_fill_maxima, const char* schedule, int sm_margin,
-                                                const dash_device* device, dash_backward_plan** plan, char* message,
-                                                size_t message_size);
-
-/* *is_varlen = 1 for a plan of dash_backward_plan_create_varlen, 0 otherwise; written only on success. */
+/* *is_varlen = 1 for a varlen plan (made with a dash_varlen), 0 for a dense one; written only on success. */
 DASH_C_API int dash_backward_plan_is_varlen(const dash_backward_plan* plan, int* is_varlen, char* message,
                                             size_t message_size);
 
@@ -253,21 +252,16 @@ DASH_C_API int dash_backward_plan_sm_count(const dash_backward_plan* plan, int* 
                                            size_t message_size);
 
 /* dash_backward with the plan's schedule and sm_margin, without planning again. *shape must equal the plan's shape in
- * every field (a mismatch is refused, naming the field, before anything else is checked), the current device must
- * be the plan's, and the workspace must hold dash_backward_plan_workspace_size bytes. */
-DASH_C_API int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* shape, const dash_tensor* q,
-                                      const dash_tensor* k, const dash_tensor* v, const dash_tensor* out,
-                                      const dash_tensor* dout, const float* lse, const dash_tensor* dq,
-                                      const dash_tensor* dk, const dash_tensor* dv, void* workspace,
-                                      size_t workspace_bytes, void* stream, char* message, size_t message_size);
-
-/* dash_backward_plan_run for a varlen plan: *varlen must carry the plan's keys_within_queries. */
-DASH_C_API int dash_backward_plan_run_varlen(const dash_backward_plan* plan, const dash_shape* shape,
-                                             const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
-                                             const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout,
-                                             const float* lse, const dash_tensor* dq, const dash_tensor* dk,
-                                             const dash_tensor* dv, void* workspace, size_t workspace_bytes,
-                                             void* stream, char* message, size_t message_size);
+ * every field (a mismatch is refused, naming the field), varlen must be NULL for a dense plan and not NULL for a
+ * varlen plan, carrying the plan's keys_within_queries (DASH_STATUS_INVALID_ARGUMENT, naming varlen and the rule,
+ * otherwise); both are checked before the tensors' data and strides. The current device must be the plan's, and the workspace must
+ * hold dash_backward_plan_workspace_size bytes. */
+DASH_C_API int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* shape,
+                                      const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
+                                      const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout,
+                                      const float* lse, const dash_tensor* dq, const dash_tensor* dk,
+                                      const dash_tensor* dv, void* workspace, size_t workspace_bytes, void* stream,
+                                      char* message, size_t message_size);
 
 #ifdef __cplusplus
 }

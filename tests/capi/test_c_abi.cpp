@@ -4,10 +4,12 @@
 // diagnostic queries (versions, device description) agree with what this process's own CUDA runtime reports.
 // The backward plan handle: made for a device described by hand (no GPU needed), sized, destroyed (NULL
 // included); each refused creation with its own message and the handle untouched; a run whose shape is not
-// the plan's is refused naming the field, before anything else. The SM margin: a plan records the SM count it
-// was planned for, and a margin outside [0, SM count) is refused naming the rule. A plan names the schedule it runs,
-// and a varlen plan's hint lengths_fill_maxima reaches auto alone. A flag other than 0 or 1 and a workspace that
-// overlaps a tensor of the call are refused, naming them. Runs without a GPU; the test
+// the plan's is refused naming the field, before anything else, and so is a run whose varlen (NULL or not) is not
+// the plan's kind. The SM margin: a plan records the SM count it was planned for, and a margin outside
+// [0, SM count) is refused naming the rule. A plan names the schedule it runs; a varlen plan is made from a
+// dash_varlen without offsets, and the hint its totals give reaches auto alone. dash_kernel_available answers 0 for
+// feature bits it does not know. A flag other than 0 or 1 and a workspace that overlaps a tensor of the call are
+// refused, naming them. Runs without a GPU; the test
 // links the shared library exactly as a C caller would.
 #include <algorithm>
 #include <array>
@@ -36,6 +38,13 @@ dash_shape to_c(const AttentionShape& s) {
       s.batch,         s.seqlen_q,       s.seqlen_k,     s.heads_q, s.heads_kv, s.head_dim, static_cast<int>(s.dtype),
       s.softmax_scale, s.causal ? 1 : 0,
       /*windowed=*/1,  s.window_left,    s.window_right, s.softcap};
+}
+
+// The dash_varlen a varlen plan of `s` reads: no offsets (a plan does not read them), the promise, and totals that
+// let every sequence be as long as the maxima (`fill`) or show one shorter (a query row fewer).
+dash_varlen plan_varlen(const dash_shape& s, int keys_within_queries, bool fill = true) {
+  const int64_t total_q = s.batch * s.seqlen_q - (fill ? 0 : 1);
+  return dash_varlen{nullptr, nullptr, total_q, s.batch * s.seqlen_k, keys_within_queries};
 }
 
 // What one C call returned: its code and the message it copied out.
@@ -101,12 +110,12 @@ TEST(CShape, TheWindowAppliesOnlyWhenWindowedIsSet) {
 TEST(CShape, SoftcapKernelsComeWithThePlainOnes) {
   for (int64_t head_dim : {64, 80, 96, 128, 192, 256}) {
     for (int dtype : {DASH_DTYPE_BF16, DASH_DTYPE_FP16}) {
-      if (dash_softcap_kernel_available(head_dim, dtype) != 0) {
-        EXPECT_EQ(dash_kernel_available(head_dim, dtype), 1) << head_dim << " " << dtype;
+      if (dash_kernel_available(head_dim, dtype, DASH_KERNEL_SOFTCAP) != 0) {
+        EXPECT_EQ(dash_kernel_available(head_dim, dtype, 0), 1) << head_dim << " " << dtype;
       }
     }
   }
-  EXPECT_EQ(dash_softcap_kernel_available(80, DASH_DTYPE_BF16), 0);
+  EXPECT_EQ(dash_kernel_available(80, DASH_DTYPE_BF16, DASH_KERNEL_SOFTCAP), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CForwardWorkspaceSize, ::testing::ValuesIn(testing::rejected_shapes()),
@@ -232,8 +241,9 @@ dash_backward_plan* create_plan(const AttentionShape& shape, const char* schedul
   const dash_shape c_shape = to_c(shape);
   const dash_device given = device != nullptr ? *device : h200();
   dash_backward_plan* plan = nullptr;
-  const Result r = call(
-      [&](char* m, size_t n) { return dash_backward_plan_create(&c_shape, schedule, sm_margin, &given, &plan, m, n); });
+  const Result r = call([&](char* m, size_t n) {
+    return dash_backward_plan_create(&c_shape, nullptr, schedule, sm_margin, &given, &plan, m, n);
+  });
   EXPECT_EQ(r.code, DASH_STATUS_OK) << schedule << ": " << r.message;
   EXPECT_EQ(r.message, "");
   return plan;
@@ -256,7 +266,8 @@ CreateResult try_create(const dash_shape* shape, const char* schedule, const das
                         bool with_plan_output = true, int sm_margin = 0) {
   dash_backward_plan* plan = kUntouchedPlan;
   const Result r = call([&](char* m, size_t n) {
-    return dash_backward_plan_create(shape, schedule, sm_margin, device, with_plan_output ? &plan : nullptr, m, n);
+    return dash_backward_plan_create(shape, nullptr, schedule, sm_margin, device, with_plan_output ? &plan : nullptr, m,
+                                     n);
   });
   return {r, plan};
 }
@@ -417,8 +428,9 @@ TEST(CBackwardPlanCreate, RefusesSymmetricShiftAtHeadDims192And256WithTheRule) {
                   "of query tiles apart; use shortest-first or descending (auto picks one)");
     EXPECT_EQ(created.plan, kUntouchedPlan);
     dash_backward_plan* plan = kUntouchedPlan;
+    const dash_varlen promised = plan_varlen(c_shape, 1);
     const Result varlen = call([&](char* m, size_t n) {
-      return dash_backward_plan_create_varlen(&c_shape, 1, 1, "symmetric-shift", 0, &device, &plan, m, n);
+      return dash_backward_plan_create(&c_shape, &promised, "symmetric-shift", 0, &device, &plan, m, n);
     });
     EXPECT_EQ(varlen.code, DASH_STATUS_SCHEDULE_REJECTED);
     EXPECT_NE(varlen.message.find("symmetric-shift needs block_kv to be a multiple of block_q"), std::string::npos)
@@ -549,8 +561,8 @@ struct FakeBackwardCall {
   Result run(const dash_backward_plan* plan) const {
     const dash_tensor* t = tensors.data();
     return call([&](char* m, size_t n) {
-      return dash_backward_plan_run(plan, &shape, &t[0], &t[1], &t[2], &t[3], &t[4], lse(), &t[5], &t[6], &t[7],
-                                    nullptr, 0, nullptr, m, n);
+      return dash_backward_plan_run(plan, &shape, nullptr, &t[0], &t[1], &t[2], &t[3], &t[4], lse(), &t[5], &t[6],
+                                    &t[7], nullptr, 0, nullptr, m, n);
     });
   }
 
@@ -580,14 +592,14 @@ TEST(CBackwardPlanRun, NamesAMissingArgument) {
   const FakeBackwardCall c(testing::valid_workspace_shape());
   const dash_tensor* t = c.tensors.data();
   Result r = call([&](char* m, size_t n) {
-    return dash_backward_plan_run(plan, nullptr, &t[0], &t[1], &t[2], &t[3], &t[4], nullptr, &t[5], &t[6], &t[7],
-                                  nullptr, 0, nullptr, m, n);
+    return dash_backward_plan_run(plan, nullptr, nullptr, &t[0], &t[1], &t[2], &t[3], &t[4], nullptr, &t[5], &t[6],
+                                  &t[7], nullptr, 0, nullptr, m, n);
   });
   EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(r.message, "shape must not be null");
   r = call([&](char* m, size_t n) {
-    return dash_backward_plan_run(plan, &c.shape, &t[0], &t[1], &t[2], &t[3], &t[4], nullptr, nullptr, &t[6], &t[7],
-                                  nullptr, 0, nullptr, m, n);
+    return dash_backward_plan_run(plan, &c.shape, nullptr, &t[0], &t[1], &t[2], &t[3], &t[4], nullptr, nullptr, &t[6],
+                                  &t[7], nullptr, 0, nullptr, m, n);
   });
   EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(r.message, "dq must not be null");
@@ -615,7 +627,7 @@ TEST(CBackwardPlanRun, AMatchingCallGetsPastThePlanChecks) {
   ASSERT_NE(plan, nullptr);
   const Result r = FakeBackwardCall(shape).run(plan);
   const Result check = call([](char* m, size_t n) { return dash_check_device(m, n); });
-  if (dash_kernel_available(shape.head_dim, static_cast<int>(shape.dtype)) == 0) {
+  if (dash_kernel_available(shape.head_dim, static_cast<int>(shape.dtype), 0) == 0) {
     EXPECT_EQ(r.code, DASH_STATUS_NOT_AVAILABLE) << r.message;
   } else if (check.code != DASH_STATUS_OK) {
     EXPECT_EQ(r.code, check.code);
@@ -637,8 +649,8 @@ TEST(CBackwardPlanRun, RefusesAWorkspaceOverlappingAnOutputOrAnInput) {
   const dash_tensor* t = c.tensors.data();
   const auto run_with = [&](void* workspace) {
     return call([&](char* m, size_t n) {
-      return dash_backward_plan_run(plan, &c.shape, &t[0], &t[1], &t[2], &t[3], &t[4], c.lse(), &t[5], &t[6], &t[7],
-                                    workspace, plan_workspace_size(plan), nullptr, m, n);
+      return dash_backward_plan_run(plan, &c.shape, nullptr, &t[0], &t[1], &t[2], &t[3], &t[4], c.lse(), &t[5], &t[6],
+                                    &t[7], workspace, plan_workspace_size(plan), nullptr, m, n);
     });
   };
   for (const auto& [index, name] : {std::pair{6, "dk"}, std::pair{0, "q"}}) {
@@ -658,7 +670,7 @@ TEST(CForward, RefusesAWorkspaceOverlappingOut) {
   const dash_tensor* t = c.tensors.data();
   float* lse = const_cast<float*>(c.lse());
   const Result r = call([&](char* m, size_t n) {
-    return dash_forward(&c.shape, &t[0], &t[1], &t[2], &t[3], lse, 0, t[3].data, 64, nullptr, m, n);
+    return dash_forward(&c.shape, nullptr, &t[0], &t[1], &t[2], &t[3], lse, 0, t[3].data, 64, nullptr, m, n);
   });
   EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT) << r.message;
   EXPECT_NE(r.message.find("workspace overlaps out"), std::string::npos) << r.message;
@@ -684,28 +696,26 @@ TEST(CFlags, AFlagOtherThanZeroOrOneIsRefusedNamingIt) {
   const dash_shape c_shape = to_c(shape);
   const dash_device device = h200();
   dash_backward_plan* plan = nullptr;
-  Result r = call([&](char* m, size_t n) {
-    return dash_backward_plan_create_varlen(&c_shape, 2, 1, "auto", 0, &device, &plan, m, n);
-  });
+  dash_varlen bad = plan_varlen(c_shape, 2);
+  Result r = call(
+      [&](char* m, size_t n) { return dash_backward_plan_create(&c_shape, &bad, "auto", 0, &device, &plan, m, n); });
   EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
-  EXPECT_EQ(r.message, "keys_within_queries must be 0 or 1 (a flag), got 2");
-  r = call([&](char* m, size_t n) {
-    return dash_backward_plan_create_varlen(&c_shape, 1, 5, "auto", 0, &device, &plan, m, n);
-  });
-  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
-  EXPECT_EQ(r.message, "lengths_fill_maxima must be 0 or 1 (a flag), got 5");
+  EXPECT_EQ(r.message, "varlen.keys_within_queries must be 0 or 1 (a flag), got 2");
   EXPECT_EQ(plan, nullptr);
   // Negative control: 0 and 1 are taken.
-  r = call([&](char* m, size_t n) {
-    return dash_backward_plan_create_varlen(&c_shape, 1, 0, "auto", 0, &device, &plan, m, n);
-  });
-  EXPECT_EQ(r.code, DASH_STATUS_OK) << r.message;
-  dash_backward_plan_destroy(plan);
+  for (const int promise : {0, 1}) {
+    const dash_varlen good = plan_varlen(c_shape, promise);
+    r = call(
+        [&](char* m, size_t n) { return dash_backward_plan_create(&c_shape, &good, "auto", 0, &device, &plan, m, n); });
+    EXPECT_EQ(r.code, DASH_STATUS_OK) << r.message;
+    dash_backward_plan_destroy(plan);
+    plan = nullptr;
+  }
   dash_tensor t{};
   const dash_varlen varlen{reinterpret_cast<const int32_t*>(uintptr_t{1} << 44),
                            reinterpret_cast<const int32_t*>(uintptr_t{1} << 44), 8, 8, 3};
   r = call([&](char* m, size_t n) {
-    return dash_forward_varlen(&c_shape, &varlen, &t, &t, &t, &t, nullptr, 0, nullptr, 0, nullptr, m, n);
+    return dash_forward(&c_shape, &varlen, &t, &t, &t, &t, nullptr, 0, nullptr, 0, nullptr, m, n);
   });
   EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(r.message, "varlen.keys_within_queries must be 0 or 1 (a flag), got 3");
@@ -713,8 +723,8 @@ TEST(CFlags, AFlagOtherThanZeroOrOneIsRefusedNamingIt) {
 
 // --- packed varlen batches (dash_varlen, ABI 6) ------------------------------------------------------------
 
-TEST(CAbi, TheVersionIsTenAndItsStatusesAreNamed) {
-  EXPECT_EQ(dash_abi_version(), 10);
+TEST(CAbi, TheVersionIsElevenAndItsStatusesAreNamed) {
+  EXPECT_EQ(dash_abi_version(), 11);
   EXPECT_STREQ(dash_status_name(DASH_STATUS_WAIT_TIMEOUT), "wait-timeout");
   EXPECT_STREQ(dash_status_name(DASH_STATUS_SEQLEN_EXCEEDS_MAX), "seqlen-exceeds-max");
 }
@@ -723,14 +733,35 @@ TEST(CAbi, TheVersionIsTenAndItsStatusesAreNamed) {
 TEST(CVarlen, VarlenKernelsComeWithTheirInstances) {
   for (const int64_t head_dim : {64, 80, 96, 128, 192, 256}) {
     for (const int dtype : {DASH_DTYPE_BF16, DASH_DTYPE_FP16}) {
-      if (dash_kernel_available(head_dim, dtype) == 0) {
-        EXPECT_EQ(dash_varlen_kernel_available(head_dim, dtype), 0) << head_dim << " " << dtype;
+      if (dash_kernel_available(head_dim, dtype, 0) == 0) {
+        EXPECT_EQ(dash_kernel_available(head_dim, dtype, DASH_KERNEL_VARLEN), 0) << head_dim << " " << dtype;
       }
-      if (dash_softcap_kernel_available(head_dim, dtype) == 0) {
-        EXPECT_EQ(dash_varlen_softcap_kernel_available(head_dim, dtype), 0) << head_dim << " " << dtype;
+      if (dash_kernel_available(head_dim, dtype, DASH_KERNEL_SOFTCAP) == 0) {
+        EXPECT_EQ(dash_kernel_available(head_dim, dtype, DASH_KERNEL_SOFTCAP | DASH_KERNEL_VARLEN), 0)
+            << head_dim << " " << dtype;
       }
     }
   }
+}
+
+// A feature bit the library does not know is answered 0 whatever the known bits alone answer: no build has a kernel
+// of a feature it does not know. The known combinations are each asked as well (a build with kernels answers 1 for
+// some of them, so there the unknown bits' 0 is not the answer of every query).
+TEST(CKernelAvailable, AnswersZeroForAnUnknownFeatureBit) {
+  constexpr int kKnown[] = {0, DASH_KERNEL_SOFTCAP, DASH_KERNEL_VARLEN, DASH_KERNEL_SOFTCAP | DASH_KERNEL_VARLEN};
+  int available = 0;
+  for (const int64_t head_dim : {64, 96, 128, 192, 256}) {
+    for (const int dtype : {DASH_DTYPE_BF16, DASH_DTYPE_FP16}) {
+      for (const int known : kKnown) {
+        available += dash_kernel_available(head_dim, dtype, known);
+        for (const int unknown : {4, 8, 1 << 30, -1, static_cast<int>(0x80000000u)}) {
+          EXPECT_EQ(dash_kernel_available(head_dim, dtype, known | unknown), 0)
+              << head_dim << " " << dtype << " " << known << " " << unknown;
+        }
+      }
+    }
+  }
+  RecordProperty("known_feature_combinations_available", available);
 }
 
 dash_backward_plan* kUntouchedVarlenPlan = reinterpret_cast<dash_backward_plan*>(uintptr_t{0x5a5a});
@@ -739,10 +770,9 @@ TEST(CVarlenPlan, IsMadeForADeviceDescribedByHandAndSaysSo) {
   const dash_shape c_shape = to_c(testing::valid_workspace_shape());
   const dash_device device = h200();
   dash_backward_plan* plan = nullptr;
-  Result r = call([&](char* m, size_t n) {
-    return dash_backward_plan_create_varlen(&c_shape, /*keys_within_queries=*/0, /*lengths_fill_maxima=*/1, "auto", 0,
-                                            &device, &plan, m, n);
-  });
+  const dash_varlen varlen = plan_varlen(c_shape, /*keys_within_queries=*/0);  // cu_seqlens NULL: not read
+  Result r = call(
+      [&](char* m, size_t n) { return dash_backward_plan_create(&c_shape, &varlen, "auto", 0, &device, &plan, m, n); });
   ASSERT_EQ(r.code, DASH_STATUS_OK) << r.message;
   int is_varlen = -1;
   r = call([&](char* m, size_t n) { return dash_backward_plan_is_varlen(plan, &is_varlen, m, n); });
@@ -762,21 +792,24 @@ TEST(CVarlenPlan, RefusesTheShiftSchedulesWithoutThePromiseLeavingTheHandle) {
   const dash_shape c_shape = to_c(shape);
   const dash_device device = h200();
   dash_backward_plan* plan = kUntouchedVarlenPlan;
+  const dash_varlen varlen = plan_varlen(c_shape, 0);
   const Result r = call([&](char* m, size_t n) {
-    return dash_backward_plan_create_varlen(&c_shape, 0, 1, "symmetric-shift", 0, &device, &plan, m, n);
+    return dash_backward_plan_create(&c_shape, &varlen, "symmetric-shift", 0, &device, &plan, m, n);
   });
   EXPECT_EQ(r.code, DASH_STATUS_SCHEDULE_REJECTED);
   EXPECT_NE(r.message.find("keys_within_queries"), std::string::npos) << r.message;
   EXPECT_EQ(plan, kUntouchedVarlenPlan);
 }
 
-// The schedule a varlen plan of `schedule` runs under the promise and the hint, or the failing status's name.
-std::string varlen_plan_schedule(const AttentionShape& shape, int promise, int fill, const char* schedule) {
+// The schedule a varlen plan of `schedule` runs under the promise and the totals (filling the maxima or a row short),
+// or the failing status's name.
+std::string varlen_plan_schedule(const AttentionShape& shape, int promise, bool fill, const char* schedule) {
   const dash_shape c_shape = to_c(shape);
   const dash_device device = h200();
+  const dash_varlen varlen = plan_varlen(c_shape, promise, fill);
   dash_backward_plan* plan = nullptr;
   Result r = call([&](char* m, size_t n) {
-    return dash_backward_plan_create_varlen(&c_shape, promise, fill, schedule, 0, &device, &plan, m, n);
+    return dash_backward_plan_create(&c_shape, &varlen, schedule, 0, &device, &plan, m, n);
   });
   if (r.code != DASH_STATUS_OK) return dash_status_name(r.code);
   const char* name = nullptr;
@@ -789,12 +822,33 @@ TEST(CVarlenPlan, TheHintReachesAutoAndLeavesExplicitSchedules) {
   AttentionShape full = testing::valid_workspace_shape();
   full.seqlen_k = full.seqlen_q;
   full.causal = false;
-  EXPECT_EQ(varlen_plan_schedule(full, 1, /*fill=*/1, "auto"), "shift");
-  EXPECT_EQ(varlen_plan_schedule(full, 1, /*fill=*/0, "auto"), "shortest-first");
-  EXPECT_EQ(varlen_plan_schedule(full, 1, /*fill=*/0, "shift"), "shift");
+  EXPECT_EQ(varlen_plan_schedule(full, 1, /*fill=*/true, "auto"), "shift");
+  EXPECT_EQ(varlen_plan_schedule(full, 1, /*fill=*/false, "auto"), "shortest-first");
+  EXPECT_EQ(varlen_plan_schedule(full, 1, /*fill=*/false, "shift"), "shift");
   AttentionShape causal = full;
   causal.causal = true;
-  EXPECT_EQ(varlen_plan_schedule(causal, 1, 0, "auto"), varlen_plan_schedule(causal, 1, 1, "auto"));
+  EXPECT_EQ(varlen_plan_schedule(causal, 1, false, "auto"), varlen_plan_schedule(causal, 1, true, "auto"));
+}
+
+// A plan's totals are rows a call could have: each must be > 0, named when it is not; the handle is left alone.
+TEST(CVarlenPlan, RefusesTotalsThatAreNotPositiveNamingThem) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  const dash_device device = h200();
+  for (const int64_t bad : {int64_t{0}, int64_t{-3}}) {
+    for (const bool query_side : {true, false}) {
+      dash_varlen varlen = plan_varlen(c_shape, 0);
+      (query_side ? varlen.total_q : varlen.total_k) = bad;
+      dash_backward_plan* plan = kUntouchedPlan;
+      const Result r = call([&](char* m, size_t n) {
+        return dash_backward_plan_create(&c_shape, &varlen, "auto", 0, &device, &plan, m, n);
+      });
+      EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+      EXPECT_EQ(r.message, std::string(query_side ? "varlen.total_q" : "varlen.total_k") +
+                               " must be > 0 (the packed rows; a varlen plan's auto reads its hint from them), got " +
+                               std::to_string(bad));
+      EXPECT_EQ(plan, kUntouchedPlan);
+    }
+  }
 }
 
 TEST(CVarlenPlan, TheScheduleQueryNamesAMissingArgument) {
@@ -811,36 +865,121 @@ TEST(CVarlenPlan, TheScheduleQueryNamesAMissingArgument) {
   dash_backward_plan_destroy(plan);
 }
 
-TEST(CVarlenCall, NamesAMissingOrEmptyVarlen) {
+// A dash_varlen without offsets would make a varlen call a dense one: refused, pointing at NULL for a dense batch.
+TEST(CVarlenCall, RefusesAVarlenWithoutOffsets) {
   const dash_shape c_shape = to_c(testing::valid_workspace_shape());
   dash_tensor t{};
-  Result r = call([&](char* m, size_t n) {
-    return dash_forward_varlen(&c_shape, nullptr, &t, &t, &t, &t, nullptr, 0, nullptr, 0, nullptr, m, n);
-  });
-  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
-  EXPECT_EQ(r.message, "varlen must not be null");
   const dash_varlen empty{};
-  r = call([&](char* m, size_t n) {
-    return dash_forward_varlen(&c_shape, &empty, &t, &t, &t, &t, nullptr, 0, nullptr, 0, nullptr, m, n);
+  const std::string expected =
+      "varlen.cu_seqlens_q and varlen.cu_seqlens_k must not both be null (pass varlen NULL for a dense batch)";
+  Result r = call([&](char* m, size_t n) {
+    return dash_forward(&c_shape, &empty, &t, &t, &t, &t, nullptr, 0, nullptr, 0, nullptr, m, n);
   });
   EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
-  EXPECT_NE(r.message.find("varlen.cu_seqlens_q and varlen.cu_seqlens_k must not be null"), std::string::npos)
-      << r.message;
+  EXPECT_EQ(r.message, expected);
+  r = call([&](char* m, size_t n) {
+    return dash_backward(&c_shape, &empty, &t, &t, &t, &t, &t, nullptr, &t, &t, &t, "auto", 0, nullptr, 0, nullptr, m,
+                         n);
+  });
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, expected);
 }
 
-TEST(CVarlenCall, ADenseRunOfAVarlenPlanIsRefusedNamingVarlen) {
-  const AttentionShape shape = testing::valid_workspace_shape();
-  const dash_shape c_shape = to_c(shape);
+// A varlen plan made without offsets, run with the same maxima, promise and a packed batch's offsets.
+dash_backward_plan* offsetless_varlen_plan(const dash_shape& c_shape, int promise) {
   const dash_device device = h200();
+  const dash_varlen varlen = plan_varlen(c_shape, promise);
   dash_backward_plan* plan = nullptr;
-  ASSERT_EQ(call([&](char* m, size_t n) {
-              return dash_backward_plan_create_varlen(&c_shape, 0, 1, "auto", 0, &device, &plan, m, n);
-            }).code,
-            DASH_STATUS_OK);
+  const Result r = call(
+      [&](char* m, size_t n) { return dash_backward_plan_create(&c_shape, &varlen, "auto", 0, &device, &plan, m, n); });
+  EXPECT_EQ(r.code, DASH_STATUS_OK) << r.message;
+  return plan;
+}
+
+// The packed tensors of a varlen call of `c_shape` (its maxima), at fake device-looking addresses, and its offsets.
+struct FakeVarlenCall {
+  explicit FakeVarlenCall(const dash_shape& s, int promise) : shape(s) {
+    const int64_t total_q = s.batch * s.seqlen_q;
+    const int64_t total_k = s.batch * s.seqlen_k;
+    for (int i = 0; i < kTensors; ++i) {
+      const bool key_side = i == 1 || i == 2 || i == 6 || i == 7;  // k, v, dk, dv
+      const int64_t heads = key_side ? s.heads_kv : s.heads_q;
+      tensors[i] = dash_tensor{address(i), {0, heads * s.head_dim, s.head_dim, 1}};
+    }
+    const auto* offsets = static_cast<const int32_t*>(address(kTensors + 1));
+    varlen = dash_varlen{offsets, offsets, total_q, total_k, promise};
+  }
+
+  Result run(const dash_backward_plan* plan, const dash_varlen* with) const {
+    const dash_tensor* t = tensors.data();
+    const auto* lse = static_cast<const float*>(address(kTensors));
+    return call([&](char* m, size_t n) {
+      return dash_backward_plan_run(plan, &shape, with, &t[0], &t[1], &t[2], &t[3], &t[4], lse, &t[5], &t[6], &t[7],
+                                    nullptr, 0, nullptr, m, n);
+    });
+  }
+
+  static constexpr int kTensors = 8;  // q, k, v, out, dout, dq, dk, dv
+  dash_shape shape;
+  dash_varlen varlen{};
+  std::array<dash_tensor, kTensors> tensors{};
+
+ private:
+  static void* address(int i) {
+    return reinterpret_cast<void*>((uintptr_t{1} << 44) + static_cast<uintptr_t>(i) * (uintptr_t{1} << 36));
+  }
+};
+
+TEST(CVarlenRun, ADenseRunOfAVarlenPlanIsRefusedNamingVarlen) {
+  const AttentionShape shape = testing::valid_workspace_shape();
+  dash_backward_plan* plan = offsetless_varlen_plan(to_c(shape), 0);
+  ASSERT_NE(plan, nullptr);
   const Result r = FakeBackwardCall(shape).run(plan);
   EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
-  EXPECT_NE(r.message.find("varlen is none, but the plan was made for a packed batch"), std::string::npos) << r.message;
+  EXPECT_EQ(r.message,
+            "varlen must not be NULL: the plan is a varlen plan (made with a dash_varlen), and runs packed batches "
+            "only");
   dash_backward_plan_destroy(plan);
+}
+
+TEST(CVarlenRun, AVarlenRunOfADensePlanIsRefusedNamingVarlen) {
+  const AttentionShape shape = testing::valid_workspace_shape();
+  dash_backward_plan* plan = create_plan(shape, "auto");
+  ASSERT_NE(plan, nullptr);
+  const FakeVarlenCall c(to_c(shape), 0);
+  const Result r = c.run(plan, &c.varlen);
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message,
+            "varlen must be NULL: the plan is a dense plan (made with varlen NULL), and runs dense batches only");
+  dash_backward_plan_destroy(plan);
+}
+
+// The run's promise must be the plan's, named by the C++ API's comparison.
+TEST(CVarlenRun, ARunWithAnotherPromiseIsRefusedNamingIt) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  dash_backward_plan* plan = offsetless_varlen_plan(c_shape, 1);
+  ASSERT_NE(plan, nullptr);
+  const FakeVarlenCall c(c_shape, 0);
+  const Result r = c.run(plan, &c.varlen);
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(r.message.find("varlen.keys_within_queries"), std::string::npos) << r.message;
+  dash_backward_plan_destroy(plan);
+}
+
+// Negative control of the three above: a varlen run of the offsetless plan's kind and promise gets past every plan
+// check, to the kernel lookup, the device or the pointers.
+TEST(CVarlenRun, AMatchingRunOfAnOffsetlessPlanGetsPastThePlanChecks) {
+  const dash_shape c_shape = to_c(testing::valid_workspace_shape());
+  for (const int promise : {0, 1}) {
+    dash_backward_plan* plan = offsetless_varlen_plan(c_shape, promise);
+    ASSERT_NE(plan, nullptr);
+    const FakeVarlenCall c(c_shape, promise);
+    const Result r = c.run(plan, &c.varlen);
+    EXPECT_NE(r.code, DASH_STATUS_OK);  // fake addresses never run
+    EXPECT_EQ(r.message.find("varlen must"), std::string::npos) << r.message;
+    EXPECT_EQ(r.message.find("but the plan was made for"), std::string::npos) << r.message;
+    dash_backward_plan_destroy(plan);
+  }
 }
 
 }  // namespace
