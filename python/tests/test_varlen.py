@@ -9,7 +9,9 @@ softcap variant): the forward, LSE and gradients against a per-sequence loop of 
 lengths (0, 1, 127, 129, one long and the rest empty, seqlen_q != seqlen_k), causal and a window, GQA, at every head
 dim, and with softcap (the loop's flash_attn_func with the same softcap); every deterministic schedule the plan
 admits repeats its bits; rows after the last sequence come out 0 with zero gradients; a CUDA graph of the call
-replays it without reading the offsets on the host.
+replays it without reading the offsets on the host; the varlen call is the dense ops with their optional varlen
+arguments (on the CPU: their schema, the eager path and the traced call), which opcheck finds consistent with the
+kernels, and a compiled call gives eager's bits.
 """
 
 from __future__ import annotations
@@ -430,3 +432,30 @@ def test_the_eager_path_and_the_custom_ops_give_the_same_bits(device, library, r
             eager.view(torch.int16) if eager.dtype == torch.bfloat16 else eager.view(torch.int32),
             op.view(torch.int16) if op.dtype == torch.bfloat16 else op.view(torch.int32),
         ), name
+
+
+def test_opcheck_and_a_compiled_call_on_the_real_kernels(device, library, require_kernel):
+    """The one op pair with the varlen arguments against the CUDA kernels: opcheck's schema, fake-kernel, autograd
+    and AOTAutograd checks, and flash_attn_varlen_func compiled whole (fullgraph) giving eager's bits."""
+    require_kernel(128, torch.bfloat16)
+    if not library.kernel_available(128, 0, varlen=True):
+        pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
+    q, k, v, cu, _, _, _ = packed_batch([(300, 300), (5, 5), (129, 129)], 4, 2, 128, torch.bfloat16, device, padding=3)
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    arguments = (128**-0.5, True, "auto", 0, -1, -1, 0.0, cu, cu, 300, 300, True)
+    torch.library.opcheck(torch.ops.dash_attn.forward.default, (*leaves, *arguments))
+    with torch.no_grad():
+        out, lse = torch.ops.dash_attn.forward(*leaves, *arguments)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(torch.ops.dash_attn.backward.default, (dout, q, k, v, out, lse, *arguments))
+
+    def step(call):
+        q_, k_, v_ = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        result = call(q_, k_, v_, cu, cu, 300, 300, causal=True)
+        result.backward(dout)
+        return result.detach(), q_.grad, k_.grad, v_.grad
+
+    eager = step(flash_attn_varlen_func)
+    compiled = step(torch.compile(flash_attn_varlen_func, fullgraph=True))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), eager, compiled):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name
