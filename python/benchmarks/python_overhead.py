@@ -96,7 +96,7 @@ def install_cpu_seams() -> None:
 
     _arguments.check_devices = check_devices_on_cpu
     varlen._check_devices = varlen_check_devices_on_cpu
-    for op in (_ops.forward, _ops.backward, varlen.varlen_forward, varlen.varlen_backward):
+    for op in (_ops.forward, _ops.backward):
         op.register_kernel("cpu", op._init_fn)
     # A CPU tensor's device index is -1: the ops find it current and switch nothing; every stream is the null one.
     torch._C._cuda_getDevice = lambda: -1
@@ -214,7 +214,7 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
 
     def forward_body():
         with torch.no_grad():
-            _ops._forward_body(q, k, v, scale, True, 0)
+            _ops._forward_body(q, k, v, scale, True, schedule, 0)
 
     with torch.no_grad():
         out, lse = op_forward()
@@ -261,14 +261,14 @@ def measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
     def structs_forward():
         structs = forward_call.structs
         structs.take()
-        q_c, k_c, v_c, out_c = structs.shared
+        q_c, k_c, v_c, out_c, _varlen = structs.shared
         q_c.data, k_c.data, v_c.data, out_c.data = forward_pointers
         structs.give_back()
 
     def structs_backward():
         structs = backward_call.structs
         structs.take()
-        q_c, k_c, v_c, out_c, dout_c, dq_c, dk_c, dv_c = structs.shared
+        q_c, k_c, v_c, out_c, dout_c, dq_c, dk_c, dv_c, _varlen = structs.shared
         q_c.data, k_c.data, v_c.data, out_c.data, dout_c.data, dq_c.data, dk_c.data, dv_c.data = backward_pointers
         structs.give_back()
 
@@ -328,7 +328,7 @@ def varlen_measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
     """The same rows for dash_attn.flash_attn_varlen_func on the same tokens packed: (128, 1, 64) with one
     sequence (cu_seqlens 0, 128; self-attention, so one offsets tensor)."""
     import dash_attn
-    from dash_attn import varlen
+    from dash_attn import _ops
 
     batch, seqlen, heads, head_dim = SHAPE
     packed = (batch * seqlen, heads, head_dim)
@@ -337,7 +337,8 @@ def varlen_measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
     cu_seqlens = torch.arange(0, batch * seqlen + 1, seqlen, dtype=torch.int32)
     scale = head_dim**-0.5
     schedule = "auto"
-    arguments = (seqlen, seqlen, scale, True, schedule, 0, -1, -1, 0.0, True)
+    # The forward op's arguments after q, k and v, and the backward's after lse (_ops._Arguments).
+    arguments = (scale, True, schedule, 0, -1, -1, 0.0, cu_seqlens, cu_seqlens, seqlen, seqlen, True)
 
     def varlen_forward():
         return dash_attn.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, seqlen, seqlen, causal=True)
@@ -351,21 +352,21 @@ def varlen_measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
 
     def op_forward_no_grad():
         with torch.no_grad():
-            torch.ops.dash_attn.varlen_forward(q, k, v, cu_seqlens, cu_seqlens, *arguments)
+            torch.ops.dash_attn.forward(q, k, v, *arguments)
 
     with torch.no_grad():
-        out, lse = torch.ops.dash_attn.varlen_forward(q, k, v, cu_seqlens, cu_seqlens, *arguments)
+        out, lse = torch.ops.dash_attn.forward(q, k, v, *arguments)
     qd, kd, vd = (t.detach() for t in (q, k, v))
 
     def op_backward():
-        torch.ops.dash_attn.varlen_backward(dout, qd, kd, vd, out, lse, cu_seqlens, cu_seqlens, *arguments)
+        torch.ops.dash_attn.backward(dout, qd, kd, vd, out, lse, *arguments)
 
     def forward_body():
         with torch.no_grad():
-            varlen._forward_body(q, k, v, cu_seqlens, cu_seqlens, *arguments)
+            _ops._forward_body(q, k, v, *arguments)
 
     def backward_body():
-        varlen._backward_body(dout, qd, kd, vd, out, lse, cu_seqlens, cu_seqlens, *arguments)
+        _ops._backward_body(dout, qd, kd, vd, out, lse, *arguments)
 
     def time_of(call):
         return microseconds_per_call(call, iters, repeats)
@@ -374,10 +375,10 @@ def varlen_measurements(iters: int, repeats: int) -> list[tuple[str, float]]:
         ("varlen forward + backward step (flash_attn_varlen_func, autograd.grad)", time_of(step)),
         ("varlen forward, grad mode (flash_attn_varlen_func)", time_of(varlen_forward)),
         ("varlen forward, no grad (flash_attn_varlen_func)", time_of(forward_no_grad)),
-        ("varlen forward op, no grad (torch.ops.dash_attn.varlen_forward)", time_of(op_forward_no_grad)),
-        ("varlen forward body, no grad (varlen._forward_body)", time_of(forward_body)),
-        ("varlen backward op (torch.ops.dash_attn.varlen_backward)", time_of(op_backward)),
-        ("varlen backward body (varlen._backward_body)", time_of(backward_body)),
+        ("varlen forward op, no grad (torch.ops.dash_attn.forward)", time_of(op_forward_no_grad)),
+        ("varlen forward body, no grad (_ops._forward_body)", time_of(forward_body)),
+        ("varlen backward op (torch.ops.dash_attn.backward)", time_of(op_backward)),
+        ("varlen backward body (_ops._backward_body)", time_of(backward_body)),
     ]
 
 

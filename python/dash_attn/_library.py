@@ -552,6 +552,8 @@ class BackwardPlan:
         full mask, and restrict no batch the plan runs); its cu_seqlens may be 0. Its runs pass a varlen with the
         same promise, and only they: `varlen` is set to whether it is a varlen plan."""
         sm_margin = check_c_integer(sm_margin, "sm_margin", "int")
+        if varlen is not None and not isinstance(varlen, Varlen):
+            raise TypeError(f"varlen must be a Varlen (a packed batch's) or None (dense), got {type(varlen).__name__}")
         lib = load()
         handle = ctypes.c_void_p()
         device_p = None if device is None else ctypes.byref(device)

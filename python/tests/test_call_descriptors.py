@@ -39,12 +39,23 @@ def seen(struct: _library.Tensor) -> CStruct:
     return CStruct(struct.data or 0, tuple(struct.strides))
 
 
+def seen_varlen(varlen: _library.Varlen | None) -> tuple | None:
+    """What a dash_varlen held when the library was called: offsets, totals, promise."""
+    if varlen is None:
+        return None
+    fields = (varlen.cu_seqlens_q, varlen.cu_seqlens_k, varlen.total_q, varlen.total_k, varlen.keys_within_queries)
+    return tuple(field or 0 for field in fields)
+
+
 @dataclasses.dataclass
 class Launches:
-    """The recorded C calls: ("forward" | "backward", shape fields, {name: CStruct}) in call order, and how often
-    the forward's workspace size was asked."""
+    """The recorded C calls: ("forward" | "backward", shape fields, {name: CStruct}) in call order, the varlen
+    structs they were handed (seen_varlen), the plans made (key, varlen) and how often the forward's workspace size
+    was asked."""
 
     calls: list[tuple[str, tuple, dict[str, CStruct]]] = dataclasses.field(default_factory=list)
+    varlens: list[tuple | None] = dataclasses.field(default_factory=list)
+    plans: list[tuple[tuple, tuple | None]] = dataclasses.field(default_factory=list)
     workspace_queries: list[tuple] = dataclasses.field(default_factory=list)
 
     def last(self) -> dict[str, CStruct]:
@@ -56,14 +67,18 @@ class RecordingPlan:
 
     workspace_bytes = 1024
 
-    def __init__(self, launches: Launches, key: tuple) -> None:
+    def __init__(self, launches: Launches, key: tuple, varlen: _library.Varlen | None = None) -> None:
         self.launches = launches
         self.key = key
+        launches.plans.append((key, seen_varlen(varlen)))
 
-    def backward(self, shape, q, k, v, out, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream) -> None:
+    def backward(
+        self, shape, q, k, v, out, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream, varlen=None
+    ) -> None:
         structs = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "dq": dq, "dk": dk, "dv": dv}
         fields = _plans.shape_fields(shape)
         self.launches.calls.append(("backward", fields, {name: seen(s) for name, s in structs.items()}))
+        self.launches.varlens.append(seen_varlen(varlen))
 
 
 @pytest.fixture
@@ -78,14 +93,15 @@ def launches(monkeypatch) -> Launches:
             raise _library.LibraryError("forward workspace query", "invalid-argument", "batch is too large")
         return FORWARD_WORKSPACE_BYTES
 
-    def forward(shape, q, k, v, out, lse, workspace, workspace_bytes, stream, sm_margin=0) -> None:
+    def forward(shape, q, k, v, out, lse, workspace, workspace_bytes, stream, sm_margin=0, varlen=None) -> None:
         structs = {"q": q, "k": k, "v": v, "out": out}
         recorded.calls.append(("forward", _plans.shape_fields(shape), {name: seen(s) for name, s in structs.items()}))
+        recorded.varlens.append(seen_varlen(varlen))
 
     monkeypatch.setattr(_library, "load", lambda: "the loaded library")
     monkeypatch.setattr(_library, "forward_workspace_size", forward_workspace_size)
     monkeypatch.setattr(_library, "forward", forward)
-    monkeypatch.setattr(_plans, "backward_plans", _plans.PlanCache(8, lambda key: RecordingPlan(recorded, key)))
+    monkeypatch.setattr(_plans, "backward_plans", _plans.PlanCache(8, lambda *made: RecordingPlan(recorded, *made)))
     # A CPU tensor's device index is -1: current already, so nothing switches; every stream is the null one.
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0)
@@ -127,7 +143,7 @@ def run_backward(dout, q, k, v, out, lse, scale=SCALE, causal=True, schedule="au
 def test_a_repeat_call_reuses_its_descriptor_and_hands_the_library_its_own_pointers(launches: Launches) -> None:
     for _ in range(3):
         q, k, v = qkv()
-        out, lse = _ops._forward_body(q, k, v, SCALE, True, 0)
+        out, lse = _ops._forward_body(q, k, v, SCALE, True, "auto", 0)
         structs = launches.last()
         for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
             assert structs[name] == CStruct(t.data_ptr(), t.stride()), name
@@ -167,7 +183,7 @@ def test_the_outputs_are_packed_whatever_the_layout_of_the_inputs(launches: Laun
     if layout != "packed":
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     for _ in range(2):
-        out, lse = _ops._forward_body(q, k, v, SCALE, True, 0)
+        out, lse = _ops._forward_body(q, k, v, SCALE, True, "auto", 0)
         assert out.stride() == PACKED and lse.stride() == (HEADS * SEQLEN, SEQLEN, 1)
         dq, dk, dv = run_backward(torch.randn_like(out), q, k, v, out, lse)
         assert dq.stride() == PACKED
@@ -265,7 +281,7 @@ def test_the_forward_workspace_size_is_asked_once_per_library_and_signature(laun
     refused = tuple(t.expand(65, *t.shape[1:]) for t in (q[:1], k[:1], v[:1]))  # batch 65 > the fake's 64
     for _ in range(2):
         with pytest.raises(_library.LibraryError, match="batch is too large"):
-            _ops._forward_body(*refused, SCALE, True, 0)
+            _ops._forward_body(*refused, SCALE, True, "auto", 0)
     assert len(launches.workspace_queries) == 4
     assert _ops._cached_forward_call.cache_info().currsize == 2
 
@@ -281,11 +297,11 @@ def test_the_descriptor_caches_are_bounded() -> None:
 @pytest.mark.parametrize("bad", [misaligned, odd_strides])
 def test_a_forward_input_the_kernels_cannot_read_is_copied_after_a_cached_call(launches: Launches, bad) -> None:
     q, k, v = qkv()
-    _ops._forward_body(q, k, v, SCALE, True, 0)
+    _ops._forward_body(q, k, v, SCALE, True, "auto", 0)
     assert launches.last()["q"].data == q.data_ptr()
     bad_q = bad(q)
     assert _ops._layout_ok(bad_q) is False
-    _ops._forward_body(bad_q, k, v, SCALE, True, 0)
+    _ops._forward_body(bad_q, k, v, SCALE, True, "auto", 0)
     handed = launches.last()["q"]
     assert handed.data != bad_q.data_ptr() and handed.data % 16 == 0 and handed.strides == PACKED
     assert launches.last()["k"] == CStruct(k.data_ptr(), k.stride())
@@ -294,7 +310,7 @@ def test_a_forward_input_the_kernels_cannot_read_is_copied_after_a_cached_call(l
 @pytest.mark.parametrize("bad", [misaligned, odd_strides, "broadcast"])
 def test_a_backward_input_the_kernels_cannot_read_is_copied_after_a_cached_call(launches: Launches, bad) -> None:
     q, k, v = qkv()
-    out, lse = _ops._forward_body(q, k, v, SCALE, True, 0)
+    out, lse = _ops._forward_body(q, k, v, SCALE, True, "auto", 0)
     dout = torch.randn_like(out)
     run_backward(dout, q, k, v, out, lse)
     assert launches.last()["dout"] == CStruct(dout.data_ptr(), dout.stride())
@@ -342,23 +358,31 @@ def test_a_changed_dtype_shape_or_stride_after_a_cached_call_is_still_checked_by
 def test_structs_in_use_are_never_handed_to_another_call() -> None:
     strides = ((8, 4, 2, 1), (16, 8, 4, 1))
     structs = _ops._TensorStructs(strides)
-    assert [seen(s) for s in structs.shared] == [CStruct(0, strides[0]), CStruct(0, strides[1])]
+    assert [seen(s) for s in structs.shared[:2]] == [CStruct(0, strides[0]), CStruct(0, strides[1])]
     assert structs.take() is True
     # Another thread, or a call re-entered before the first gave its structs back, gets fresh ones.
     assert structs.take() is False
     fresh = structs.fresh()
-    assert all(a is not b for a, b in zip(fresh, structs.shared))
-    assert [seen(s) for s in fresh] == [CStruct(0, strides[0]), CStruct(0, strides[1])]
+    assert all(a is not b for a, b in zip(fresh[:2], structs.shared[:2]))
+    assert [seen(s) for s in fresh[:2]] == [CStruct(0, strides[0]), CStruct(0, strides[1])]
+    assert fresh[2] is None and structs.shared[2] is None  # a dense signature has no dash_varlen
     structs.give_back()
     assert structs.take() is True
     structs.give_back()
+    # A varlen signature's: no batch stride, and a dash_varlen of its own per set, with the totals and promise.
+    template = _library.Varlen(0, 0, 30, 40, 1)
+    packed = _ops._TensorStructs(((4, 2, 1), (8, 4, 1)), template)
+    fresh = packed.fresh()
+    assert [seen(s) for s in packed.shared[:2]] == [CStruct(0, (0, 4, 2, 1)), CStruct(0, (0, 8, 4, 1))]
+    assert len({id(template), id(packed.shared[2]), id(fresh[2])}) == 3
+    assert seen_varlen(packed.shared[2]) == seen_varlen(fresh[2]) == (0, 0, 30, 40, 1)
 
 
 def test_threads_of_one_signature_each_hand_the_library_their_own_pointers(launches: Launches, monkeypatch) -> None:
     expected = threading.local()
     wrong: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
 
-    def forward(shape, q, k, v, out, lse, workspace, workspace_bytes, stream, sm_margin=0) -> None:
+    def forward(shape, q, k, v, out, lse, workspace, workspace_bytes, stream, sm_margin=0, varlen=None) -> None:
         # Other threads run while this one is "in the library", as during a C call, which releases the GIL.
         time.sleep(0)
         handed = (q.data, k.data, v.data)
@@ -369,7 +393,7 @@ def test_threads_of_one_signature_each_hand_the_library_their_own_pointers(launc
         for _ in range(200):
             q, k, v = qkv()
             expected.pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
-            _ops._forward_body(q, k, v, SCALE, True, 0)
+            _ops._forward_body(q, k, v, SCALE, True, "auto", 0)
 
     monkeypatch.setattr(_library, "forward", forward)
     workers = [threading.Thread(target=work) for _ in range(4)]
@@ -379,3 +403,66 @@ def test_threads_of_one_signature_each_hand_the_library_their_own_pointers(launc
         worker.join()
     assert wrong == []
     assert _ops._cached_forward_call.cache_info().currsize == 1
+
+
+# --- varlen signatures: the same descriptors, with the packed batch's dash_varlen ----------------------------
+
+TOTAL_Q, TOTAL_K, SEQUENCES, MAX_Q, MAX_K = 20, 24, 3, 9, 10
+
+
+def packed(rows: int, heads: int) -> torch.Tensor:
+    return torch.randn(rows, heads, HEAD_DIM).to(torch.bfloat16)
+
+
+def varlen_call(offsets_q, offsets_k, promise=False, schedule="auto"):
+    """A varlen forward and backward through the op bodies: (out, lse, dq, dk, dv)."""
+    q, k, v = packed(TOTAL_Q, HEADS), packed(TOTAL_K, KV_HEADS), packed(TOTAL_K, KV_HEADS)
+    sequences = (offsets_q, offsets_k, MAX_Q, MAX_K, promise)
+    out, lse = _ops._forward_body(q, k, v, SCALE, True, schedule, 0, -1, -1, 0.0, *sequences)
+    dout = torch.randn_like(out)
+    gradients = _ops._backward_body(dout, q, k, v, out, lse, SCALE, True, schedule, 0, -1, -1, 0.0, *sequences)
+    return (out, lse, *gradients)
+
+
+def test_a_varlen_signature_hands_each_call_its_offsets_and_plans_from_the_totals(launches: Launches) -> None:
+    offsets = [torch.tensor([0, 5, 12, 20], dtype=torch.int32) for _ in range(2)]
+    for cu in offsets:
+        out, lse, dq, dk, dv = varlen_call(cu, cu, promise=True)
+        assert out.shape == (TOTAL_Q, HEADS, HEAD_DIM) and lse.shape == (HEADS, TOTAL_Q)
+        assert (dq.shape, dk.shape) == ((TOTAL_Q, HEADS, HEAD_DIM), (TOTAL_K, KV_HEADS, HEAD_DIM))
+        handed = (cu.data_ptr(), cu.data_ptr(), TOTAL_Q, TOTAL_K, 1)
+        assert launches.varlens[-2:] == [handed, handed]  # the forward's and the backward's
+    # The C shape is the maximum problem; the packed tensors' structs have no batch stride.
+    maximum = (SEQUENCES, MAX_Q, MAX_K, HEADS, KV_HEADS, HEAD_DIM)
+    assert {fields[:6] for _, fields, _ in launches.calls} == {maximum}
+    assert launches.last()["q"].strides == (0, HEADS * HEAD_DIM, HEAD_DIM, 1)
+    # One descriptor per direction, one plan: made from the descriptor's dash_varlen (no offsets: a plan reads
+    # none), keyed by the promise and the hint of the totals (3 * 9 > 20 query rows: some sequence is shorter).
+    assert _ops._cached_forward_call.cache_info().currsize == 1
+    assert _ops._cached_backward_call.cache_info().currsize == 1
+    [(key, made_from)] = launches.plans
+    assert key[-1] == (True, False) and made_from == (0, 0, TOTAL_Q, TOTAL_K, 1)
+
+
+def test_the_promise_and_the_hint_are_their_own_plans_and_dense_is_another(launches: Launches) -> None:
+    cu_q = torch.tensor([0, 5, 12, 20], dtype=torch.int32)
+    cu_k = torch.tensor([0, 8, 16, 24], dtype=torch.int32)
+    varlen_call(cu_q, cu_k, promise=False)
+    varlen_call(cu_q, cu_q, promise=True)
+    assert [key[-1] for key, _ in launches.plans] == [(False, False), (True, False)]
+    assert launches.varlens[-1] == (cu_q.data_ptr(), cu_q.data_ptr(), TOTAL_Q, TOTAL_K, 1)
+    q, k, v = qkv()
+    out, lse = _ops._forward_body(q, k, v, SCALE, True, "auto", 0)
+    run_backward(torch.randn_like(out), q, k, v, out, lse)
+    assert launches.varlens[-2:] == [None, None] and launches.plans[-1][0][-1] is None
+    assert len(launches.plans) == 3
+
+
+def test_a_varlen_batch_without_rows_runs_nothing_and_clears_its_outputs(launches: Launches) -> None:
+    q, k = packed(0, HEADS), packed(TOTAL_K, KV_HEADS)
+    cu = torch.tensor([0, 0], dtype=torch.int32)
+    out, lse = _ops._forward_body(q, k, k, SCALE, True, "auto", 0, -1, -1, 0.0, cu, cu, 1, 1, False)
+    assert out.shape == (0, HEADS, HEAD_DIM) and lse.shape == (HEADS, 0)
+    dq, dk, dv = _ops._backward_body(out, q, k, k, out, lse, SCALE, True, "auto", 0, -1, -1, 0.0, cu, cu, 1, 1, False)
+    assert torch.all(dk == 0) and torch.all(dv == 0) and dq.shape == q.shape
+    assert launches.calls == []

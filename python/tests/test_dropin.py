@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="dash_attn needs PyTorch")
 
 import dash_attn  # noqa: E402
-from dash_attn import fa3, padding, sdpa  # noqa: E402
+from dash_attn import _ops, fa3, padding, sdpa  # noqa: E402
 from dash_attn import varlen as varlen_module  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 64
@@ -45,9 +45,8 @@ class VarlenCall:
     arguments: dict[str, object]
 
 
+# The forward op's arguments after q, k and v (_ops._Arguments), the offsets among them.
 ARGUMENT_NAMES = (
-    "max_seqlen_q",
-    "max_seqlen_k",
     "softmax_scale",
     "causal",
     "schedule",
@@ -55,21 +54,26 @@ ARGUMENT_NAMES = (
     "window_left",
     "window_right",
     "softcap",
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "max_seqlen_q",
+    "max_seqlen_k",
     "keys_within_queries",
 )
 
 
 @pytest.fixture
 def varlen_calls(monkeypatch) -> list[VarlenCall]:
-    """Replaces the varlen kernel call by a recorder (and lets CPU tensors past the device check)."""
+    """Replaces the op call (_ops.attention) by a recorder (and lets CPU tensors past the device check)."""
     calls: list[VarlenCall] = []
 
-    def record(q, k, v, cu_seqlens_q, cu_seqlens_k, arguments):
-        calls.append(VarlenCall(q, k, v, cu_seqlens_q, cu_seqlens_k, dict(zip(ARGUMENT_NAMES, arguments))))
+    def record(q, k, v, *arguments):
+        named = dict(zip(ARGUMENT_NAMES, arguments, strict=True))
+        calls.append(VarlenCall(q, k, v, named.pop("cu_seqlens_q"), named.pop("cu_seqlens_k"), named))
         return torch.zeros_like(q), torch.zeros(q.shape[1], q.shape[0])
 
     monkeypatch.setattr(varlen_module, "_check_devices", lambda tensors, names: None)
-    monkeypatch.setattr(varlen_module, "_attention", record)
+    monkeypatch.setattr(_ops, "attention", record)
     return calls
 
 

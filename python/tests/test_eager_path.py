@@ -55,7 +55,7 @@ def cpu_bodies(monkeypatch) -> Calls:
     def check_devices_on_cpu(tensors, layout) -> None:
         assert all(t.device.type == "cpu" for t in tensors)
 
-    def forward_body(q, k, v, softmax_scale, causal, sm_margin, window_left=-1, window_right=-1, softcap=0.0):
+    def forward_body(q, k, v, softmax_scale, causal, schedule, sm_margin, window_left=-1, window_right=-1, softcap=0.0):
         assert (window_left, window_right, softcap) == (-1, -1, 0.0)
         calls.seen.append(("forward body", (q, k, v, softmax_scale, causal, sm_margin)))
         out, lse = _ops._forward_outputs(q)

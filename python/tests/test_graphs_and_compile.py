@@ -19,7 +19,8 @@ Invariants these tests hold the ops to:
   seqlen_q), and dq, dk, dv of q's, k's and v's shapes, whatever the inputs' strides.
 
 The first section needs no GPU: fake and meta tensors run the fake kernels, so it checks the output metadata,
-symbolic-shape tracing of forward and backward, opcheck on meta tensors, and Dynamo's graph count. The GPU
+symbolic-shape tracing of forward and backward, opcheck on meta tensors (dense and varlen calls), and Dynamo's
+graph count. The GPU
 section skips, saying why, without a Hopper GPU, the library or a compiled kernel (conftest.py's fixtures).
 """
 
@@ -193,6 +194,28 @@ def test_opcheck_on_meta_tensors(case: Case) -> None:
     torch.library.opcheck(
         torch.ops.dash_attn.backward.default, (dout, q, k, v, out, lse, case.scale, case.causal, "auto", 0)
     )
+
+
+@pytest.mark.parametrize("promise", [False, True])
+def test_opcheck_of_a_varlen_call_on_meta_tensors(promise: bool) -> None:
+    """The same ops with the varlen arguments (packed (total, heads, head_dim) tensors, int32 offsets): the fake
+    kernels give the packed output, the (heads_q, total_q) LSE and the gradients of the packed inputs, and the
+    autograd registration hands the offsets, maxima and promise to the backward op."""
+
+    def empty(*sizes: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return torch.empty(*sizes, dtype=dtype, device="meta")
+
+    q, k, v = empty(300, 8, 64).requires_grad_(), empty(77, 2, 64).requires_grad_(), empty(77, 2, 64).requires_grad_()
+    cu_q, cu_k = empty(4, dtype=torch.int32), empty(4, dtype=torch.int32)
+    varlen = (cu_q, cu_q if promise else cu_k, 150, 40, promise)
+    arguments = (64**-0.5, True, "auto", 0, -1, -1, 0.0, *varlen)
+    torch.library.opcheck(torch.ops.dash_attn.forward.default, (q, k, v, *arguments))
+    with torch.no_grad():
+        out, lse = torch.ops.dash_attn.forward(q, k, v, *arguments)
+    assert_packed(out, (300, 8, 64), torch.bfloat16, q.device, "out")
+    assert_packed(lse, (8, 300), torch.float32, q.device, "lse")
+    q, k, v = (t.detach() for t in (q, k, v))
+    torch.library.opcheck(torch.ops.dash_attn.backward.default, (torch.empty_like(out), q, k, v, out, lse, *arguments))
 
 
 def scaled_block(causal: bool, deterministic: bool = True) -> Callable[..., torch.Tensor]:

@@ -372,6 +372,8 @@ def test_a_plan_runs_only_batches_of_its_kind_naming_varlen(library, h200) -> No
         run_plan(library, dense, shape, varlen_of(library, shape, True, offsets=offsets))
     with pytest.raises(library.ArgumentRefusedError, match="^.*: varlen must not be NULL: the plan is a varlen plan"):
         run_plan(library, packed, shape)
+    with pytest.raises(TypeError, match="^varlen must be a Varlen .* or None .*, got bool$"):
+        library.BackwardPlan(shape, "auto", h200, varlen=True)
     # Negative control: each kind with its own batch gets past the plan checks (to the device or the pointers).
     for plan, varlen in ((dense, None), (packed, varlen_of(library, shape, True, offsets=offsets))):
         with pytest.raises(library.LibraryError) as caught:

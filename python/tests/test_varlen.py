@@ -9,7 +9,9 @@ softcap variant): the forward, LSE and gradients against a per-sequence loop of 
 lengths (0, 1, 127, 129, one long and the rest empty, seqlen_q != seqlen_k), causal and a window, GQA, at every head
 dim, and with softcap (the loop's flash_attn_func with the same softcap); every deterministic schedule the plan
 admits repeats its bits; rows after the last sequence come out 0 with zero gradients; a CUDA graph of the call
-replays it without reading the offsets on the host.
+replays it without reading the offsets on the host; the varlen call is the dense ops with their optional varlen
+arguments (on the CPU: their schema, the eager path and the traced call), which opcheck finds consistent with the
+kernels, and a compiled call gives eager's bits.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="dash_attn needs PyTorch")
 
 import dash_attn
-from dash_attn import _library, flash_attn_func, flash_attn_varlen_func
+from dash_attn import _library, _ops, flash_attn_func, flash_attn_varlen_func
 from dash_attn import varlen as varlen_module
 
 TOLERANCES = {torch.bfloat16: (1.5e-2, 5e-2), torch.float16: (4e-3, 1.5e-2)}  # as test_attention.py
@@ -109,12 +111,12 @@ def test_a_signature_asks_the_library_its_workspace_once_per_library(monkeypatch
         return 256
 
     monkeypatch.setattr(_library, "forward_workspace_size", forward_workspace_size)
-    varlen_module._cached_forward_call.cache_clear()
+    _ops._cached_forward_call.cache_clear()
     q, k = torch.zeros(10, 4, 64, dtype=torch.bfloat16), torch.zeros(12, 2, 64, dtype=torch.bfloat16)
 
     def descriptor(library, sequences):
         monkeypatch.setattr(_library, "load", lambda: library)
-        return varlen_module._forward_call(q, k, k, sequences, 6, 6, 0.125, True, -1, -1, 0.0)
+        return _ops._forward_call(q, k, k, 0.125, True, -1, -1, 0.0, (sequences, 6, 6, False))
 
     first = descriptor("one", 2)
     assert descriptor("one", 2) is first
@@ -122,23 +124,28 @@ def test_a_signature_asks_the_library_its_workspace_once_per_library(monkeypatch
     descriptor("one", 3)
     descriptor("loaded anew", 2)
     assert [fields[0] for fields in asked] == [2, 3, 2]  # batch, the first field
-    varlen_module._cached_forward_call.cache_clear()
+    _ops._cached_forward_call.cache_clear()
 
 
-def test_the_ops_are_registered():
-    assert hasattr(torch.ops.dash_attn, "varlen_forward")
-    assert hasattr(torch.ops.dash_attn, "varlen_backward")
+def test_varlen_calls_are_the_dense_ops_with_their_optional_arguments():
+    """One op pair: the varlen arguments come last and default to a dense call."""
+    varlen_arguments = "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, "
+    for op in (torch.ops.dash_attn.forward, torch.ops.dash_attn.backward):
+        schema = str(op.default._schema)
+        assert varlen_arguments in schema and schema.index("softcap") < schema.index("cu_seqlens_q"), schema
+    assert not hasattr(torch.ops.dash_attn, "varlen_forward")
+    assert not hasattr(torch.ops.dash_attn, "varlen_backward")
 
 
 class _Recorder:
-    """The varlen bodies and ops replaced by recorders of their calls (outputs of the real metadata)."""
+    """The op bodies and ops replaced by recorders of their calls (outputs of the real metadata)."""
 
     def __init__(self, monkeypatch):
         self.seen = []
         recorder = self
 
-        def forward_body(q, k, v, cu_seqlens_q, cu_seqlens_k, *arguments):
-            recorder.seen.append(("forward body", (q, k, v, cu_seqlens_q, cu_seqlens_k, *arguments)))
+        def forward_body(q, k, v, *arguments):
+            recorder.seen.append(("forward body", (q, k, v, *arguments)))
             lse = torch.zeros(q.shape[1], q.shape[0])
             return q.detach().clone(), lse
 
@@ -154,10 +161,10 @@ class _Recorder:
             return call
 
         monkeypatch.setattr(varlen_module, "_check_devices", lambda tensors, names: None)
-        monkeypatch.setattr(varlen_module, "_forward_body", forward_body)
-        monkeypatch.setattr(varlen_module, "_backward_body", backward_body)
-        monkeypatch.setattr(torch.ops.dash_attn, "varlen_forward", op("dash_attn::varlen_forward"))
-        monkeypatch.setattr(torch.ops.dash_attn, "varlen_backward", op("dash_attn::varlen_backward"))
+        monkeypatch.setattr(_ops, "_forward_body", forward_body)
+        monkeypatch.setattr(_ops, "_backward_body", backward_body)
+        monkeypatch.setattr(torch.ops.dash_attn, "forward", op("dash_attn::forward"))
+        monkeypatch.setattr(torch.ops.dash_attn, "backward", op("dash_attn::backward"))
 
     def paths(self):
         return [path for path, _ in self.seen]
@@ -172,7 +179,7 @@ def _leaf_inputs():
 
 def test_an_eager_call_runs_the_bodies_under_the_autograd_function_without_the_ops(monkeypatch):
     """The eager path (_ops.py's reason: the custom-op dispatch costs more host time than short kernels): the
-    forward body under _EagerVarlenAttention, the backward body with the saved tensors and the forward's
+    forward body under _ops._EagerAttention, the backward body with the saved tensors and the forward's
     arguments, and the gradients handed back to q, k and v."""
     calls = _Recorder(monkeypatch)
     q, k, v, offsets = _leaf_inputs()
@@ -180,17 +187,19 @@ def test_an_eager_call_runs_the_bodies_under_the_autograd_function_without_the_o
         q, k, v, offsets, offsets, 6, 6, softmax_scale=0.3, causal=True, schedule="shift", sm_margin=3, return_lse=True
     )
     assert calls.paths() == ["forward body"]
-    assert calls.seen[0][1][5:] == (6, 6, 0.3, True, "shift", 3, -1, -1, 0.0, True)
-    assert type(out.grad_fn).__name__ == "_EagerVarlenAttentionBackward"
+    forward_args = calls.seen[0][1]
+    assert forward_args[3:10] == (0.3, True, "shift", 3, -1, -1, 0.0)
+    assert forward_args[10] is offsets and forward_args[11] is offsets and forward_args[12:] == (6, 6, True)
+    assert type(out.grad_fn).__name__ == "_EagerAttentionBackward"
     assert not lse.requires_grad
     dout = torch.randn_like(out)
     out.backward(dout)
     assert calls.paths() == ["forward body", "backward body"]
     args = calls.seen[1][1]
     assert args[0] is dout
-    for saved, given in zip(args[1:8], (q, k, v, out, lse, offsets, offsets)):
+    for saved, given in zip(args[1:6] + args[13:15], (q, k, v, out, lse, offsets, offsets)):
         assert saved.data_ptr() == given.data_ptr() and saved.shape == given.shape
-    assert args[8:] == (6, 6, 0.3, True, "shift", 3, -1, -1, 0.0, True)
+    assert args[6:13] == (0.3, True, "shift", 3, -1, -1, 0.0) and args[15:] == (6, 6, True)
     for grad, value in zip((q.grad, k.grad, v.grad), (1.0, 2.0, 3.0)):
         assert torch.all(grad == value)
 
@@ -210,13 +219,13 @@ def test_a_traced_call_dispatches_the_custom_op(monkeypatch):
     calls = _Recorder(monkeypatch)
     monkeypatch.undo()  # the real ops, the recorder's device check only
     monkeypatch.setattr(varlen_module, "_check_devices", lambda tensors, names: None)
-    monkeypatch.setattr(varlen_module, "_forward_body", lambda *args: calls.seen.append(("forward body", args)))
+    monkeypatch.setattr(_ops, "_forward_body", lambda *args: calls.seen.append(("forward body", args)))
     seen_ops = []
 
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen_ops.append(str(func))
-            if "varlen_forward" in str(func):
+            seen_ops.append((str(func), args))
+            if "dash_attn.forward" in str(func):
                 q = args[0]
                 return torch.empty_like(q), torch.empty(q.shape[1], q.shape[0])
             return func(*args, **(kwargs or {}))
@@ -224,7 +233,8 @@ def test_a_traced_call_dispatches_the_custom_op(monkeypatch):
     q, k, v, offsets = _leaf_inputs()
     with Recording():
         flash_attn_varlen_func(q, k, v, offsets, offsets, 6, 6, causal=True)
-    assert any("dash_attn.varlen_forward" in name for name in seen_ops)
+    [op_args] = [args for name, args in seen_ops if "dash_attn.forward" in name]
+    assert op_args[10] is offsets and op_args[11] is offsets and op_args[12:] == (6, 6, True)
     assert calls.paths() == []
 
 
@@ -410,10 +420,10 @@ def test_the_eager_path_and_the_custom_ops_give_the_same_bits(device, library, r
         q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
         if path == "eager":
             out, lse = flash_attn_varlen_func(q_, k_, v_, cu, cu, 600, 600, causal=True, return_lse=True)
-            assert type(out.grad_fn).__name__ == "_EagerVarlenAttentionBackward"
+            assert type(out.grad_fn).__name__ == "_EagerAttentionBackward"
         else:
-            out, lse = torch.ops.dash_attn.varlen_forward(
-                q_, k_, v_, cu, cu, 600, 600, 128**-0.5, True, "auto", 0, -1, -1, 0.0, True
+            out, lse = torch.ops.dash_attn.forward(
+                q_, k_, v_, 128**-0.5, True, "auto", 0, -1, -1, 0.0, cu, cu, 600, 600, True
             )
         out.backward(dout)
         results[path] = (out, lse, q_.grad, k_.grad, v_.grad)
@@ -422,3 +432,30 @@ def test_the_eager_path_and_the_custom_ops_give_the_same_bits(device, library, r
             eager.view(torch.int16) if eager.dtype == torch.bfloat16 else eager.view(torch.int32),
             op.view(torch.int16) if op.dtype == torch.bfloat16 else op.view(torch.int32),
         ), name
+
+
+def test_opcheck_and_a_compiled_call_on_the_real_kernels(device, library, require_kernel):
+    """The one op pair with the varlen arguments against the CUDA kernels: opcheck's schema, fake-kernel, autograd
+    and AOTAutograd checks, and flash_attn_varlen_func compiled whole (fullgraph) giving eager's bits."""
+    require_kernel(128, torch.bfloat16)
+    if not library.kernel_available(128, 0, varlen=True):
+        pytest.skip("this build has no varlen kernels (DASH_VARLEN_KERNELS)")
+    q, k, v, cu, _, _, _ = packed_batch([(300, 300), (5, 5), (129, 129)], 4, 2, 128, torch.bfloat16, device, padding=3)
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    arguments = (128**-0.5, True, "auto", 0, -1, -1, 0.0, cu, cu, 300, 300, True)
+    torch.library.opcheck(torch.ops.dash_attn.forward.default, (*leaves, *arguments))
+    with torch.no_grad():
+        out, lse = torch.ops.dash_attn.forward(*leaves, *arguments)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(torch.ops.dash_attn.backward.default, (dout, q, k, v, out, lse, *arguments))
+
+    def step(call):
+        q_, k_, v_ = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        result = call(q_, k_, v_, cu, cu, 300, 300, causal=True)
+        result.backward(dout)
+        return result.detach(), q_.grad, k_.grad, v_.grad
+
+    eager = step(flash_attn_varlen_func)
+    compiled = step(torch.compile(flash_attn_varlen_func, fullgraph=True))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), eager, compiled):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name

@@ -76,8 +76,8 @@ enum dash_dtype { DASH_DTYPE_BF16 = 0, DASH_DTYPE_FP16 = 1 };
  * key j iff i + d - window_left <= j <= i + d + window_right; -1 leaves a side open, each must be >= -1, and causal
  * makes window_right 0 whatever it is. windowed == 0 means no window and the two bounds are not read, so that a
  * zeroed struct (or one filled by a caller of version 4's fields) is not the window (0, 0), the diagonal alone.
- * Every flag of these structs (causal, windowed, keys_within_queries) must be 0 or 1: any other value is refused with DASH_STATUS_INVALID_ARGUMENT naming it, as C
- * has no bool.
+ * Every flag of these structs (causal, windowed, keys_within_queries) must be 0 or 1: any other value is refused with
+ * DASH_STATUS_INVALID_ARGUMENT naming it, as C has no bool.
  * softcap > 0 caps each scaled score s to softcap * tanh(s / softcap); 0 does not; it must be finite and >= 0, and a
  * normal float when > 0, as softmax_scale must be (> 0): the kernels flush subnormals to 0. */
 typedef struct dash_shape {
@@ -254,8 +254,8 @@ DASH_C_API int dash_backward_plan_sm_count(const dash_backward_plan* plan, int* 
 /* dash_backward with the plan's schedule and sm_margin, without planning again. *shape must equal the plan's shape in
  * every field (a mismatch is refused, naming the field), varlen must be NULL for a dense plan and not NULL for a
  * varlen plan, carrying the plan's keys_within_queries (DASH_STATUS_INVALID_ARGUMENT, naming varlen and the rule,
- * otherwise); both are checked before the tensors' data and strides. The current device must be the plan's, and the workspace must
- * hold dash_backward_plan_workspace_size bytes. */
+ * otherwise); both are checked before the tensors' data and strides. The current device must be the plan's, and the
+ * workspace must hold dash_backward_plan_workspace_size bytes. */
 DASH_C_API int dash_backward_plan_run(const dash_backward_plan* plan, const dash_shape* shape,
                                       const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
                                       const dash_tensor* v, const dash_tensor* out, const dash_tensor* dout,
