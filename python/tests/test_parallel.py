@@ -97,6 +97,10 @@ def _cases() -> list[Case]:
 CASES = _cases()
 # The negative controls and the delay run use world size 4: every rank then merges up to 4 blocks per row.
 RING_CAUSAL_P4 = Case("ring", True, 4, "zigzag", 4)
+STAGED_CASES = [
+    Case("ring", True, 4, "zigzag", 4, packed=True),
+    Case("ulysses", True, 4, "zigzag", 4, window=(10, -1), packed=True),
+]
 
 
 def _inputs(case: Case) -> dict[str, torch.Tensor]:
@@ -191,7 +195,7 @@ class ReorderedLseMerge(LseMerge):
         return super().result()
 
 
-def _run(case: Case, group, rank: int, local, repeats: int) -> list[dict[str, torch.Tensor]]:
+def _run(case: Case, group, rank: int, local, repeats: int, transport=None) -> list[dict[str, torch.Tensor]]:
     """This rank's shards of out, LSE and gradients, forward and backward `repeats` times."""
     if case.packed:
         shards = {
@@ -217,6 +221,7 @@ def _run(case: Case, group, rank: int, local, repeats: int) -> list[dict[str, to
             window_size=case.window,
             cu_seqlens=PACKED_OFFSETS if case.packed else None,
             local_attention=local,
+            transport=transport,
             return_lse=True,
         )
         out.backward(shards["dout"])
@@ -241,6 +246,9 @@ def _worker(rank: int, directory: str) -> None:
             saved[f"calls/{case.name}"] = (counting.forward_calls // REPEATS, counting.backward_calls // REPEATS)
             if case.world_size > 1:
                 saved[f"delayed/{case.name}"] = _run(case, group, rank, DelayedLocalAttention(rank), 1)
+    for case in STAGED_CASES:
+        staged = parallel.HostStagedTransport()
+        saved[f"staged/{case.name}"] = _run(case, groups[4], rank, parallel.TorchLocalAttention(), 1, staged)
     saved["rotating-sums"] = _run(RING_CAUSAL_P4, groups[4], rank, RotatingGroupSumLocalAttention(), 2)
     _ring.LseMerge = ReorderedLseMerge
     saved["reordered-merge"] = _run(RING_CAUSAL_P4, groups[4], rank, parallel.TorchLocalAttention(), 1)
@@ -284,6 +292,7 @@ def runs(tmp_path_factory) -> dict[str, list[dict[str, torch.Tensor]]]:
     per_rank = [torch.load(directory / f"rank{rank}.pt") for rank in range(PROCESSES)]
     cases = {f"{kind}/{case.name}": case for case in CASES for kind in ("plain", "delayed")}
     cases.update({"rotating-sums": RING_CAUSAL_P4, "reordered-merge": RING_CAUSAL_P4})
+    cases.update({f"staged/{case.name}": case for case in STAGED_CASES})
     gathered = {}
     for name, case in cases.items():
         ranks = [saved[name] for saved in per_rank if name in saved]
@@ -434,6 +443,13 @@ def test_world_size_one_gives_the_local_kernel_bits(runs, case):
         )
     expected = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
     assert _first_difference(runs[f"plain/{case.name}"][0], expected) is None
+
+
+@pytest.mark.parametrize("case", STAGED_CASES, ids=lambda c: c.name)
+def test_host_staged_transport_gives_the_same_bits(runs, case):
+    """The transport only moves data: staging through host memory changes no bit (on the CPU it runs the same
+    gloo exchanges on the tensors themselves, which is the code path it takes after its copies on a GPU)."""
+    assert _first_difference(runs[f"plain/{case.name}"][0], runs[f"staged/{case.name}"][0]) is None
 
 
 def test_negative_control_reordered_merge_is_caught(runs):
