@@ -13,8 +13,9 @@ without a window, sm_margin 8. Checks, for every case and P:
   kernel); whether the rest matches bit for bit is printed, not asserted;
 - P > 1 is within ERROR_FACTOR times single-GPU DASH's error, plus ERROR_FLOOR of the largest reference value,
   both against a float64 reference of the same bf16 inputs: context parallelism rounds each block's partial out
-  and gradients to bf16 (relative 2^-9) before the fp32 merge, and a row has at most 2P such partials here, so
-  their roundings add up to at most about 2^-9 * sqrt(2P) <= 2^-7.5 of the partials' scale;
+  and gradients to bf16 (relative 2^-9) before the fp32 merge, and a row has at most 2P = 8 such partials here
+  (two per step under a window), whose roundings, of random sign, add up to about 2^-9 * sqrt(8) = 2^-7.5 of the
+  partials' scale: 2^-7 of the largest reference value covers them;
 - two runs give bitwise identical out, LSE and gradients;
 - negative control: with the nondeterministic local schedule (deterministic=False, dQ summed by atomics), the
   same comparison must report different gradient bits over repeats.
