@@ -122,7 +122,7 @@ class LanguageModel(nn.Module):
 def make_batch(config: Config, world_size: int, step: int) -> dict[str, torch.Tensor]:
     """The whole packed batch of a step, the same on every rank: documents counting up from a random start
     (modulo the vocabulary), of lengths that are multiples of 2P, with next-token labels and positions."""
-    generator = torch.Generator().manual_seed(config.seed * 100_003 + step)
+    generator = torch.Generator().manual_seed(config.seed * config.steps + step)  # one seed per (seed, step)
     unit = 2 * world_size
     lengths = (
         torch.randint(1, config.chunks_per_document + 1, (config.documents,), generator=generator) * unit
