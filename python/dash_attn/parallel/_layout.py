@@ -7,15 +7,24 @@ that shard a full sequence and gather it back.
   (an early chunk, which sees few keys, paired with a late one, which sees many), and each rank's tokens stay in
   increasing position order, so a causal mask on the local tokens is the global one restricted to them.
 
-Invariant: gather_sequence(layout, [shard_sequence(x, r, P, layout) for r in range(P)]) == x, for both layouts.
+Packed batches (cu_seqlens) are laid out per sequence: each sequence is cut as above (its length a multiple of 2P
+for zigzag, of P for contiguous) and rank r holds its share of every sequence, in sequence order. So every rank
+holds the same number of tokens of each sequence, its local cu_seqlens are the global ones divided by P, and
+zigzag keeps the causal work balanced within each sequence.
+
+Invariants: gather_sequence([shard_sequence(x, r, P, layout) for r in range(P)], layout) == x, and likewise
+gather_packed of shard_packed, for both layouts.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+from ._plan import segments
 
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -44,8 +53,7 @@ def shard_sequence(x: Tensor, rank: int, world_size: int, layout: str = "zigzag"
     """Rank `rank`'s shard of the full sequence `x` (sequence along `dim`) in `layout`: a view for contiguous,
     a new tensor for zigzag."""
     check_layout(layout)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must satisfy 0 <= rank < world_size = {world_size}, got {rank}")
+    _check_rank(rank, world_size)
     _check_divisible(x.shape[dim], layout, world_size)
     chunks = x.chunk(_pieces(layout, world_size), dim=dim)
     if layout == "contiguous":
@@ -76,3 +84,81 @@ def natural_order(seqlen: int, world_size: int, layout: str, device: torch.devic
     starts = [2 * m if m < world_size else 2 * (2 * world_size - 1 - m) + 1 for m in range(2 * world_size)]
     within = torch.arange(chunk, device=device)
     return torch.cat([start * chunk + within for start in starts])
+
+
+def check_cu_seqlens(cu_seqlens: object, world_size: int, layout: str, name: str = "cu_seqlens") -> tuple[int, ...]:
+    """The offsets of a packed batch as host ints, after checking them: a 1-D integer tensor (any device; a CUDA
+    tensor is copied to the host) or a sequence of ints, starting at 0, non-decreasing, each sequence's length a
+    multiple of the pieces the layout cuts it into. Raises TypeError or ValueError naming `name` and the rule."""
+    if isinstance(cu_seqlens, Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex:
+            raise TypeError(f"{name} must be a 1-D integer tensor or a sequence of ints, got {cu_seqlens!r}")
+        offsets = tuple(int(x) for x in cu_seqlens.tolist())
+    elif isinstance(cu_seqlens, Sequence) and all(
+        isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in cu_seqlens
+    ):
+        offsets = tuple(int(x) for x in cu_seqlens)
+    else:
+        raise TypeError(f"{name} must be a 1-D integer tensor or a sequence of ints, got {type(cu_seqlens).__name__}")
+    if len(offsets) < 2 or offsets[0] != 0:
+        raise ValueError(f"{name} must hold 0 and then each sequence's end (at least 2 offsets), got {offsets}")
+    pieces = _pieces(layout, world_size)
+    for b in range(len(offsets) - 1):
+        length = offsets[b + 1] - offsets[b]
+        if length < 0:
+            raise ValueError(f"{name} must be non-decreasing; sequence {b} has length {length}")
+        if length % pieces:
+            raise ValueError(
+                f"the {layout} layout over {world_size} ranks cuts every sequence into {pieces} equal pieces; "
+                f"{name} gives sequence {b} length {length}, not a multiple of {pieces} (pad it)"
+            )
+    return offsets
+
+
+def packed_rows(offsets: Sequence[int], rank: int, world_size: int, layout: str) -> Tensor:
+    """The rows of the whole packed batch (global offsets `offsets`) that `rank` holds, in its local order."""
+    rows = []
+    for b in range(len(offsets) - 1):
+        shard = (offsets[b + 1] - offsets[b]) // world_size
+        for segment in segments(layout, rank, world_size, shard):
+            start = offsets[b] + segment.start
+            rows.append(torch.arange(start, start + segment.length))
+    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must satisfy 0 <= rank < world_size = {world_size}, got {rank}")
+
+
+def shard_packed(
+    x: Tensor, cu_seqlens: object, rank: int, world_size: int, layout: str = "zigzag", dim: int = 0
+) -> Tensor:
+    """Rank `rank`'s shard of the packed batch `x` (tokens along `dim`, sequences as cu_seqlens, the global
+    offsets, says): its share of every sequence in `layout`, in sequence order. Works for q, k, v and for
+    per-token tensors such as input_ids, labels and position_ids; the rank's cu_seqlens are
+    local_cu_seqlens(cu_seqlens, world_size)."""
+    check_layout(layout)
+    _check_rank(rank, world_size)
+    offsets = check_cu_seqlens(cu_seqlens, world_size, layout)
+    if x.shape[dim] != offsets[-1]:
+        raise ValueError(f"x has {x.shape[dim]} tokens along dim {dim} but cu_seqlens ends at {offsets[-1]}")
+    return x.index_select(dim, packed_rows(offsets, rank, world_size, layout).to(x.device))
+
+
+def gather_packed(shards: Sequence[Tensor], cu_seqlens: object, layout: str = "zigzag", dim: int = 0) -> Tensor:
+    """The whole packed batch from the shards of every rank, in rank order: the inverse of shard_packed."""
+    check_layout(layout)
+    world_size = len(shards)
+    offsets = check_cu_seqlens(cu_seqlens, world_size, layout)
+    rows = torch.cat([packed_rows(offsets, r, world_size, layout) for r in range(world_size)])
+    concatenated = torch.cat(tuple(shards), dim=dim)
+    if concatenated.shape[dim] != offsets[-1]:
+        raise ValueError(f"the shards hold {concatenated.shape[dim]} tokens but cu_seqlens ends at {offsets[-1]}")
+    return concatenated.index_select(dim, torch.argsort(rows).to(concatenated.device))
+
+
+def local_cu_seqlens(cu_seqlens: Tensor, world_size: int) -> Tensor:
+    """The cu_seqlens of every rank's shard of a packed batch: the global ones divided by world_size (each rank
+    holds 1 / world_size of every sequence)."""
+    return torch.div(cu_seqlens, world_size, rounding_mode="floor")

@@ -4,31 +4,41 @@ TorchLocalAttention (pure torch on any device and dtype, the reference the CPU t
 FlashAttention3LocalAttention (FlashAttention-3's kernels, for comparing the same ring or all-to-all on FA3).
 
 Contract of a LocalAttention, which the ring and all-to-all modes rely on:
-- forward(q, k, v, causal, softmax_scale) -> (out, lse) on (batch, seqlen, heads, head_dim) tensors. k and v
-  may have fewer heads (GQA: query head h uses key/value head h // (heads_q // heads_kv)). causal=True is the
-  bottom-right aligned mask: query row i sees key j iff j <= i + seqlen_k - seqlen_q. out has q's dtype; lse
-  is (batch, heads_q, seqlen_q), natural-log, in accumulator_dtype(q.dtype).
-- backward(dout, q, k, v, out, lse, causal, softmax_scale) -> (dq, dk, dv): the contribution of this block of
-  keys to the gradients, where out and lse are the FINAL ones of these query rows (over all keys, merged from
-  every block), not this block's. With P = exp(scale * q k^T - lse) masked, dS = P * (dout v^T - rowsum(dout *
-  out)): dq = scale * dS k, dk = scale * dS^T q, dv = P^T dout (dk and dv summed over each GQA group). The
-  blocks' contributions then sum to the gradients of the whole attention. This is the identity FlashAttention's
-  backward kernel evaluates from the out and LSE it is handed, so a kernel that takes both implements it.
-- Both are called outside autograd and must be pure functions of their arguments: same inputs, same bits. The
+- forward(q, k, v, causal, softmax_scale, window) -> (out, lse) on (batch, seqlen, heads, head_dim) tensors. k
+  and v may have fewer heads (GQA: query head h uses key/value head h // (heads_q // heads_kv)). The mask is
+  FlashAttention's, bottom-right aligned with d = seqlen_k - seqlen_q: causal=True lets query row i see key j
+  iff j <= i + d; window = (left, right) further limits it to i + d - left <= j <= i + d + right, -1 leaving a
+  side open (causal makes right 0). Context parallelism only passes blocks in which every query row sees at
+  least one key. out has q's dtype; lse is (batch, heads_q, seqlen_q), natural-log, in accumulator_dtype(q.dtype).
+- backward(dout, q, k, v, out, lse, causal, softmax_scale, window) -> (dq, dk, dv): the contribution of this
+  block of keys to the gradients, where out and lse are the FINAL ones of these query rows (over all keys,
+  merged from every block), not this block's. With P = exp(scale * q k^T - lse) masked,
+  dS = P * (dout v^T - rowsum(dout * out)): dq = scale * dS k, dk = scale * dS^T q, dv = P^T dout (dk and dv
+  summed over each GQA group). The blocks' contributions then sum to the gradients of the whole attention. This
+  is the identity FlashAttention's backward kernel evaluates from the out and LSE it is handed, so a kernel that
+  takes both implements it.
+- forward_varlen and backward_varlen: the same on a packed batch, q (total_q, heads_q, head_dim) and k, v
+  (total_k, heads_kv, head_dim), whose sequence b is rows offsets_q[b]:offsets_q[b + 1] of q and
+  offsets_k[b]:offsets_k[b + 1] of k and v (offsets: host ints), each under its own mask; lse is (heads_q,
+  total_q). Sequences without queries have nothing to compute; every other one has at least one key.
+- All are called outside autograd and must be pure functions of their arguments: same inputs, same bits. The
   attribute `deterministic` says whether the implementation promises that (the nondeterministic DASH schedule
   does not); dash_attn.parallel applies torch's determinism switch to it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from .. import attention_backward, flash_attn_func, flash_attn_varlen_func
 from .._arguments import NONDETERMINISTIC, check_sm_margin, resolve_schedule
-from ..fa2 import flash_attn_func
-from ..gradients import attention_backward
+
+Window = tuple[int, int]
+NO_WINDOW: Window = (-1, -1)
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -41,7 +51,9 @@ class LocalAttention(Protocol):
 
     deterministic: bool
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float) -> tuple[Tensor, Tensor]: ...
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, window: Window = NO_WINDOW
+    ) -> tuple[Tensor, Tensor]: ...
 
     def backward(
         self,
@@ -53,12 +65,79 @@ class LocalAttention(Protocol):
         lse: Tensor,
         causal: bool,
         softmax_scale: float,
+        window: Window = NO_WINDOW,
+    ) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def forward_varlen(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        offsets_q: Sequence[int],
+        offsets_k: Sequence[int],
+        causal: bool,
+        softmax_scale: float,
+        window: Window = NO_WINDOW,
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def backward_varlen(
+        self,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        offsets_q: Sequence[int],
+        offsets_k: Sequence[int],
+        causal: bool,
+        softmax_scale: float,
+        window: Window = NO_WINDOW,
     ) -> tuple[Tensor, Tensor, Tensor]: ...
 
 
+def _sequences(offsets_q: Sequence[int], offsets_k: Sequence[int]) -> list[tuple[slice, slice]]:
+    """The (query rows, key rows) of each sequence of a packed call that has queries (an empty sequence, which
+    all-to-all mode can pass, has nothing to compute)."""
+    return [
+        (slice(offsets_q[b], offsets_q[b + 1]), slice(offsets_k[b], offsets_k[b + 1]))
+        for b in range(len(offsets_q) - 1)
+        if offsets_q[b + 1] > offsets_q[b]
+    ]
+
+
+def _backward_per_sequence(
+    dense_backward,
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    offsets_q: Sequence[int],
+    offsets_k: Sequence[int],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A packed call's gradients from a dense backward run on each sequence as a batch of one (lse is
+    (heads, total_q)); the sequences own disjoint rows, so each gradient row is written once."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    for rows_q, rows_k in _sequences(offsets_q, offsets_k):
+        grads = dense_backward(
+            dout[None, rows_q],
+            q[None, rows_q],
+            k[None, rows_k],
+            v[None, rows_k],
+            out[None, rows_q],
+            lse[None, :, rows_q].contiguous(),
+        )
+        dq[rows_q], dk[rows_k], dv[rows_k] = (g[0] for g in grads)
+    return dq, dk, dv
+
+
 class DashLocalAttention:
-    """DASH's kernels as the local kernel: the forward of dash_attn.flash_attn_func (return_lse=True) and the
-    backward kernel run on the caller's out and LSE (dash_attn.attention_backward).
+    """DASH's kernels as the local kernel: the forward of dash_attn.flash_attn_func or flash_attn_varlen_func
+    (return_lse=True), and the backward kernel run on the caller's out and LSE (dash_attn.attention_backward).
+    attention_backward takes dense batches only, so a packed call's backward runs it on each sequence (one launch
+    per sequence and block: many short sequences cost launches).
 
     schedule, deterministic and sm_margin mean what they mean in flash_attn_func. sm_margin leaves SMs to the
     NCCL kernels that move K/V (ring) while a block computes; for the "shift" and "symmetric-shift" schedules the
@@ -69,13 +148,16 @@ class DashLocalAttention:
         self.deterministic = self.schedule != NONDETERMINISTIC
         self.sm_margin = check_sm_margin(sm_margin)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, window: Window = NO_WINDOW
+    ) -> tuple[Tensor, Tensor]:
         return flash_attn_func(
             q,
             k,
             v,
             softmax_scale=softmax_scale,
             causal=causal,
+            window_size=window,
             deterministic=self.deterministic,
             schedule=self.schedule,
             sm_margin=self.sm_margin,
@@ -92,6 +174,7 @@ class DashLocalAttention:
         lse: Tensor,
         causal: bool,
         softmax_scale: float,
+        window: Window = NO_WINDOW,
     ) -> tuple[Tensor, Tensor, Tensor]:
         # The kernel reads out and lse only through D = rowsum(dout * out) and P = exp(S - lse), so handing it the
         # merged ones gives this block's share of the gradients (module docstring).
@@ -104,10 +187,67 @@ class DashLocalAttention:
             lse,
             softmax_scale=softmax_scale,
             causal=causal,
+            window_size=window,
             deterministic=self.deterministic,
             schedule=self.schedule,
             sm_margin=self.sm_margin,
         )
+
+    def forward_varlen(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        offsets_q: Sequence[int],
+        offsets_k: Sequence[int],
+        causal: bool,
+        softmax_scale: float,
+        window: Window = NO_WINDOW,
+    ) -> tuple[Tensor, Tensor]:
+        cu_seqlens_q = torch.tensor(offsets_q, dtype=torch.int32, device=q.device)
+        # One tensor for both when the offsets agree: flash_attn_varlen_func then knows the keys of each sequence
+        # are within its queries, as for a self-attention call made directly.
+        same = tuple(offsets_q) == tuple(offsets_k)
+        cu_seqlens_k = cu_seqlens_q if same else torch.tensor(offsets_k, dtype=torch.int32, device=q.device)
+        lengths = [
+            (rows_q.stop - rows_q.start, rows_k.stop - rows_k.start)
+            for rows_q, rows_k in _sequences(offsets_q, offsets_k)
+        ]
+        return flash_attn_varlen_func(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max(length_q for length_q, _ in lengths),
+            max(length_k for _, length_k in lengths),
+            softmax_scale=softmax_scale,
+            causal=causal,
+            window_size=window,
+            deterministic=self.deterministic,
+            schedule=self.schedule,
+            sm_margin=self.sm_margin,
+            return_lse=True,
+        )
+
+    def backward_varlen(
+        self,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        offsets_q: Sequence[int],
+        offsets_k: Sequence[int],
+        causal: bool,
+        softmax_scale: float,
+        window: Window = NO_WINDOW,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        def dense(*tensors: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            return self.backward(*tensors, causal, softmax_scale, window)
+
+        return _backward_per_sequence(dense, dout, q, k, v, out, lse, offsets_q, offsets_k)
 
 
 class TorchLocalAttention:
@@ -119,7 +259,7 @@ class TorchLocalAttention:
 
     @staticmethod
     def _probabilities_inputs(
-        q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float
+        q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, window: Window
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """q, k and v in the accumulator dtype with k and v repeated to q's heads, and the masked, scaled scores
         (batch, heads_q, seqlen_q, seqlen_k)."""
@@ -129,15 +269,29 @@ class TorchLocalAttention:
         kf = k.to(dtype).repeat_interleave(group, dim=2)
         vf = v.to(dtype).repeat_interleave(group, dim=2)
         scores = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * softmax_scale
+        left, right = window
         if causal:
+            right = 0
+        if (left, right) != NO_WINDOW:
             seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-            rows = torch.arange(seqlen_q, device=q.device)[:, None]
-            cols = torch.arange(seqlen_k, device=q.device)[None, :]
-            scores = scores.masked_fill(cols > rows + (seqlen_k - seqlen_q), float("-inf"))
+            # Key j relative to query row i's bottom-right aligned diagonal i + seqlen_k - seqlen_q.
+            relative = (
+                torch.arange(seqlen_k, device=q.device)[None, :]
+                - torch.arange(seqlen_q, device=q.device)[:, None]
+                - (seqlen_k - seqlen_q)
+            )
+            hidden = torch.zeros_like(relative, dtype=torch.bool)
+            if right >= 0:
+                hidden |= relative > right
+            if left >= 0:
+                hidden |= relative < -left
+            scores = scores.masked_fill(hidden, float("-inf"))
         return qf, kf, vf, scores
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float) -> tuple[Tensor, Tensor]:
-        _, _, vf, scores = self._probabilities_inputs(q, k, v, causal, softmax_scale)
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, window: Window = NO_WINDOW
+    ) -> tuple[Tensor, Tensor]:
+        _, _, vf, scores = self._probabilities_inputs(q, k, v, causal, softmax_scale, window)
         lse = torch.logsumexp(scores, dim=-1)
         out = torch.einsum("bhqk,bkhd->bqhd", torch.exp(scores - lse[..., None]), vf)
         return out.to(q.dtype), lse
@@ -158,8 +312,9 @@ class TorchLocalAttention:
         lse: Tensor,
         causal: bool,
         softmax_scale: float,
+        window: Window = NO_WINDOW,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        qf, kf, vf, scores = self._probabilities_inputs(q, k, v, causal, softmax_scale)
+        qf, kf, vf, scores = self._probabilities_inputs(q, k, v, causal, softmax_scale, window)
         dtype = qf.dtype
         dout_f = dout.to(dtype)
         probabilities = torch.exp(scores - lse.to(dtype)[..., None])
@@ -176,6 +331,50 @@ class TorchLocalAttention:
             self._sum_groups(dv, heads_kv).to(v.dtype),
         )
 
+    def forward_varlen(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        offsets_q: Sequence[int],
+        offsets_k: Sequence[int],
+        causal: bool,
+        softmax_scale: float,
+        window: Window = NO_WINDOW,
+    ) -> tuple[Tensor, Tensor]:
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=accumulator_dtype(q.dtype), device=q.device)
+        for rows_q, rows_k in _sequences(offsets_q, offsets_k):
+            out_b, lse_b = self.forward(
+                q[None, rows_q], k[None, rows_k], v[None, rows_k], causal, softmax_scale, window
+            )
+            out[rows_q], lse[:, rows_q] = out_b[0], lse_b[0]
+        return out, lse
+
+    def backward_varlen(
+        self,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        offsets_q: Sequence[int],
+        offsets_k: Sequence[int],
+        causal: bool,
+        softmax_scale: float,
+        window: Window = NO_WINDOW,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        def dense(*tensors: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            return self.backward(*tensors, causal, softmax_scale, window)
+
+        return _backward_per_sequence(dense, dout, q, k, v, out, lse, offsets_q, offsets_k)
+
+
+def _refuse_window(window: Window) -> None:
+    if window != NO_WINDOW:
+        raise NotImplementedError(f"FlashAttention3LocalAttention takes no window_size, got {window}")
+
 
 class FlashAttention3LocalAttention:
     """FlashAttention-3's kernels as the local kernel (flash_attn_interface, from Dao-AILab/flash-attention's
@@ -183,6 +382,9 @@ class FlashAttention3LocalAttention:
     ((batch, heads_q, seqlen_q), fp32, natural log), and its backward takes the caller's out and LSE, so the
     same ring and all-to-all run on FA3 for comparison. deterministic selects FA3's deterministic backward;
     sm_margin is FA3's, which leaves SMs free as DASH's does. FA3 takes GQA natively.
+
+    It takes neither sliding windows nor packed batches: context_parallel_attn_func refuses both with it before
+    any communication.
 
     interface: the flash_attn_interface module, imported here when not given (the tests pass a stand-in)."""
 
@@ -199,7 +401,10 @@ class FlashAttention3LocalAttention:
         self.deterministic = bool(deterministic)
         self.sm_margin = check_sm_margin(sm_margin)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, window: Window = NO_WINDOW
+    ) -> tuple[Tensor, Tensor]:
+        _refuse_window(window)
         out, lse, *_ = self.interface._flash_attn_forward(
             q, k, v, softmax_scale=softmax_scale, causal=causal, sm_margin=self.sm_margin
         )
@@ -215,7 +420,9 @@ class FlashAttention3LocalAttention:
         lse: Tensor,
         causal: bool,
         softmax_scale: float,
+        window: Window = NO_WINDOW,
     ) -> tuple[Tensor, Tensor, Tensor]:
+        _refuse_window(window)
         # FA3 writes the gradients into buffers the caller gives, packed like its inputs.
         dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
         self.interface._flash_attn_backward(
