@@ -186,7 +186,7 @@ def _worker(rank: int, directory: str) -> None:
 def runs(device, library, tmp_path_factory) -> list[dict]:
     if not library.kernel_available(HEAD_DIM, library.DTYPE_BF16):
         pytest.skip(f"this build has no kernel for head_dim {HEAD_DIM} / bf16 (see DASH_HEAD_DIMS, DASH_DTYPES)")
-    if not library.varlen_kernel_available(HEAD_DIM, library.DTYPE_BF16, False):
+    if not library.kernel_available(HEAD_DIM, library.DTYPE_BF16, varlen=True):
         pytest.skip(f"this build has no varlen kernels for head_dim {HEAD_DIM} / bf16 (DASH_VARLEN_KERNELS)")
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
