@@ -118,8 +118,9 @@ def _backward_per_sequence(
     offsets_k: Sequence[int],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """A packed call's gradients from a dense backward run on each sequence as a batch of one (lse is
-    (heads, total_q)); the sequences own disjoint rows, so each gradient row is written once."""
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    (heads, total_q)); the sequences own disjoint rows, so each gradient row is written at most once. Rows no
+    sequence with queries reaches (the keys of a sequence without queries) get zero gradients."""
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for rows_q, rows_k in _sequences(offsets_q, offsets_k):
         grads = dense_backward(
             dout[None, rows_q],
@@ -133,7 +134,30 @@ def _backward_per_sequence(
     return dq, dk, dv
 
 
-class DashLocalAttention:
+class _PerSequenceBackward:
+    """backward_varlen as the class's dense backward run on each sequence (_backward_per_sequence)."""
+
+    def backward_varlen(
+        self,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        offsets_q: Sequence[int],
+        offsets_k: Sequence[int],
+        causal: bool,
+        softmax_scale: float,
+        window: Window = NO_WINDOW,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        def dense(*tensors: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            return self.backward(*tensors, causal, softmax_scale, window)
+
+        return _backward_per_sequence(dense, dout, q, k, v, out, lse, offsets_q, offsets_k)
+
+
+class DashLocalAttention(_PerSequenceBackward):
     """DASH's kernels as the local kernel: the forward of dash_attn.flash_attn_func or flash_attn_varlen_func
     (return_lse=True), and the backward kernel run on the caller's out and LSE (dash_attn.attention_backward).
     attention_backward takes dense batches only, so a packed call's backward runs it on each sequence (one launch
@@ -230,27 +254,8 @@ class DashLocalAttention:
             return_lse=True,
         )
 
-    def backward_varlen(
-        self,
-        dout: Tensor,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        out: Tensor,
-        lse: Tensor,
-        offsets_q: Sequence[int],
-        offsets_k: Sequence[int],
-        causal: bool,
-        softmax_scale: float,
-        window: Window = NO_WINDOW,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        def dense(*tensors: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            return self.backward(*tensors, causal, softmax_scale, window)
 
-        return _backward_per_sequence(dense, dout, q, k, v, out, lse, offsets_q, offsets_k)
-
-
-class TorchLocalAttention:
+class TorchLocalAttention(_PerSequenceBackward):
     """Attention in plain torch ops, materializing the scores: the reference local kernel. It computes in
     accumulator_dtype(q.dtype) and works on any device and dtype, so the context-parallel logic can be tested on
     the CPU with gloo. On one device with fixed thread counts its results are bitwise reproducible."""
@@ -350,25 +355,6 @@ class TorchLocalAttention:
             )
             out[rows_q], lse[:, rows_q] = out_b[0], lse_b[0]
         return out, lse
-
-    def backward_varlen(
-        self,
-        dout: Tensor,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        out: Tensor,
-        lse: Tensor,
-        offsets_q: Sequence[int],
-        offsets_k: Sequence[int],
-        causal: bool,
-        softmax_scale: float,
-        window: Window = NO_WINDOW,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        def dense(*tensors: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            return self.backward(*tensors, causal, softmax_scale, window)
-
-        return _backward_per_sequence(dense, dout, q, k, v, out, lse, offsets_q, offsets_k)
 
 
 def _refuse_window(window: Window) -> None:
