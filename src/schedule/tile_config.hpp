@@ -78,7 +78,18 @@ DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
 // FA3's shapes at these head dims. Their O accumulators take 96 and 128 registers per thread, S 56 and 40, which
 // leaves no room for the tall or wide tiles. d = 96 keeps 128x128 (O 48 registers, Q, K, V and the O staging tile
 // 144 KiB); its wide and tall tiles are unmeasured.
+//
+// Short causal sequences take short tiles instead: 64 query rows on one MMA warpgroup, with two CTAs per SM
+// (forward_ctas_per_sm), so that one CTA's prologue, epilogue and mask steps run under the other's GEMMs.
+// At d = 64 they keep 128 keys (Q, K, V and the O staging tile: 8 + 2 x 2 x 16 + 8 = 80 KiB a CTA); at d = 128
+// they narrow to 64 keys, the widest that let two CTAs share the SM's 228 KiB (16 + 2 x 2 x 16 + 16 = 96 KiB).
+// Under a causal mask a query tile of 128 rows of a 512-token sequence visits 2.5 key/value tiles on average,
+// so its fixed costs are not hidden: Nsight Compute found about 0.6 eligible warps per scheduler at d = 64,
+// causal, 512 tokens (docs/PERF.md).
 inline constexpr int kForwardBlockQ = 128;
+inline constexpr int kForwardShortBlockQ = 64;
+inline constexpr int kForwardShortBlockKvD128 = 64;
+inline constexpr int kForwardShortBelowCausal = 2048;  // seqlen_q below which a causal mask takes short tiles
 inline constexpr int kForwardTallBlockQ = 192;
 inline constexpr int kForwardBlockKv = 128;
 inline constexpr int kForwardWideBlockKv = 176;
@@ -89,6 +100,7 @@ inline constexpr int kForwardTallFromCausal = 8192;  // the same under the causa
 inline constexpr int kForwardWideFromKeys = 2048;    // seqlen_k from which a full mask at d = 128 takes wide tiles
 
 DASH_HOST_DEVICE constexpr bool forward_has_tall_tiles(int head_dim) { return head_dim <= 64; }
+DASH_HOST_DEVICE constexpr bool forward_has_short_tiles(int head_dim) { return head_dim == 64 || head_dim == 128; }
 DASH_HOST_DEVICE constexpr bool forward_has_wide_tiles(int head_dim) { return head_dim == 128; }
 
 // The forward's tile at `head_dim` when neither tall nor wide tiles apply (and under any sliding window).
@@ -97,7 +109,18 @@ DASH_HOST_DEVICE constexpr TileShape forward_base_tile_shape(int head_dim) {
   return TileShape{kForwardBlockQ, block_kv};
 }
 
+DASH_HOST_DEVICE constexpr TileShape forward_short_tile_shape(int head_dim) {
+  return TileShape{kForwardShortBlockQ, head_dim <= 64 ? kForwardBlockKv : kForwardShortBlockKvD128};
+}
+
+// CTAs of the forward kernel with this tile that share one SM: two for the short tiles (one MMA warpgroup each),
+// one otherwise (two or three MMA warpgroups, which take the SM's registers).
+DASH_HOST_DEVICE constexpr int forward_ctas_per_sm(int block_q) { return block_q == kForwardShortBlockQ ? 2 : 1; }
+
 DASH_HOST_DEVICE constexpr TileShape forward_tile_shape(int head_dim, bool causal, int64_t seqlen_q, int64_t seqlen_k) {
+  if (forward_has_short_tiles(head_dim) && causal && seqlen_q < kForwardShortBelowCausal) {
+    return forward_short_tile_shape(head_dim);
+  }
   const bool tall =
       forward_has_tall_tiles(head_dim) && seqlen_q >= (causal ? kForwardTallFromCausal : kForwardTallFromFull);
   const bool wide = forward_has_wide_tiles(head_dim) && !causal && seqlen_k >= kForwardWideFromKeys;
@@ -126,6 +149,7 @@ DASH_HOST_DEVICE constexpr ForwardKernelChoice forward_kernel_choice(int head_di
   const TileShape base = forward_base_tile_shape(head_dim);
   if (left_bounded || right_bounded || varlen) return {base, left_bounded};
   const TileShape tile = forward_tile_shape(head_dim, causal, seqlen_q, seqlen_k);
+  if (tile.block_q == kForwardShortBlockQ) return {softcap ? base : tile, false};
   return {TileShape{tile.block_q, softcap ? base.block_kv : tile.block_kv}, false};
 }
 

@@ -38,9 +38,10 @@ struct PackedForwardTileRecord : ForwardTile {
   int q_offset;
 };
 
-// The forward's warp roles for query tiles of kBlockQ rows: one MMA warpgroup per 64 rows.
+// The forward's warp roles for query tiles of kBlockQ rows: one MMA warpgroup per 64 rows, and two CTAs per SM for
+// the short tiles' one (schedule/tile_config.hpp).
 template <int kBlockQ>
-using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows>;
+using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows, forward_ctas_per_sm(kBlockQ)>;
 
 // kBlockQ_ x kBlockKv_: one of the forward's tile shapes (schedule/tile_config.hpp), chosen per shape at
 // launch.
@@ -57,6 +58,7 @@ template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoft
 struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   // The counts this configuration's own layouts use (names of a dependent base need declaring).
   using Roles = ForwardWarpRoles<kBlockQ_>;
+  using Roles::kCtasPerSm;
   using Roles::kMmaThreads;
   using Roles::kMmaWarpGroups;
   using Roles::kThreads;
@@ -117,10 +119,11 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
     PipelineRing<kStages> k_stages;  // loader -> MMA warpgroups
     PipelineRing<kStages> v_stages;  // loader -> MMA warpgroups
   };
-  static constexpr bool kStagedO = sizeof(Storage<true>) <= kMaxSharedBytesPerBlock;
+  static constexpr bool kStagedO = fits_shared_memory(sizeof(Storage<true>), kCtasPerSm);
   using SharedStorage = Storage<kStagedO>;
   static constexpr int kSharedBytes = sizeof(SharedStorage);
-  static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");
+  static_assert(fits_shared_memory(kSharedBytes, kCtasPerSm),
+                "shared storage exceeds what one CTA may use, or what the CTAs meant to share an SM may");
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);  // one K or V tile
 

@@ -24,7 +24,7 @@ __device__ void init_forward_barriers(typename Config::SharedStorage& smem) {
 }
 
 template <class Config>
-__global__ void __launch_bounds__(Config::kThreads, 1)
+__global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
     forward_kernel(const __grid_constant__ typename Config::Params params) {
   extern __shared__ __align__(1024) char shared_bytes[];
   auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(shared_bytes);

@@ -81,7 +81,8 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes);
   if (err != cudaSuccess) return launched(err);
   const int tiles = p.tiles.num_tiles();
-  const int grid = tiles < params.num_sms ? tiles : params.num_sms;
+  const int resident = params.num_sms * Config::kCtasPerSm;  // CTAs that run at once on the SMs the call may use
+  const int grid = tiles < resident ? tiles : resident;
   kernel<<<grid, Config::kThreads, Config::kSharedBytes, stream>>>(p);
   if constexpr (kVarlen) {
     err = cudaGetLastError();
@@ -97,7 +98,7 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
 // The forward of a dense batch, or with kVarlen of a packed varlen batch (args.varlen): the kernel
 // forward_kernel_choice picks (schedule/tile_config.hpp says why), with the tile order, grid and mask of the maximum
 // problem, each tile fitted to its sequence in the kernel. The `if constexpr` guards compile only the kernels the
-// choice can pick for this instance: no tall or wide varlen kernel, no wide softcap kernel. A left bound takes kernels
+// choice can pick for this instance: no short, tall or wide varlen kernel, no short or wide softcap kernel. A left bound takes kernels
 // of their own (fwd_config.cuh): testing it at run time in the others' masked steps cost 3-4% at 512-1024 causal
 // tokens (same-run A/B on the H200, docs/HISTORY.md), and branching between two sets of step loops in one kernel made
 // the d = 128 kernels spill.
@@ -113,6 +114,12 @@ kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaS
   if (choice.left_bounded) {
     return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, true, kVarlen>(params,
                                                                                                            stream);
+  }
+  if constexpr (forward_has_short_tiles(kHeadDim) && !kSoftcap && !kVarlen) {
+    if (choice.tile.block_q == kForwardShortBlockQ) {
+      constexpr TileShape kShort = forward_short_tile_shape(kHeadDim);
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kShort.block_q, kShort.block_kv>(params, stream);
+    }
   }
   if constexpr (forward_has_tall_tiles(kHeadDim) && !kVarlen) {
     if (choice.tile.block_q == kForwardTallBlockQ) {

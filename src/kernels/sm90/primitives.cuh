@@ -127,9 +127,19 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 
 // Dynamic shared memory one CTA may use on sm90 (227 KB).
 inline constexpr int kMaxSharedBytesPerBlock = 227 * 1024;
+// Shared memory of one SM (228 KB), and what the hardware reserves of it for each resident CTA (1 KB): CTAs
+// sharing an SM must fit their dynamic shared memory and reserves together.
+inline constexpr int kSharedBytesPerSm = 228 * 1024;
+inline constexpr int kReservedSharedBytesPerBlock = 1024;
 
-// Registers per thread a CTA of `threads` threads gets at launch under __launch_bounds__(threads, 1):
-// the 64K register file split evenly, in the allocation granularity of 8.
+// Whether `ctas` CTAs of `bytes` dynamic shared memory each can share one SM.
+constexpr bool fits_shared_memory(size_t bytes, int ctas) {
+  return bytes <= kMaxSharedBytesPerBlock && (bytes + kReservedSharedBytesPerBlock) * ctas <= kSharedBytesPerSm;
+}
+
+// Registers per thread when `threads` threads share the SM (one CTA of them under __launch_bounds__(threads, 1), or
+// the threads of all the CTAs the bounds' minimum puts on it): the 64K register file split evenly, in the
+// allocation granularity of 8.
 constexpr int launch_registers_per_thread(int threads) {
   constexpr int kRegisterFile = 65536;
   constexpr int kGranularity = 8;

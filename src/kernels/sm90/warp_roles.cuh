@@ -14,26 +14,29 @@ namespace dash::sm90 {
 // Rows of a tile that one MMA warpgroup owns: the M of one wgmma.
 inline constexpr int kMmaWarpGroupRows = 64;
 
-template <int kMmaWarpGroups_>
+// kCtasPerSm_: CTAs of the kernel that share one SM (its __launch_bounds__ minimum), which split the register file.
+template <int kMmaWarpGroups_, int kCtasPerSm_ = 1>
 struct WarpRoles {
   static constexpr int kMmaWarpGroups = kMmaWarpGroups_;
+  static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kWarpGroupThreads = 128;
   static constexpr int kMmaThreads = kWarpGroupThreads * kMmaWarpGroups;
   static constexpr int kThreads = kMmaThreads + kWarpGroupThreads;
-  // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation (168 per thread for
-  // 384 threads, 128 for 512); asking for more than the producer released would block the MMA warpgroups
-  // forever. The MMA warpgroups take all the producer gives up, in setmaxnreg's steps of 8, at most 256:
-  // 240 with two MMA warpgroups, 160 with three.
+  // Registers per thread each CTA gets at launch: 168 for 384 threads, 128 for 512 or for two CTAs of 256.
+  static constexpr int kLaunchRegisters = launch_registers_per_thread(kThreads * kCtasPerSm);
+  // setmaxnreg moves registers between warpgroups inside the CTA's launch allocation; asking for more than the
+  // producer released would block the MMA warpgroups forever. The MMA warpgroups take all the producer gives up,
+  // in setmaxnreg's steps of 8, at most 256: 240 with two MMA warpgroups, 160 with three, 232 with one in each of
+  // two CTAs.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kRegisterStep = 8;
   static constexpr int kMaxRegisters = 256;
   static constexpr int kMmaRegisters = [] {
-    const int spare = launch_registers_per_thread(kThreads) * kThreads - kProducerRegisters * kWarpGroupThreads;
+    const int spare = kLaunchRegisters * kThreads - kProducerRegisters * kWarpGroupThreads;
     const int per_thread = spare / kMmaThreads / kRegisterStep * kRegisterStep;
     return per_thread < kMaxRegisters ? per_thread : kMaxRegisters;
   }();
-  static_assert(kProducerRegisters * kWarpGroupThreads + kMmaRegisters * kMmaThreads <=
-                    launch_registers_per_thread(kThreads) * kThreads,
+  static_assert(kProducerRegisters * kWarpGroupThreads + kMmaRegisters * kMmaThreads <= kLaunchRegisters * kThreads,
                 "setmaxnreg budget exceeds the CTA's register allocation");
 
   // Named barriers among MMA threads. The ids are CUTLASS NamedBarrier ids, which it offsets past the ones
@@ -59,7 +62,8 @@ struct WarpRoles {
 // and the previous warpgroup's 128 passing; warpgroup 0 passes itself the first turn in start().
 // Invariant: every MMA warpgroup calls start() once, then wait() and pass() in pairs, equally often (the
 // forward's warpgroups walk the same tiles and key/value tiles). The one turn left passed at the end is
-// never waited for, which a barrier at kernel exit allows.
+// never waited for, which a barrier at kernel exit allows. A CTA of one MMA warpgroup has no one to take turns
+// with (the other CTA on its SM interleaves instead), and the turns compile to nothing.
 template <class Roles>
 class MmaTurns {
  public:
@@ -68,12 +72,17 @@ class MmaTurns {
         next_(Roles::kMmaTurnBarrierBase + (warp_group + 1) % Roles::kMmaWarpGroups),
         first_(warp_group == 0) {}
   __device__ void start() const {
-    if (first_) cutlass::arch::NamedBarrier::arrive(kThreads, own_);
+    if (kTakeTurns && first_) cutlass::arch::NamedBarrier::arrive(kThreads, own_);
   }
-  __device__ void wait() const { cutlass::arch::NamedBarrier::sync(kThreads, own_); }
-  __device__ void pass() const { cutlass::arch::NamedBarrier::arrive(kThreads, next_); }
+  __device__ void wait() const {
+    if (kTakeTurns) cutlass::arch::NamedBarrier::sync(kThreads, own_);
+  }
+  __device__ void pass() const {
+    if (kTakeTurns) cutlass::arch::NamedBarrier::arrive(kThreads, next_);
+  }
 
  private:
+  static constexpr bool kTakeTurns = Roles::kMmaWarpGroups > 1;
   static constexpr int kThreads = 2 * Roles::kWarpGroupThreads;  // the waiting and the passing warpgroup
   int own_;
   int next_;
