@@ -8,6 +8,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "kernels/kernel_params.hpp"
 #include "kernels/sm90/fwd_config.cuh"
 #include "kernels/sm90/fwd_kernel.cuh"
@@ -107,10 +110,15 @@ kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaS
   const AttentionShape& shape = params.args.shape;
   const MaskShape mask = canonical_mask(static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k),
                                         shape.causal, shape.window_left, shape.window_right);
-  const ForwardKernelChoice choice =
+  ForwardKernelChoice choice =
       forward_kernel_choice(kHeadDim, mask.causal, mask.window.left >= 0, mask.window.right >= 0, kSoftcap, kVarlen,
                             shape.seqlen_q, shape.seqlen_k);
   constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
+  if (const char* e = std::getenv("DASH_EXPERIMENT_FORWARD_TILE"); e && !kVarlen && !kSoftcap && !choice.left_bounded &&
+                                                                     mask.window.right < 0) {
+    if (std::string(e) == "short" && forward_has_short_tiles(kHeadDim)) choice.tile = forward_short_tile_shape(kHeadDim);
+    if (std::string(e) == "noshort" && choice.tile.block_q == kForwardShortBlockQ) choice.tile = kBase;
+  }
   if (choice.left_bounded) {
     return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, true, kVarlen>(params,
                                                                                                            stream);
