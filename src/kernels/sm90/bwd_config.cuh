@@ -59,8 +59,7 @@ struct StepRecord {
 // The backward's warp roles: one MMA warpgroup per 64 key/value rows, or two splitting the keys of one tile.
 template <int kHeadDim>
 using BackwardWarpRoles =
-    WarpRoles<backward_splits_keys(kHeadDim) ? (kHeadDim == 192 ? 3 : 2)
-                                             : backward_tile_shape(kHeadDim).block_kv / kMmaWarpGroupRows>;
+    WarpRoles<backward_splits_keys(kHeadDim) ? 2 : backward_tile_shape(kHeadDim).block_kv / kMmaWarpGroupRows>;
 
 // kSoftcap_: the softcap kernels (bwd_mma.cuh caps the recomputed scores and multiplies dS by tanh's derivative);
 // the others compile without a trace of it.
@@ -97,7 +96,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   static constexpr int kdOStages = kSplitsKeys ? 1 : kStages;
   static constexpr int kStepRing = 8;  // step records in flight; must exceed kStages + 1 (bwd_loader.cuh)
   static constexpr int kJobSlots = 2;
-  static_assert(kSplitsKeys ? kBlockM == 64 && kMmaWarpGroups >= 2 && kBlockN % (8 * kMmaWarpGroups) == 0
+  static_assert(kSplitsKeys ? kBlockM == 64 && kMmaWarpGroups == 2 && kBlockN % (8 * kMmaWarpGroups) == 0
                             : kBlockN == kMmaWarpGroupRows * kMmaWarpGroups,
                 "each MMA warpgroup owns 64 key/value rows, or both share the tile and split its keys into wgmma "
                 "widths (multiples of 8)");
