@@ -79,17 +79,16 @@ DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
 // leaves no room for the tall or wide tiles. d = 96 keeps 128x128 (O 48 registers, Q, K, V and the O staging tile
 // 144 KiB); its wide and tall tiles are unmeasured.
 //
-// Short causal sequences take short tiles instead: 64 query rows on one MMA warpgroup, with two CTAs per SM
-// (forward_ctas_per_sm), so that one CTA's prologue, epilogue and mask steps run under the other's GEMMs.
-// At d = 64 they keep 128 keys (Q, K, V and the O staging tile: 8 + 2 x 2 x 16 + 8 = 80 KiB a CTA); at d = 128
-// they narrow to 64 keys, the widest that let two CTAs share the SM's 228 KiB (16 + 2 x 2 x 16 + 16 = 96 KiB).
-// Under a causal mask a query tile of 128 rows of a 512-token sequence visits 2.5 key/value tiles on average,
-// so its fixed costs are not hidden: Nsight Compute found about 0.6 eligible warps per scheduler at d = 64,
-// causal, 512 tokens (docs/PERF.md).
+// At d = 64, shorter sequences take short tiles instead: 64 query rows on one MMA warpgroup, with two CTAs per SM
+// (forward_ctas_per_sm), so that one CTA's prologue, epilogue and masked steps run under the other's GEMMs (Q, K,
+// V and the O staging tile take 8 + 2 x 2 x 16 + 8 = 80 KiB a CTA). A query tile of 128 rows visits only 4
+// key/value tiles at 512 tokens (2.5 on average under the causal mask), too few to hide its fixed costs: Nsight
+// Compute found about 0.6 eligible warps per scheduler at d = 64, causal, 512 tokens (docs/PERF.md). At d = 128
+// two CTAs fit only with 64-key tiles (16 + 2 x 2 x 16 + 16 = 96 KiB), which lost 3-18% at 512-2048 tokens
+// (same-run A/B on the H200, docs/HISTORY.md).
 inline constexpr int kForwardBlockQ = 128;
 inline constexpr int kForwardShortBlockQ = 64;
-inline constexpr int kForwardShortBlockKvD128 = 64;
-inline constexpr int kForwardShortBelowCausal = 2048;  // seqlen_q below which a causal mask takes short tiles
+inline constexpr int kForwardShortFromCausal = 1024;  // seqlen_q from which a causal mask takes short tiles
 inline constexpr int kForwardTallBlockQ = 192;
 inline constexpr int kForwardBlockKv = 128;
 inline constexpr int kForwardWideBlockKv = 176;
@@ -100,7 +99,7 @@ inline constexpr int kForwardTallFromCausal = 8192;  // the same under the causa
 inline constexpr int kForwardWideFromKeys = 2048;    // seqlen_k from which a full mask at d = 128 takes wide tiles
 
 DASH_HOST_DEVICE constexpr bool forward_has_tall_tiles(int head_dim) { return head_dim <= 64; }
-DASH_HOST_DEVICE constexpr bool forward_has_short_tiles(int head_dim) { return head_dim == 64 || head_dim == 128; }
+DASH_HOST_DEVICE constexpr bool forward_has_short_tiles(int head_dim) { return head_dim == 64; }
 DASH_HOST_DEVICE constexpr bool forward_has_wide_tiles(int head_dim) { return head_dim == 128; }
 
 // The forward's tile at `head_dim` when neither tall nor wide tiles apply (and under any sliding window).
@@ -109,8 +108,8 @@ DASH_HOST_DEVICE constexpr TileShape forward_base_tile_shape(int head_dim) {
   return TileShape{kForwardBlockQ, block_kv};
 }
 
-DASH_HOST_DEVICE constexpr TileShape forward_short_tile_shape(int head_dim) {
-  return TileShape{kForwardShortBlockQ, head_dim <= 64 ? kForwardBlockKv : kForwardShortBlockKvD128};
+DASH_HOST_DEVICE constexpr TileShape forward_short_tile_shape() {
+  return TileShape{kForwardShortBlockQ, kForwardBlockKv};
 }
 
 // CTAs of the forward kernel with this tile that share one SM: two for the short tiles (one MMA warpgroup each),
@@ -118,9 +117,12 @@ DASH_HOST_DEVICE constexpr TileShape forward_short_tile_shape(int head_dim) {
 DASH_HOST_DEVICE constexpr int forward_ctas_per_sm(int block_q) { return block_q == kForwardShortBlockQ ? 2 : 1; }
 
 DASH_HOST_DEVICE constexpr TileShape forward_tile_shape(int head_dim, bool causal, int64_t seqlen_q, int64_t seqlen_k) {
-  if (forward_has_short_tiles(head_dim) && causal && seqlen_q < kForwardShortBelowCausal) {
-    return forward_short_tile_shape(head_dim);
-  }
+  // Short tiles up to where the tall ones start, under the causal mask from kForwardShortFromCausal query rows.
+  const bool short_tiles = forward_has_short_tiles(head_dim) &&
+                           (causal ? seqlen_q >= kForwardShortFromCausal && seqlen_q < kForwardTallFromCausal &&
+                                         seqlen_k < kForwardTallFromCausal
+                                   : seqlen_q < kForwardTallFromFull && seqlen_k < kForwardTallFromFull);
+  if (short_tiles) return forward_short_tile_shape();
   const bool tall =
       forward_has_tall_tiles(head_dim) && seqlen_q >= (causal ? kForwardTallFromCausal : kForwardTallFromFull);
   const bool wide = forward_has_wide_tiles(head_dim) && !causal && seqlen_k >= kForwardWideFromKeys;

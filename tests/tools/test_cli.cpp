@@ -389,8 +389,8 @@ TEST(Cli, PlanFullMaskRecommendsShift) {
   EXPECT_NE(text.text.find("recommended: shift"), std::string::npos) << text.text;
 }
 
-// plan names the forward kernel the library runs (forward_kernel_choice): the tall and wide tiles from the measured
-// lengths on a dense batch, the base tiles under a window and on a varlen batch at any length.
+// plan names the forward kernel the library runs (forward_kernel_choice): the short, tall and wide tiles from the
+// measured lengths on a dense batch, the base tiles under a window and on a varlen batch at any length.
 TEST(Cli, PlanNamesTheForwardTiles) {
   struct Case {
     const char* flags;
@@ -401,6 +401,7 @@ TEST(Cli, PlanNamesTheForwardTiles) {
       {"--batch 2 --seqlen 4096 --head-dim 128", "forward: 128x176 tiles (wide key tiles", 176},
       {"--batch 2 --seqlen 1024 --head-dim 128", "forward: 128x128 tiles (the head dim's base tiles at this", 128},
       {"--batch 2 --seqlen 4096 --head-dim 64", "forward: 192x128 tiles (tall query tiles", 128},
+      {"--batch 2 --seqlen 1024 --head-dim 64 --causal", "forward: 64x128 tiles (short query tiles", 128},
       {"--batch 2 --seqlen 4096 --head-dim 128 --window 256,0",
        "forward: 128x128 tiles (the head dim's base tiles, a "
        "left-bounded window's kernel",

@@ -259,7 +259,11 @@ std::string describe_forward(const Point& point) {
   const ForwardKernelChoice choice = forward_choice(point);
   const TileShape base = forward_base_tile_shape(static_cast<int>(point.shape.head_dim));
   std::string why;
-  if (choice.tile.block_q != base.block_q) why += "tall query tiles from the sequence length";
+  if (choice.tile.block_q == kForwardShortBlockQ) {
+    why += "short query tiles from the sequence length, two CTAs per SM";
+  } else if (choice.tile.block_q != base.block_q) {
+    why += "tall query tiles from the sequence length";
+  }
   if (choice.tile.block_kv != base.block_kv) {
     why += std::string(why.empty() ? "" : ", ") + "wide key tiles from the key length under the full mask";
   }

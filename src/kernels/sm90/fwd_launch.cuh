@@ -6,10 +6,10 @@
 // encoded, in which case nothing is encoded or launched.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdlib>
 #include <string>
+
+#include <cuda_runtime.h>
 
 #include "kernels/kernel_params.hpp"
 #include "kernels/sm90/fwd_config.cuh"
@@ -114,9 +114,9 @@ kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaS
       forward_kernel_choice(kHeadDim, mask.causal, mask.window.left >= 0, mask.window.right >= 0, kSoftcap, kVarlen,
                             shape.seqlen_q, shape.seqlen_k);
   constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
-  if (const char* e = std::getenv("DASH_EXPERIMENT_FORWARD_TILE"); e && !kVarlen && !kSoftcap && !choice.left_bounded &&
-                                                                     mask.window.right < 0) {
-    if (std::string(e) == "short" && forward_has_short_tiles(kHeadDim)) choice.tile = forward_short_tile_shape(kHeadDim);
+  if (const char* e = std::getenv("DASH_EXPERIMENT_FORWARD_TILE");
+      e && !kVarlen && !kSoftcap && !choice.left_bounded && mask.window.right < 0) {
+    if (std::string(e) == "short" && forward_has_short_tiles(kHeadDim)) choice.tile = forward_short_tile_shape();
     if (std::string(e) == "noshort" && choice.tile.block_q == kForwardShortBlockQ) choice.tile = kBase;
   }
   if (choice.left_bounded) {
@@ -125,7 +125,7 @@ kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaS
   }
   if constexpr (forward_has_short_tiles(kHeadDim) && !kSoftcap && !kVarlen) {
     if (choice.tile.block_q == kForwardShortBlockQ) {
-      constexpr TileShape kShort = forward_short_tile_shape(kHeadDim);
+      constexpr TileShape kShort = forward_short_tile_shape();
       return launch_forward_tiles<kHeadDim, Element, kSoftcap, kShort.block_q, kShort.block_kv>(params, stream);
     }
   }
