@@ -79,16 +79,17 @@ DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
 // leaves no room for the tall or wide tiles. d = 96 keeps 128x128 (O 48 registers, Q, K, V and the O staging tile
 // 144 KiB); its wide and tall tiles are unmeasured.
 //
-// At d = 64, shorter sequences take short tiles instead: 64 query rows on one MMA warpgroup, with two CTAs per SM
-// (forward_ctas_per_sm), so that one CTA's prologue, epilogue and masked steps run under the other's GEMMs (Q, K,
-// V and the O staging tile take 8 + 2 x 2 x 16 + 8 = 80 KiB a CTA). A query tile of 128 rows visits only 4
-// key/value tiles at 512 tokens (2.5 on average under the causal mask), too few to hide its fixed costs: Nsight
-// Compute found about 0.6 eligible warps per scheduler at d = 64, causal, 512 tokens (docs/PERF.md). At d = 128
-// two CTAs fit only with 64-key tiles (16 + 2 x 2 x 16 + 16 = 96 KiB), which lost 3-18% at 512-2048 tokens
-// (same-run A/B on the H200, docs/HISTORY.md).
+// At d = 64, sequences of up to 1024 tokens under a full mask take short tiles instead: 64 query rows on one MMA
+// warpgroup, with two CTAs per SM (forward_ctas_per_sm), so that one CTA's prologue and epilogue run under the
+// other's GEMMs (Q, K, V and the O staging tile take 8 + 2 x 2 x 16 + 8 = 80 KiB a CTA). A 128-row query tile of a
+// 512-token sequence visits only 4 key/value tiles, too few to hide those fixed costs. Same-run A/Bs on the H200
+// (bf16, the paper grid, docs/HISTORY.md), short against the tiles the shape had: full mask +3.3 to +4.2% at 512
+// tokens, 0 to +2.6% at 1024, -8 to -13% from 2048 (against the tall tiles); causal -3 to -6% at 512 and, in two
+// calls of three, -2 to -4% at 1024-4096, so the causal mask keeps its tiles. At d = 128 two CTAs fit only with
+// 64-key tiles (16 + 2 x 2 x 16 + 16 = 96 KiB), which lost 3-18% at 512-2048 tokens.
 inline constexpr int kForwardBlockQ = 128;
 inline constexpr int kForwardShortBlockQ = 64;
-inline constexpr int kForwardShortFromCausal = 1024;  // seqlen_q from which a causal mask takes short tiles
+inline constexpr int kForwardShortUpToFull = 1024;  // the longest seqlen_q and seqlen_k with short tiles (full mask)
 inline constexpr int kForwardTallBlockQ = 192;
 inline constexpr int kForwardBlockKv = 128;
 inline constexpr int kForwardWideBlockKv = 176;
@@ -117,11 +118,8 @@ DASH_HOST_DEVICE constexpr TileShape forward_short_tile_shape() {
 DASH_HOST_DEVICE constexpr int forward_ctas_per_sm(int block_q) { return block_q == kForwardShortBlockQ ? 2 : 1; }
 
 DASH_HOST_DEVICE constexpr TileShape forward_tile_shape(int head_dim, bool causal, int64_t seqlen_q, int64_t seqlen_k) {
-  // Short tiles up to where the tall ones start, under the causal mask from kForwardShortFromCausal query rows.
-  const bool short_tiles = forward_has_short_tiles(head_dim) &&
-                           (causal ? seqlen_q >= kForwardShortFromCausal && seqlen_q < kForwardTallFromCausal &&
-                                         seqlen_k < kForwardTallFromCausal
-                                   : seqlen_q < kForwardTallFromFull && seqlen_k < kForwardTallFromFull);
+  const bool short_tiles = forward_has_short_tiles(head_dim) && !causal && seqlen_q <= kForwardShortUpToFull &&
+                           seqlen_k <= kForwardShortUpToFull;
   if (short_tiles) return forward_short_tile_shape();
   const bool tall =
       forward_has_tall_tiles(head_dim) && seqlen_q >= (causal ? kForwardTallFromCausal : kForwardTallFromFull);

@@ -296,23 +296,29 @@ TEST_P(Sm90WideForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatche
                            });
 }
 
-// The short tiles at d = 64 (64 query rows, one MMA warpgroup, two CTAs per SM): under the causal mask every
-// remainder of seqlen_q mod 64 just below where the tall tiles start, beside 1500 keys (the rows before
-// seqlen_q - seqlen_k see no key); under the full mask every remainder of seqlen_k mod 128 beside 1031 queries.
+// The short tiles at d = 64 under the full mask (64 query rows, one MMA warpgroup, two CTAs per SM): every remainder
+// of seqlen_q mod 64 and of seqlen_k mod 128 up to kForwardShortUpToFull, the other length at the bound.
 class Sm90ShortForwardTiles : public ::testing::TestWithParam<std::tuple<Instance, bool>> {};
 
 TEST_P(Sm90ShortForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatchesReferenceOnSamples) {
-  const auto& [inst, causal] = GetParam();
+  const auto& [inst, query_remainders] = GetParam();
   if (const std::string why = skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
   const TileShape tile = forward_short_tile_shape();
-  const int count = causal ? tile.block_q : tile.block_kv;
-  const int64_t last_short_queries = kForwardTallFromCausal - tile.block_q;
-  sweep_forward_remainders(
-      inst, count, /*reference_every=*/count / 2, tile.block_q, tile.block_kv,
-      [&](int remainder, int64_t heads_q, int64_t heads_kv) {
-        return causal ? ShapeCase{2, last_short_queries + remainder, kShortKeys, heads_q, heads_kv, true}
-                      : ShapeCase{2, kShortQueries, kShortKeys + remainder, heads_q, heads_kv, false};
-      });
+  const int count = query_remainders ? tile.block_q : tile.block_kv;
+  const int64_t first = kForwardShortUpToFull - count + 1;  // the last `count` lengths on short tiles
+  sweep_forward_remainders(inst, count, /*reference_every=*/count / 2, tile.block_q, tile.block_kv,
+                           [&](int remainder, int64_t heads_q, int64_t heads_kv) {
+                             const int64_t varied = first + remainder;
+                             return query_remainders
+                                        ? ShapeCase{2, varied, kForwardShortUpToFull, heads_q, heads_kv, false}
+                                        : ShapeCase{2, kForwardShortUpToFull, varied, heads_q, heads_kv, false};
+                           });
+}
+
+std::string short_tiles_name(const ::testing::TestParamInfo<std::tuple<Instance, bool>>& info) {
+  const auto& [inst, query_remainders] = info.param;
+  return "hdim" + std::to_string(inst.head_dim) + "_" + std::string(dtype_name(inst.dtype)) +
+         (query_remainders ? "_query_remainders" : "_key_remainders");
 }
 
 std::string tall_tiles_name(const ::testing::TestParamInfo<std::tuple<Instance, bool>>& info) {
@@ -332,7 +338,7 @@ INSTANTIATE_TEST_SUITE_P(Remainders, Sm90TallForwardTiles,
 INSTANTIATE_TEST_SUITE_P(Remainders, Sm90ShortForwardTiles,
                          ::testing::Combine(::testing::Values(Instance{64, DType::kBF16}, Instance{64, DType::kFP16}),
                                             ::testing::Bool()),
-                         tall_tiles_name);
+                         short_tiles_name);
 static_assert(forward_has_short_tiles(64), "the short-tile remainder tests run the d = 64 instances");
 INSTANTIATE_TEST_SUITE_P(Remainders, Sm90WideForwardTiles,
                          ::testing::Values(Instance{128, DType::kBF16}, Instance{128, DType::kFP16}), instance_name);

@@ -401,7 +401,7 @@ TEST(Cli, PlanNamesTheForwardTiles) {
       {"--batch 2 --seqlen 4096 --head-dim 128", "forward: 128x176 tiles (wide key tiles", 176},
       {"--batch 2 --seqlen 1024 --head-dim 128", "forward: 128x128 tiles (the head dim's base tiles at this", 128},
       {"--batch 2 --seqlen 4096 --head-dim 64", "forward: 192x128 tiles (tall query tiles", 128},
-      {"--batch 2 --seqlen 1024 --head-dim 64 --causal", "forward: 64x128 tiles (short query tiles", 128},
+      {"--batch 2 --seqlen 512 --head-dim 64", "forward: 64x128 tiles (short query tiles", 128},
       {"--batch 2 --seqlen 4096 --head-dim 128 --window 256,0",
        "forward: 128x128 tiles (the head dim's base tiles, a "
        "left-bounded window's kernel",

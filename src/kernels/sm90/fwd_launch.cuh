@@ -6,9 +6,6 @@
 // encoded, in which case nothing is encoded or launched.
 #pragma once
 
-#include <cstdlib>
-#include <string>
-
 #include <cuda_runtime.h>
 
 #include "kernels/kernel_params.hpp"
@@ -101,24 +98,19 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
 // The forward of a dense batch, or with kVarlen of a packed varlen batch (args.varlen): the kernel
 // forward_kernel_choice picks (schedule/tile_config.hpp says why), with the tile order, grid and mask of the maximum
 // problem, each tile fitted to its sequence in the kernel. The `if constexpr` guards compile only the kernels the
-// choice can pick for this instance: no short, tall or wide varlen kernel, no short or wide softcap kernel. A left bound takes kernels
-// of their own (fwd_config.cuh): testing it at run time in the others' masked steps cost 3-4% at 512-1024 causal
-// tokens (same-run A/B on the H200, docs/HISTORY.md), and branching between two sets of step loops in one kernel made
-// the d = 128 kernels spill.
+// choice can pick for this instance: no short, tall or wide varlen kernel, no short or wide softcap kernel. A left
+// bound takes kernels of their own (fwd_config.cuh): testing it at run time in the others' masked steps cost 3-4% at
+// 512-1024 causal tokens (same-run A/B on the H200, docs/HISTORY.md), and branching between two sets of step loops in
+// one kernel made the d = 128 kernels spill.
 template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen = false>
 kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   const AttentionShape& shape = params.args.shape;
   const MaskShape mask = canonical_mask(static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k),
                                         shape.causal, shape.window_left, shape.window_right);
-  ForwardKernelChoice choice =
+  const ForwardKernelChoice choice =
       forward_kernel_choice(kHeadDim, mask.causal, mask.window.left >= 0, mask.window.right >= 0, kSoftcap, kVarlen,
                             shape.seqlen_q, shape.seqlen_k);
   constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
-  if (const char* e = std::getenv("DASH_EXPERIMENT_FORWARD_TILE");
-      e && !kVarlen && !kSoftcap && !choice.left_bounded && mask.window.right < 0) {
-    if (std::string(e) == "short" && forward_has_short_tiles(kHeadDim)) choice.tile = forward_short_tile_shape();
-    if (std::string(e) == "noshort" && choice.tile.block_q == kForwardShortBlockQ) choice.tile = kBase;
-  }
   if (choice.left_bounded) {
     return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, true, kVarlen>(params,
                                                                                                            stream);
