@@ -432,11 +432,14 @@ def check_backward_call(
     schedule: str,
     sm_margin: object,
     entry: str,
+    offsets: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[float, str, int]:
     """The checks of an explicit backward call whose q, k and v passed check_tensors (BSHD) and whose flags passed
     check_flags: dout and out are tensors of q's shape and dtype, lse the fp32 (batch, heads_q, seqlen_q) tensor,
-    all on q's CUDA device. Returns the resolved scale, schedule and SM margin; the determinism switch refuses
-    the nondeterministic schedule outright, since this call runs it."""
+    all on q's CUDA device. For a packed varlen batch, `offsets` holds its (cu_seqlens_q, cu_seqlens_k), which
+    passed varlen.py's checks as q, k and v did: lse is then the varlen forward's (heads_q, total_q), and the
+    offsets must be on q's device too. Returns the resolved scale, schedule and SM margin; the determinism switch
+    refuses the nondeterministic schedule outright, since this call runs it."""
     for t, name in ((dout, "dout"), (out, "out"), (lse, "lse")):
         check_is_tensor(t, name)
     for t, name in ((dout, "dout"), (out, "out")):
@@ -444,21 +447,28 @@ def check_backward_call(
             raise ValueError(f"{name}.shape {tuple(t.shape)} must equal q.shape {tuple(q.shape)}")
         if t.dtype != q.dtype:
             raise TypeError(f"{name}.dtype ({t.dtype}) must equal q.dtype ({q.dtype})")
-    batch, seqlen_q, heads_q, _ = q.shape
-    if lse.shape != (batch, heads_q, seqlen_q):
+    if offsets is None:
+        batch, seqlen_q, heads_q, _ = q.shape
+        lse_shape, lse_spelled, forward = (batch, heads_q, seqlen_q), "(batch, heads_q, seqlen_q)", "forward"
+    else:
+        total_q, heads_q, _ = q.shape
+        lse_shape, lse_spelled, forward = (heads_q, total_q), "(heads_q, total_q)", "varlen forward"
+    if lse.shape != lse_shape:
         raise ValueError(
-            f"lse.shape {tuple(lse.shape)} must be (batch, heads_q, seqlen_q) = {(batch, heads_q, seqlen_q)}, "
-            f"as the forward returns it"
+            f"lse.shape {tuple(lse.shape)} must be {lse_spelled} = {lse_shape}, as the {forward} returns it"
         )
     if lse.dtype != torch.float32:
-        raise TypeError(f"lse.dtype must be torch.float32, as the forward returns it, got {lse.dtype}")
+        raise TypeError(f"lse.dtype must be torch.float32, as the {forward} returns it, got {lse.dtype}")
     scale = resolve_scale(softmax_scale, q.shape[-1], "softmax_scale")
     resolved = resolve_schedule(schedule, deterministic)
     margin = check_sm_margin(sm_margin)
     if resolved == NONDETERMINISTIC and torch.are_deterministic_algorithms_enabled():
         _refuse_nondeterministic_backward(entry, _BACKWARD_ENTRY_STACKLEVEL)
     check_devices((q, k, v), BSHD)
-    for t, name in ((dout, "dout"), (out, "out"), (lse, "lse")):
+    others = ((dout, "dout"), (out, "out"), (lse, "lse"))
+    if offsets is not None:
+        others += ((offsets[0], "cu_seqlens_q"), (offsets[1], "cu_seqlens_k"))
+    for t, name in others:
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all must be on one device")
     return scale, resolved, margin

@@ -106,6 +106,11 @@ def _sequences(offsets_q: Sequence[int], offsets_k: Sequence[int]) -> list[tuple
     ]
 
 
+def _longest(offsets: Sequence[int]) -> int:
+    """The longest sequence of `offsets`, at least 1 (a varlen call's max_seqlen, which may not be 0)."""
+    return max([1, *(offsets[b + 1] - offsets[b] for b in range(len(offsets) - 1))])
+
+
 def _backward_per_sequence(
     dense_backward,
     dout: Tensor,
@@ -157,11 +162,10 @@ class _PerSequenceBackward:
         return _backward_per_sequence(dense, dout, q, k, v, out, lse, offsets_q, offsets_k)
 
 
-class DashLocalAttention(_PerSequenceBackward):
+class DashLocalAttention:
     """DASH's kernels as the local kernel: the forward of dash_attn.flash_attn_func or flash_attn_varlen_func
-    (return_lse=True), and the backward kernel run on the caller's out and LSE (dash_attn.attention_backward).
-    attention_backward takes dense batches only, so a packed call's backward runs it on each sequence (one launch
-    per sequence and block: many short sequences cost launches).
+    (return_lse=True), and the backward kernel run on the caller's out and LSE (dash_attn.attention_backward, with
+    the varlen arguments for a packed call: one launch per call, whatever its number of sequences).
 
     schedule, deterministic and sm_margin mean what they mean in flash_attn_func. sm_margin leaves SMs to the
     NCCL kernels that move K/V (ring) while a block computes; for the "shift" and "symmetric-shift" schedules the
@@ -215,6 +219,50 @@ class DashLocalAttention(_PerSequenceBackward):
             deterministic=self.deterministic,
             schedule=self.schedule,
             sm_margin=self.sm_margin,
+        )
+
+    def backward_varlen(
+        self,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        offsets_q: Sequence[int],
+        offsets_k: Sequence[int],
+        causal: bool,
+        softmax_scale: float,
+        window: Window = NO_WINDOW,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        # One varlen launch for the call. The varlen kernels give the key rows of a sequence without queries zero
+        # gradients, as the per-sequence path does: each of its key/value tiles is a job with no query step, whose
+        # cleared accumulators are stored (make_varlen_job in src/schedule/varlen.hpp, run_jobs and store_dkv in
+        # src/kernels/sm90/bwd_mma.cuh; tests/kernels/test_sm90_varlen.cpp's (0, 50) sequences on poisoned
+        # gradients). The maxima count those sequences too, or their keys would be past max_seqlen_k, which the
+        # kernels answer with NaN and a fault.
+        cu_seqlens_q = torch.tensor(offsets_q, dtype=torch.int32, device=q.device)
+        # One tensor for both when the offsets agree, as in forward_varlen: the promise seqlen_k <= seqlen_q, under
+        # which the backward may run the shift schedules.
+        same = tuple(offsets_q) == tuple(offsets_k)
+        cu_seqlens_k = cu_seqlens_q if same else torch.tensor(offsets_k, dtype=torch.int32, device=q.device)
+        return attention_backward(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            softmax_scale=softmax_scale,
+            causal=causal,
+            window_size=window,
+            deterministic=self.deterministic,
+            schedule=self.schedule,
+            sm_margin=self.sm_margin,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=_longest(offsets_q),
+            max_seqlen_k=_longest(offsets_k),
         )
 
     def forward_varlen(
