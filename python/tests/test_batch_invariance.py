@@ -51,11 +51,11 @@ def varlen_run(lengths, causal, schedule, inputs, dout):
     return out.detach(), lse.detach(), q.grad, k.grad, v.grad
 
 
-def packed_inputs(lengths, head_dim, generator):
+def packed_inputs(lengths, head_dim, generator, heads_kv=HEADS):
+    """q, k, v and dout of a packed batch: HEADS query heads, heads_kv key/value heads."""
     total = sum(lengths)
-    return [
-        torch.randn(total, HEADS, head_dim, generator=generator, device="cuda", dtype=torch.bfloat16) for _ in range(4)
-    ]
+    heads = (HEADS, heads_kv, heads_kv, HEADS)
+    return [torch.randn(total, h, head_dim, generator=generator, device="cuda", dtype=torch.bfloat16) for h in heads]
 
 
 @pytest.mark.parametrize("schedule", ["ascending", "descending", "shortest-first"])
@@ -82,6 +82,28 @@ def test_a_varlen_sequence_has_the_same_bits_whatever_its_neighbours(
     names = ("out", "lse", "dq", "dk", "dv")
     for name, a, b in zip(names, alone, together):
         b = b[:, rows] if name == "lse" else b[rows]  # the LSE is (heads, total_q)
+        assert bit_differences(a, b) == 0, f"{name}: {bit_differences(a, b)} elements differ with neighbours {lengths}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_under_gqa_a_varlen_sequences_out_lse_and_dq_have_the_same_bits_whatever_its_neighbours(
+    require_kernel, head_dim, causal
+):
+    """With fewer key/value heads (GQA), dk and dv sum a group's query heads in parts whose number the backward
+    picks for the batch (python/README.md), so only out, LSE and dq are promised invariant."""
+    require_kernel(head_dim, torch.bfloat16)
+    generator = torch.Generator(device="cuda").manual_seed(head_dim + 2 * causal + 7)
+    q, k, v, dout = packed_inputs([TARGET], head_dim, generator, heads_kv=1)
+    lengths = [20000, TARGET]
+    batch = packed_inputs(lengths, head_dim, generator, heads_kv=1)
+    rows = slice(20000, 20000 + TARGET)
+    for whole, part in zip(batch, (q, k, v, dout)):
+        whole[rows] = part
+    alone = varlen_run([TARGET], causal, "ascending", (q, k, v), dout)
+    together = varlen_run(lengths, causal, "ascending", batch[:3], batch[3])
+    for name, a, b in zip(("out", "lse", "dq"), alone, together):
+        b = b[:, rows] if name == "lse" else b[rows]
         assert bit_differences(a, b) == 0, f"{name}: {bit_differences(a, b)} elements differ with neighbours {lengths}"
 
 

@@ -130,14 +130,22 @@ TEST(ForwardTileOrder, CausalHeadGroupsHoldWholeKeyValueHeadsWithinTheL2BudgetAn
   }
 }
 
-TEST(ForwardTileShape, TallTilesAtHeadDim64AndWideOnesAtHeadDim128UnderAFullMaskFromTheMeasuredLengths) {
+TEST(ForwardTileShape, ShortAndTallTilesAtHeadDim64AndWideOnesAtHeadDim128FromTheMeasuredLengths) {
   for (bool causal : {false, true}) {
     const int tall_from = causal ? kForwardTallFromCausal : kForwardTallFromFull;
-    for (int64_t seqlen_q : {int64_t{1}, int64_t{tall_from} - 1, int64_t{tall_from}, int64_t{1} << 20}) {
-      for (int64_t seqlen_k : {int64_t{1}, int64_t{kForwardWideFromKeys} - 1, int64_t{kForwardWideFromKeys}}) {
+    for (int64_t seqlen_q : {int64_t{1}, int64_t{kForwardShortUpToFull}, int64_t{kForwardShortUpToFull} + 1,
+                             int64_t{tall_from} - 1, int64_t{tall_from}, int64_t{1} << 20}) {
+      for (int64_t seqlen_k : {int64_t{1}, int64_t{kForwardShortUpToFull}, int64_t{kForwardShortUpToFull} + 1,
+                               int64_t{kForwardWideFromKeys} - 1, int64_t{kForwardWideFromKeys}}) {
         const TileShape d64 = forward_tile_shape(64, causal, seqlen_q, seqlen_k);
-        EXPECT_EQ(d64.block_q, seqlen_q >= tall_from ? kForwardTallBlockQ : kForwardBlockQ) << seqlen_q;
+        // Short tiles only under the full mask with both lengths up to kForwardShortUpToFull.
+        const bool short_tiles = !causal && seqlen_q <= kForwardShortUpToFull && seqlen_k <= kForwardShortUpToFull;
+        const int block_q = short_tiles             ? kForwardShortBlockQ
+                            : seqlen_q >= tall_from ? kForwardTallBlockQ
+                                                    : kForwardBlockQ;
+        EXPECT_EQ(d64.block_q, block_q) << seqlen_q << " " << seqlen_k;
         EXPECT_EQ(d64.block_kv, kForwardBlockKv);
+        EXPECT_EQ(forward_ctas_per_sm(d64.block_q), short_tiles ? 2 : 1);
         const TileShape d128 = forward_tile_shape(128, causal, seqlen_q, seqlen_k);
         EXPECT_EQ(d128.block_q, kForwardBlockQ) << seqlen_q;
         const bool wide = !causal && seqlen_k >= kForwardWideFromKeys;
@@ -147,7 +155,7 @@ TEST(ForwardTileShape, TallTilesAtHeadDim64AndWideOnesAtHeadDim128UnderAFullMask
   }
   // One MMA warpgroup per 64 query rows (kernels/sm90/fwd_config.cuh); wgmma's N and the P V GEMM's K are
   // multiples of 16.
-  static_assert(kForwardBlockQ % 64 == 0 && kForwardTallBlockQ % 64 == 0);
+  static_assert(kForwardBlockQ % 64 == 0 && kForwardTallBlockQ % 64 == 0 && kForwardShortBlockQ % 64 == 0);
   static_assert(kForwardBlockKv % 16 == 0 && kForwardWideBlockKv % 16 == 0);
 }
 
