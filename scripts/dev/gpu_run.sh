@@ -62,10 +62,11 @@ for step in "${steps[@]}"; do
       # stores clipped at each sequence's end) and of softcap.
       filter+=':Cases/Sm90Varlen.*hdim256_fp16_q_ne_k_causal:Cases/Sm90Varlen.*hdim192_bf16_softcap_window'
       # The forward's other tile shapes: tall d = 64 tiles (three MMA warpgroups) from 2048 query rows (8192
-      # causal), wide d = 128 tiles under a full mask from 2048 keys (O stored without a staging tile): one ragged
-      # forward of each through the CLI, with short other lengths to keep the tools' time down.
+      # causal), wide d = 128 tiles under a full mask from 2048 keys (O stored without a staging tile), short d = 64
+      # tiles (one MMA warpgroup, two CTAs per SM) under a full mask up to 1024 tokens: one ragged forward of each
+      # through the CLI, with short other lengths to keep the tools' time down.
       tile_shapes=("--head-dim 64 --seqlen-q 2100 --seqlen-k 333" "--head-dim 64 --seqlen-q 8200 --seqlen-k 517 --causal"
-                   "--head-dim 128 --seqlen-q 130 --seqlen-k 4100")
+                   "--head-dim 128 --seqlen-q 130 --seqlen-k 4100" "--head-dim 64 --seqlen-q 777 --seqlen-k 1001")
       for tool in memcheck racecheck synccheck; do
         timeout 600 compute-sanitizer --tool "$tool" "$bin/test_sm90" --gtest_filter="$filter" > "$out/sanitize_$tool.log" 2>&1
         echo "== compute-sanitizer $tool rc=$?"
