@@ -46,8 +46,8 @@ __device__ __forceinline__ float merge_weight(float lse, float merged) {
   return lse == -INFINITY ? 0.0f : expf(lse - merged);
 }
 
-// logaddexp as torch evaluates it: equal infinities stay as they are (avoiding inf - inf), else
-// max + log1p(exp(-|a - b|)).
+// logaddexp in its stable form: equal infinities stay as they are (avoiding inf - inf), else
+// max + log1p(exp(-|a - b|)). A NaN on either side gives NaN (fmaxf would drop it, the log1p term keeps it).
 __device__ __forceinline__ float log_add_exp(float a, float b) {
   if (isinf(a) && a == b) return a;
   const float larger = fmaxf(a, b);
