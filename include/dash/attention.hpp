@@ -56,6 +56,11 @@ Status validate(const AttentionShape& shape);
 // cu_seqlens hold is never read on the host.
 Status validate(const ForwardArgs& args);
 Status validate(const BackwardArgs& args);
+// Checks merge_partial()'s arguments without touching the GPU: sizes > 0 within the attention calls' limits,
+// rows <= seqlen, the rows' placement (row_offset within the accumulators, or a 4-byte aligned row_index with
+// row_offset 0), 4-byte aligned non-null float arrays with contiguous head_dim, strides >= 0, accumulators whose
+// layouts do not overlap themselves, and no accumulator sharing a byte with another array of the call.
+Status validate(const MergeArgs& args);
 
 // Checks that the current CUDA device can run DASH kernels (a Hopper GPU, compute capability 9.0). When none
 // can be used, the kNoDevice message says whether the driver is missing, older than the CUDA runtime DASH was
@@ -86,7 +91,16 @@ Status backward_workspace_size(const AttentionShape& shape, Schedule schedule, s
 
 // O, LSE = attention(Q, K, V). Deterministic for every input. The workspace, which the kernels write, may share no
 // byte with a tensor, the LSE or cu_seqlens (kInvalidArgument naming what it overlaps); backward() checks the same.
+// With args.out_fp32, out is float32: the same values before their rounding to shape.dtype.
 Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// Whether this build has merge_partial()'s kernel (every build with kernels has it).
+bool merge_kernel_available();
+
+// Merges one block's partial result (out, LSE) into float32 accumulators in one launch, deterministically (the
+// formula and the row placement are MergeArgs's, dash/types.hpp). validate(args) first; then kNotAvailable in a build
+// without kernels, and on a device the fault report every call makes (an earlier call's poisoned result).
+Status merge_partial(const MergeArgs& args, cudaStream_t stream);
 
 struct BackwardPlanData;  // api/backward_plan.hpp: what a plan holds, private to the library
 

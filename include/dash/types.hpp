@@ -127,12 +127,52 @@ struct ForwardArgs {
   TensorRef q;           // (B, Sq, Hq, D)
   TensorRef k;           // (B, Sk, Hkv, D)
   TensorRef v;           // (B, Sk, Hkv, D)
-  MutableTensorRef out;  // (B, Sq, Hq, D)
+  MutableTensorRef out;  // (B, Sq, Hq, D), of shape.dtype, or float32 with out_fp32
   float* lse = nullptr;  // (B, Hq, Sq) packed, natural-log logsumexp of each scaled score row; varlen: (Hq, total_q)
+  // out holds float32 elements instead of shape.dtype: O / l as the kernel accumulated it, before the rounding to
+  // shape.dtype (which, applied to this out, gives the bits of a call without it). For a caller that merges partial
+  // results of blocks of keys (context parallelism): each partial rounded to shape.dtype before the merge adds a
+  // rounding error per block. out's strides are then in float32 elements and follow the same rules (16-byte aligned
+  // data and strides).
+  bool out_fp32 = false;
   // SMs the persistent grid leaves to other work: at most SM count - sm_margin CTAs run. Needs
   // 0 <= sm_margin < the device's SM count. It does not change the result.
   int sm_margin = 0;
   VarlenBatch varlen;  // a packed varlen batch, or none (the default)
+};
+
+// Element strides of a (B, H, S) float32 LSE.
+struct LseStrides {
+  int64_t batch = 0;
+  int64_t head = 0;
+  int64_t seq = 1;
+};
+
+// merge_partial(): the partial attention result of one block of keys, out and LSE over `rows` query rows, merged
+// into running accumulators of `seqlen` rows, all float32:
+//   lse' = logaddexp(lse, lse_b);  out' = out * exp(lse - lse') + out_b * exp(lse_b - lse')
+// where a weight whose LSE is -inf (an accumulator row no block has reached yet, or a block row that sees no key) is
+// 0, so an empty row takes the block as it is and two empty rows stay out 0, LSE -inf: no NaN comes of empty rows.
+// Block row r goes to accumulator row row_index[r], or row_offset + r when row_index is null. Packed (varlen) tensors
+// are a batch of one: out (1, total, H, D) with strides.batch 0, the LSE (1, H, total).
+struct MergeArgs {
+  int64_t batch = 0;
+  int64_t rows = 0;    // rows of the block
+  int64_t seqlen = 0;  // rows of the accumulators
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  TensorRef part_out;               // (batch, rows, heads, head_dim) float32
+  const float* part_lse = nullptr;  // (batch, heads, rows)
+  LseStrides part_lse_strides;
+  MutableTensorRef acc_out;  // (batch, seqlen, heads, head_dim) float32, read and written
+  float* acc_lse = nullptr;  // (batch, heads, seqlen), read and written
+  LseStrides acc_lse_strides;
+  // Device memory: `rows` int32 accumulator rows, distinct, each in [0, seqlen); null: rows row_offset ..
+  // row_offset + rows - 1. What it holds is not checked on the host (that would take a copy): indices that break the
+  // contract give the rows concerned unspecified results, but the kernel never writes outside the accumulators (an
+  // index outside [0, seqlen) is skipped).
+  const int32_t* row_index = nullptr;
+  int64_t row_offset = 0;
 };
 
 struct BackwardArgs {

@@ -36,7 +36,7 @@ LIBRARY_FILE = "libdash_attn_c.so"
 LIBRARY_ENV = "DASH_ATTN_LIBRARY"
 
 # DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
-ABI_VERSION = 11
+ABI_VERSION = 12
 
 # The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
 # library is loaded; load() verifies that the library agrees.
@@ -53,6 +53,8 @@ SCHEDULES = (
 DTYPE_BF16 = 0
 DTYPE_FP16 = 1
 DTYPE_NAMES = {DTYPE_BF16: "bf16", DTYPE_FP16: "fp16"}
+# DASH_DTYPE_FP32: an out dtype only (forward's out_dtype), never an input's.
+DTYPE_FP32 = 2
 
 # The head dims the kernels are written for: Python's view of cmake/Supported.cmake, which CTest's repository_check
 # compares with it; a build compiles kernels for a subset of these and the dtypes (kernel_available() tells which).
@@ -149,6 +151,29 @@ class Varlen(_CheckedStructure):
         ("total_q", ctypes.c_int64),
         ("total_k", ctypes.c_int64),
         ("keys_within_queries", ctypes.c_int),
+    ]
+
+
+class MergeArgs(ctypes.Structure):
+    """struct dash_merge_args: one block's fp32 partial (out (batch, rows, heads, head_dim), lse (batch, heads, rows))
+    merged into fp32 accumulators (batch, seqlen, heads, head_dim) and (batch, heads, seqlen) at rows row_index (a
+    device address of `rows` int32 rows, or 0) or row_offset + r; every stride in elements, the LSEs' (batch, head,
+    row)."""
+
+    _fields_ = [
+        ("batch", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("seqlen", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("part_out", Tensor),
+        ("part_lse", ctypes.c_void_p),
+        ("part_lse_strides", ctypes.c_int64 * 3),
+        ("acc_out", Tensor),
+        ("acc_lse", ctypes.c_void_p),
+        ("acc_lse_strides", ctypes.c_int64 * 3),
+        ("row_index", ctypes.c_void_p),
+        ("row_offset", ctypes.c_int64),
     ]
 
 
@@ -279,8 +304,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dash_backward_workspace_size": (c_int, [shape_p, c_char_p, size_p, *message]),
         "dash_forward": (
             c_int,
-            [shape_p, varlen_p, *[tensor_p] * 4, c_void_p, c_int, c_void_p, c_size_t, c_void_p, *message],
+            [shape_p, varlen_p, *[tensor_p] * 4, c_int, c_void_p, c_int, c_void_p, c_size_t, c_void_p, *message],
         ),
+        "dash_merge_kernel_available": (c_int, []),
+        "dash_merge_partial": (c_int, [ctypes.POINTER(MergeArgs), c_void_p, *message]),
         "dash_backward": (
             c_int,
             [
@@ -476,16 +503,42 @@ def forward(
     stream: int | None,
     sm_margin: int = 0,
     varlen: Varlen | None = None,
+    out_fp32: bool = False,
 ) -> None:
     """Enqueues the forward on `stream`, leaving `sm_margin` SMs to other work; `lse` and `workspace` are device
     addresses. With `varlen`, a packed varlen batch: `shape` is its maximum problem, `lse` the (heads_q, total_q) fp32
-    LSE."""
+    LSE. With `out_fp32`, out is fp32: the values before their rounding to the shape's dtype."""
     _check_launch_integers(sm_margin, workspace_bytes)
     buffer = _message_buffer()
+    out_dtype = DTYPE_FP32 if out_fp32 else shape.dtype
     code = load().dash_forward(
-        shape, varlen, q, k, v, out, lse, sm_margin, workspace, workspace_bytes, stream, buffer, _MESSAGE_BYTES
+        shape,
+        varlen,
+        q,
+        k,
+        v,
+        out,
+        out_dtype,
+        lse,
+        sm_margin,
+        workspace,
+        workspace_bytes,
+        stream,
+        buffer,
+        _MESSAGE_BYTES,
     )
     _check_status("forward", code, buffer)
+
+
+def merge_kernel_available() -> bool:
+    """Whether the library has dash_merge_partial's kernel (a build with kernels has it)."""
+    return bool(load().dash_merge_kernel_available())
+
+
+def merge_partial(args: MergeArgs, stream: int | None) -> None:
+    """Enqueues the merge of one block's partial result into the accumulators `args` names, on `stream`."""
+    buffer = _message_buffer()
+    _check_status("merge", load().dash_merge_partial(args, stream, buffer, _MESSAGE_BYTES), buffer)
 
 
 def backward(

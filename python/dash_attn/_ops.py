@@ -402,15 +402,20 @@ def _packed_like(t: Tensor, packed: bool = False) -> Tensor:
     return torch.empty_like(t) if packed else torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
-def _forward_outputs(q: Tensor, q_packed: bool = False, packed_batch: bool = False) -> tuple[Tensor, Tensor]:
+def _forward_outputs(
+    q: Tensor, q_packed: bool = False, packed_batch: bool = False, out_fp32: bool = False
+) -> tuple[Tensor, Tensor]:
     """Packed (B, Sq, Hq, D) output and (B, Hq, Sq) fp32 LSE, or for a `packed_batch` (varlen) the (total_q, Hq, D)
-    output and (Hq, total_q) LSE; the fake kernel uses it too, so metadata agree."""
+    output and (Hq, total_q) LSE; the fake kernel uses it too, so metadata agree. The output has q's dtype, or fp32
+    with `out_fp32` (its packed strides are q's packed strides: the same element strides)."""
     # Sizes as separate arguments: torch parses them faster than one tuple.
     if packed_batch:
         lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
     else:
         batch, seqlen_q, heads_q, _ = q.shape
         lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
+    if out_fp32:
+        return torch.empty(q.shape, dtype=torch.float32, device=q.device), lse
     return _packed_like(q, q_packed), lse
 
 
@@ -437,6 +442,7 @@ def _launch_forward(
     lse: Tensor,
     sm_margin: int,
     offsets: tuple[int, int] | None,
+    out_fp32: bool = False,
 ) -> None:
     workspace = _workspace(call.workspace_bytes, out.device)
     structs = call.structs
@@ -459,6 +465,7 @@ def _launch_forward(
             torch._C._cuda_getCurrentRawStream(index),
             sm_margin,
             varlen,
+            out_fp32,
         )
     finally:
         if taken:
@@ -487,13 +494,17 @@ def _forward_body(
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
     keys_within_queries: bool = False,
+    *,
+    out_fp32: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """What the forward op runs, and the eager path too: out, lse on the current stream of q's device, allocated
-    uncleared (the library writes every row). `schedule` is not used here: autograd hands it to the backward."""
+    uncleared (the library writes every row). `schedule` is not used here: autograd hands it to the backward.
+    `out_fp32` (forward_partial alone, never the op) makes out fp32, the values before their rounding to q's
+    dtype."""
     sequences = offsets = None
     if cu_seqlens_q is not None:
         if _empty_batch(q, k):  # no kernel runs: rows that see no key
-            out, lse = _forward_outputs(q, packed_batch=True)
+            out, lse = _forward_outputs(q, packed_batch=True, out_fp32=out_fp32)
             return out.zero_(), lse.fill_(float("-inf"))
         sequences = (cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, keys_within_queries)
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -506,10 +517,49 @@ def _forward_body(
         q, k, v = _kernel_ready(q), _kernel_ready(k), _kernel_ready(v)
         call = _forward_call(q, k, v, softmax_scale, causal, *mask)
         pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
-    out, lse = _forward_outputs(q, call.q_packed, sequences is not None)
+    out, lse = _forward_outputs(q, call.q_packed, sequences is not None, out_fp32)
     index = q.get_device()
-    _on_device(index, _launch_forward, index, call, pointers, out, lse, sm_margin, offsets)
+    _on_device(index, _launch_forward, index, call, pointers, out, lse, sm_margin, offsets, out_fp32)
     return out, lse
+
+
+def forward_partial(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    sm_margin: int = 0,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
+    keys_within_queries: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """out, lse of the forward with out in fp32: O / l before its rounding to q's dtype (rounded, the bits of the
+    forward op's out), for context parallelism, which merges the partial results of blocks of keys and rounds once at
+    the end. Internal and outside autograd (no gradient flows through it): dash_attn.parallel calls it on tensors its
+    own checks passed. Dense (B, S, H, D), or with cu_seqlens_q a packed batch as the forward op takes it."""
+    return _forward_body(
+        q,
+        k,
+        v,
+        softmax_scale,
+        causal,
+        "auto",
+        sm_margin,
+        window_left,
+        window_right,
+        0.0,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        keys_within_queries,
+        out_fp32=True,
+    )
 
 
 def _launch_backward(

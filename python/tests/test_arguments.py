@@ -337,6 +337,84 @@ def test_library_refuses_a_negative_sm_margin_before_the_device(library) -> None
     assert caught.value.message.endswith("got -2")
 
 
+def test_library_refuses_an_out_dtype_that_is_neither_the_inputs_nor_fp32(library) -> None:
+    shape, _, _ = _c_args(library, head_dim=HEAD_DIM)
+    tensors = [bshd() for _ in range(4)]
+    lse = torch.zeros(BATCH, HEADS, SEQLEN)
+    c_tensors = [library.Tensor(t.data_ptr(), (ctypes.c_int64 * 4)(*t.stride())) for t in tensors]
+    buffer = ctypes.create_string_buffer(4096)
+    code = library.load().dash_forward(
+        shape, None, *c_tensors, library.DTYPE_FP16, lse.data_ptr(), 0, None, 0, None, buffer, 4096
+    )
+    assert library.load().dash_status_name(code) == b"invalid-argument"
+    assert buffer.value.decode() == (
+        "out_dtype must be shape->dtype (0) or DASH_DTYPE_FP32 (2, the output before its rounding to "
+        "shape->dtype), got 1"
+    )
+
+
+def test_library_checks_an_fp32_out_in_its_own_elements(library) -> None:
+    # out_fp32 reaches the library as DASH_DTYPE_FP32: a bf16-sized out with fp32 strides whose head stride is 6
+    # floats (24 bytes) is refused in fp32 elements; the same strides are 12 bytes as bf16 and refused there too,
+    # with another count, so the message tells which element size was used.
+    shape, _, _ = _c_args(library, head_dim=HEAD_DIM)
+    tensors = [bshd() for _ in range(3)]
+    out = torch.zeros(BATCH, SEQLEN, HEADS, HEAD_DIM, dtype=torch.float32)
+    lse = torch.zeros(BATCH, HEADS, SEQLEN)
+    c_tensors = [library.Tensor(t.data_ptr(), (ctypes.c_int64 * 4)(*t.stride())) for t in tensors]
+    strides = (SEQLEN * HEADS * HEAD_DIM, HEADS * HEAD_DIM, 6, 1)
+    c_out = library.Tensor(out.data_ptr(), (ctypes.c_int64 * 4)(*strides))
+    with pytest.raises(dash_attn.ArgumentRefusedError) as caught:
+        library.forward(shape, *c_tensors, c_out, lse.data_ptr(), 0, 0, None, out_fp32=True)
+    assert (
+        caught.value.message == "out.strides.head must be a multiple of 4 elements (16 bytes, a TMA requirement), got 6"
+    )
+    with pytest.raises(dash_attn.ArgumentRefusedError) as caught:
+        library.forward(shape, *c_tensors, c_out, lse.data_ptr(), 0, 0, None)
+    assert (
+        caught.value.message == "out.strides.head must be a multiple of 8 elements (16 bytes, a TMA requirement), got 6"
+    )
+
+
+def _merge_args(library, acc_out: torch.Tensor, acc_lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor):
+    """The MergeArgs of CPU tensors (the library validates them before any device question)."""
+    batch, rows, heads, head_dim = part_out.shape
+    return library.MergeArgs(
+        batch=batch,
+        rows=rows,
+        seqlen=acc_out.shape[1],
+        heads=heads,
+        head_dim=head_dim,
+        part_out=library.Tensor(part_out.data_ptr(), (ctypes.c_int64 * 4)(*part_out.stride())),
+        part_lse=part_lse.data_ptr(),
+        part_lse_strides=(ctypes.c_int64 * 3)(*part_lse.stride()),
+        acc_out=library.Tensor(acc_out.data_ptr(), (ctypes.c_int64 * 4)(*acc_out.stride())),
+        acc_lse=acc_lse.data_ptr(),
+        acc_lse_strides=(ctypes.c_int64 * 3)(*acc_lse.stride()),
+        row_index=None,
+        row_offset=0,
+    )
+
+
+def test_library_merge_refuses_broken_arguments_naming_them(library) -> None:
+    acc_out, acc_lse = torch.zeros(BATCH, SEQLEN, HEADS, HEAD_DIM), torch.zeros(BATCH, HEADS, SEQLEN)
+    part_out, part_lse = torch.zeros(BATCH, 4, HEADS, HEAD_DIM), torch.zeros(BATCH, HEADS, 4)
+    args = _merge_args(library, acc_out, acc_lse, part_out, part_lse)
+    args.row_offset = SEQLEN - 3
+    with pytest.raises(dash_attn.ArgumentRefusedError) as caught:
+        library.merge_partial(args, None)
+    assert caught.value.message.startswith("row_offset must satisfy 0 <= row_offset <= seqlen - rows")
+    assert caught.value.message.endswith(f"got {SEQLEN - 3} with rows = 4, seqlen = {SEQLEN}")
+    args = _merge_args(library, acc_out, acc_lse, part_out, acc_lse[:, :, :4])  # the block's LSE in the accumulator's
+    with pytest.raises(dash_attn.ArgumentRefusedError, match="acc_lse overlaps part_lse"):
+        library.merge_partial(args, None)
+    # Negative control: valid arguments pass validation, and a build without kernels says it has no merge kernel.
+    args = _merge_args(library, acc_out, acc_lse, part_out, part_lse)
+    if not library.merge_kernel_available():
+        with pytest.raises(dash_attn.LibraryError, match="this build has no merge kernel"):
+            library.merge_partial(args, None)
+
+
 def test_library_lists_schedules_when_the_name_is_unknown(library) -> None:
     shape, _, _ = _c_args(library, head_dim=HEAD_DIM)
     with pytest.raises(dash_attn.LibraryError, match="unknown schedule 'fastest' \\(valid: auto, ascending"):
@@ -348,7 +426,17 @@ def test_library_truncates_messages_to_the_buffer(library) -> None:
     size = 8
     buffer = ctypes.create_string_buffer(b"\xff" * size, size)
     code = library.load().dash_forward(
-        ctypes.byref(shape), None, *[ctypes.byref(c_tensor)] * 4, tensor.data_ptr(), 0, None, 0, None, buffer, size
+        ctypes.byref(shape),
+        None,
+        *[ctypes.byref(c_tensor)] * 4,
+        shape.dtype,
+        tensor.data_ptr(),
+        0,
+        None,
+        0,
+        None,
+        buffer,
+        size,
     )
     assert library.load().dash_status_name(code) == b"not-supported"
     assert buffer.raw == b"shape.h\0"

@@ -6,7 +6,8 @@ descriptor of its own; a scale that is not positive never meets a cached one; th
 asked once per library and signature and a refusal caches nothing; the caches are bounded. A call after a cached
 one whose strides, pointers, dtype or shape changed is still judged: copied when the kernels cannot read it,
 refused by the entry point's checks when it is wrong. The reused structs are never overwritten while in use, by
-another thread or a re-entered call.
+another thread or a re-entered call. forward_partial (context parallelism's forward) asks the library for an fp32
+out, allocated with the packed out's element strides, dense and varlen.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Launches:
 
     calls: list[tuple[str, tuple, dict[str, CStruct]]] = dataclasses.field(default_factory=list)
     varlens: list[tuple | None] = dataclasses.field(default_factory=list)
+    out_fp32: list[bool] = dataclasses.field(default_factory=list)  # each forward's request for an fp32 out
     plans: list[tuple[tuple, tuple | None]] = dataclasses.field(default_factory=list)
     workspace_queries: list[tuple] = dataclasses.field(default_factory=list)
 
@@ -93,10 +95,13 @@ def launches(monkeypatch) -> Launches:
             raise _library.LibraryError("forward workspace query", "invalid-argument", "batch is too large")
         return FORWARD_WORKSPACE_BYTES
 
-    def forward(shape, q, k, v, out, lse, workspace, workspace_bytes, stream, sm_margin=0, varlen=None) -> None:
+    def forward(
+        shape, q, k, v, out, lse, workspace, workspace_bytes, stream, sm_margin=0, varlen=None, out_fp32=False
+    ) -> None:
         structs = {"q": q, "k": k, "v": v, "out": out}
         recorded.calls.append(("forward", _plans.shape_fields(shape), {name: seen(s) for name, s in structs.items()}))
         recorded.varlens.append(seen_varlen(varlen))
+        recorded.out_fp32.append(out_fp32)
 
     monkeypatch.setattr(_library, "load", lambda: "the loaded library")
     monkeypatch.setattr(_library, "forward_workspace_size", forward_workspace_size)
@@ -465,4 +470,34 @@ def test_a_varlen_batch_without_rows_runs_nothing_and_clears_its_outputs(launche
     assert out.shape == (0, HEADS, HEAD_DIM) and lse.shape == (HEADS, 0)
     dq, dk, dv = _ops._backward_body(out, q, k, k, out, lse, SCALE, True, "auto", 0, -1, -1, 0.0, cu, cu, 1, 1, False)
     assert torch.all(dk == 0) and torch.all(dv == 0) and dq.shape == q.shape
+    assert launches.calls == []
+
+
+# --- forward_partial: context parallelism's forward with an fp32 out ------------------------------------------
+
+
+def test_forward_partial_asks_for_an_fp32_out_through_the_same_descriptor(launches: Launches) -> None:
+    q, k, v = qkv()
+    out, _ = _ops._forward_body(q, k, v, SCALE, True, "auto", 0)
+    partial, lse = _ops.forward_partial(q, k, v, SCALE, True, 16, -1)
+    assert out.dtype == torch.bfloat16 and partial.dtype == torch.float32
+    assert partial.shape == out.shape and partial.stride() == out.stride() and lse.dtype == torch.float32
+    assert launches.out_fp32 == [False, True]
+    # The out struct carries the fp32 tensor with its element strides (those of the packed bf16 out).
+    assert launches.last()["out"] == CStruct(partial.data_ptr(), out.stride())
+    # The window reaches the C shape; the unwindowed call and this one are two signatures.
+    assert launches.calls[-1][1] != launches.calls[0][1]
+    cu = torch.tensor([0, 5, 12, 20], dtype=torch.int32)
+    q, k, v = packed(TOTAL_Q, HEADS), packed(TOTAL_K, KV_HEADS), packed(TOTAL_K, KV_HEADS)
+    partial, lse = _ops.forward_partial(q, k, v, SCALE, True, -1, -1, 0, cu, cu, MAX_Q, MAX_K, True)
+    assert partial.dtype == torch.float32 and partial.shape == (TOTAL_Q, HEADS, HEAD_DIM)
+    assert lse.shape == (HEADS, TOTAL_Q) and launches.out_fp32[-1] is True
+    assert launches.varlens[-1] == (cu.data_ptr(), cu.data_ptr(), TOTAL_Q, TOTAL_K, 1)
+
+
+def test_forward_partial_of_a_batch_without_rows_clears_an_fp32_out(launches: Launches) -> None:
+    q, k = packed(0, HEADS), packed(TOTAL_K, KV_HEADS)
+    cu = torch.tensor([0, 0], dtype=torch.int32)
+    out, lse = _ops.forward_partial(q, k, k, SCALE, True, -1, -1, 0, cu, cu, 1, 1, False)
+    assert out.dtype == torch.float32 and out.shape == (0, HEADS, HEAD_DIM) and lse.shape == (HEADS, 0)
     assert launches.calls == []

@@ -11,11 +11,17 @@ without a window, sm_margin 8. Checks, for every case and P:
   LSE and gradients; packed without a window: out and LSE bitwise equal to flash_attn_varlen_func, gradients
   within the bound below (both run one varlen backward, but the ring's call leaves the empty sequence out, and
   schedule "auto" is planned for the batch); whether the rest matches bit for bit is printed, not asserted;
-- P > 1 is within ERROR_FACTOR times single-GPU DASH's error, plus ERROR_FLOOR of the largest reference value,
-  both against a float64 reference of the same bf16 inputs: context parallelism rounds each block's partial out
-  and gradients to bf16 (relative 2^-9) before the fp32 merge, and a row has at most 2P = 8 such partials here
-  (two per step under a window), whose roundings, of random sign, add up to about 2^-9 * sqrt(8) = 2^-7.5 of the
-  partials' scale: 2^-7 of the largest reference value covers them;
+- P > 1 is within a factor of single-GPU DASH's error plus a floor, a fraction of the largest reference value, both
+  against a float64 reference of the same bf16 inputs, per field (BOUNDS):
+  - out and LSE: DASH's local kernel hands the merge each block's partial out in fp32 (before its rounding to bf16)
+    and the merge runs in fp32, so out is rounded to bf16 once, as on one GPU. What remains is the fp32 merge (about
+    2^-22 relative) and the other split of the keys, whose bf16 probabilities round differently: the rounding to bf16
+    can then land one ulp (2^-8 relative) the other way where single-GPU DASH's half-ulp error sits, at a few
+    elements. 1.25 times single-GPU DASH's error plus 2^-10 of the largest value covers that;
+  - dq, dk, dv: the backward still rounds each block's partial gradients to bf16 (relative 2^-9) before the fp32
+    sums, and a row has at most 2P = 8 such partials here (two per step under a window), whose roundings, of random
+    sign, add up to about 2^-9 * sqrt(8) = 2^-7.5 of the partials' scale: twice single-GPU DASH's error plus 2^-7 of
+    the largest reference value covers them;
 - two runs give bitwise identical out, LSE and gradients;
 - negative control: with the nondeterministic local schedule (deterministic=False, dQ summed by atomics), the
   same comparison must report different gradient bits over repeats.
@@ -49,8 +55,17 @@ PACKED_OFFSETS = (0, 248, 256, 256, 768, 1024)
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
 WORKERS_TIMEOUT_S = 240
 FIELDS = ("out", "lse", "dq", "dk", "dv")
-ERROR_FACTOR = 2.0
-ERROR_FLOOR = 2.0**-7
+# field -> (factor of single-GPU DASH's error, floor as a fraction of the largest reference value); the docstring says
+# why each.
+FP32_PARTIALS_BOUND = (1.25, 2.0**-10)
+BF16_PARTIALS_BOUND = (2.0, 2.0**-7)
+BOUNDS = {
+    "out": FP32_PARTIALS_BOUND,
+    "lse": FP32_PARTIALS_BOUND,
+    "dq": BF16_PARTIALS_BOUND,
+    "dk": BF16_PARTIALS_BOUND,
+    "dv": BF16_PARTIALS_BOUND,
+}
 # The negative control: enough query rows per rank and repeats that dQ's atomics land in another order.
 CONTROL_SEQLEN, CONTROL_REPEATS = 4096, 8
 
@@ -290,7 +305,8 @@ def test_within_the_error_bound(runs, references, parameter):
     single, truth = references[case.name]
     for f in FIELDS:
         error, single_error = _max_error(full[f], truth[f]), _max_error(single[f], truth[f])
-        limit = ERROR_FACTOR * single_error + ERROR_FLOOR * float(truth[f].abs().max())
+        factor, floor = BOUNDS[f]
+        limit = factor * single_error + floor * float(truth[f].abs().max())
         print(f"{case.name} P={p} {f}: error {error:.3g}, single GPU {single_error:.3g}, limit {limit:.3g}")
         assert error <= limit, f"{f}: error {error:.3g} > limit {limit:.3g}"
 

@@ -155,6 +155,8 @@ Status launch_backward(const BackwardArgs& args, const BackwardPlanData& plan, c
 
 bool kernels_available() { return !kernels::kernel_instances().empty(); }
 
+bool merge_kernel_available() { return kernels::merge_partial_launcher() != nullptr; }
+
 bool kernel_available(int64_t head_dim, DType dtype, bool softcap) {
   const auto instances = kernels::kernel_instances();
   return std::any_of(instances.begin(), instances.end(), [&](const kernels::KernelInstance& k) {
@@ -217,6 +219,29 @@ Status run_forward(const ForwardArgs& args, void* workspace, size_t workspace_by
   return launch_status(launch(params, stream), "forward launch");
 }
 
+Status run_merge(const MergeArgs& args, cudaStream_t stream) {
+  if (Status s = validate(args); !s.ok()) return s;
+  const kernels::MergeLauncher launch = kernels::merge_partial_launcher();
+  if (launch == nullptr) {
+    return {StatusCode::kNotAvailable, "this build has no merge kernel (built without DASH_BUILD_KERNELS)"};
+  }
+  const RelaxedCaptureMode relaxed;  // as in launch_backward
+  const DeviceInfo* device = nullptr;
+  kernels::FaultRecord* fault = nullptr;
+  if (Status s = begin_device_call(&device, &fault); !s.ok()) return s;
+  if (Status s = check_pointers({{args.part_out.data, "part_out"},
+                                 {args.part_lse, "part_lse"},
+                                 {args.acc_out.data, "acc_out"},
+                                 {args.acc_lse, "acc_lse"}});
+      !s.ok()) {
+    return s;
+  }
+  if (args.row_index != nullptr) {
+    if (Status s = check_device_pointer(args.row_index, "row_index"); !s.ok()) return s;
+  }
+  return cuda_status(static_cast<cudaError_t>(launch(args, stream)), "merge launch");
+}
+
 Status run_planned_backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,
                             cudaStream_t stream) {
   const BackwardPlanData* data = BackwardPlanAccess::data(plan);
@@ -250,6 +275,10 @@ Status run_backward(const BackwardArgs& args, void* workspace, size_t workspace_
 
 Status forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   return capture_advice(run_forward(args, workspace, workspace_bytes, stream), stream);
+}
+
+Status merge_partial(const MergeArgs& args, cudaStream_t stream) {
+  return capture_advice(run_merge(args, stream), stream);
 }
 
 Status backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,

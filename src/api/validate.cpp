@@ -1,7 +1,9 @@
 // Host-side argument validation: the shape alone (validate(AttentionShape), which every entry point and the
 // tools that plan without tensors run first), the schedule value, sm_margin, and for forward() and backward()
 // also pointers, alignment, strides, self-overlap of each layout, overlap of outputs with the other tensors and a
-// varlen call's cu_seqlens, and (check_workspace_overlap) overlap of the workspace with any of them.
+// varlen call's cu_seqlens, and (check_workspace_overlap) overlap of the workspace with any of them; and the
+// arguments of merge_partial(). Tensors are checked in their own element size: 2 bytes, or 4 for a float32 out
+// (ForwardArgs::out_fp32) and the merge's arrays.
 // Nothing here touches the GPU. Every failure names the argument and the rule, so a caller can fix the
 // call from the message alone. The shape is checked before anything that uses it, so later checks may rely
 // on every size being within the limits of api/limits.hpp.
@@ -42,9 +44,13 @@ constexpr int64_t kMaxHeadDim = std::ranges::max(kSupportedHeadDims);
 static_assert(kMaxGridDimYZ * kMaxGridDimYZ * kMaxSeqlen * kMaxHeadDim < INT64_MAX / int64_t{sizeof(float)},
               "the size limits must keep batch * heads_q * seqlen_q * head_dim (and the LSE bytes) within int64");
 // A tensor's largest byte offset is sum((extent - 1) * stride) over (batch, seq, head) plus head_dim - 1, in
-// elements; with strides below kStrideLimitElements and extents within the shape limits it fits int64.
-static_assert((2 * kMaxGridDimYZ + kMaxSeqlen + kMaxHeadDim) * kStrideLimitElements < INT64_MAX / kElementBytes,
+// elements; with strides below kTmaStrideLimitBytes (in bytes, whatever the element size) and extents within the shape
+// limits it fits int64. The merge's arrays have the same extents and stride limit.
+static_assert((2 * kMaxGridDimYZ + kMaxSeqlen + kMaxHeadDim) * kTmaStrideLimitBytes < INT64_MAX,
               "the stride and size limits must keep every byte offset of a tensor within int64");
+
+// Bytes of a float32 element: a float32 out and the merge's arrays.
+constexpr int64_t kFloatBytes = sizeof(float);
 
 // Fails unless the product of `factors` (sizes already checked against their limits, so it cannot overflow)
 // is below kMaxKernelIndex. `what` spells the product.
@@ -91,6 +97,7 @@ struct TensorArg {
   int64_t seqlen;
   int64_t heads;
   bool output;
+  int64_t element_bytes = kElementBytes;
 };
 
 struct Dimension {
@@ -98,6 +105,36 @@ struct Dimension {
   int64_t stride;
   int64_t extent;
 };
+
+// Fails unless the layout `dims` of `name` (`layout` spells it, "(B, S, H, D)"; `strides` names its strides in
+// messages) gives every index an element of its own: ordering the dimensions that have more than one index by stride,
+// each stride must step over everything the smaller dimensions span, and the innermost over one element. Strides are
+// non-negative by now.
+Status check_one_to_one(const char* name, const std::string& strides, const char* layout,
+                        std::span<const Dimension> dims) {
+  std::vector<Dimension> varying;
+  for (const Dimension& d : dims) {
+    if (d.extent > 1) varying.push_back(d);
+  }
+  std::ranges::stable_sort(varying, {}, &Dimension::stride);
+  const Dimension* inner = nullptr;
+  for (const Dimension& d : varying) {
+    if (inner == nullptr && d.stride < 1) {
+      return invalid(cat(strides, ": the ", layout, " layout of ", name, " overlaps itself: the ", d.name,
+                         " stride is ", d.stride, " but that dimension has ", d.extent, " indices"));
+    }
+    if (inner != nullptr) {
+      const int64_t inner_span = inner->stride * inner->extent;
+      if (d.stride < inner_span) {
+        return invalid(cat(strides, ": the ", layout, " layout of ", name, " overlaps itself: the ", d.name, " stride ",
+                           d.stride, " is less than the ", inner->name, " stride ", inner->stride, " times its extent ",
+                           inner->extent));
+      }
+    }
+    inner = &d;
+  }
+  return Status::success();
+}
 
 // Checks the strides of `t` and, when they are valid, computes the bytes it spans.
 Status check_layout(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpan* span) {
@@ -111,15 +148,18 @@ Status check_layout(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpa
       {"head", strides.head, t.heads},
       {"dim", strides.dim, head_dim},
   }};
+  // In t's own elements: a float32 out keeps the 16-byte rules (its stores are 8-byte pairs; one rule for every out).
+  const int64_t stride_multiple = kTmaAlignmentBytes / t.element_bytes;
+  const int64_t stride_limit = kTmaStrideLimitBytes / t.element_bytes;
   for (const Dimension& d : std::span(dims).first<3>()) {  // batch, seq, head: dim is 1 by now
     if (d.stride < 0) return invalid(cat(t.name, ".strides.", d.name, " must be >= 0, got ", d.stride));
-    if (d.stride % kStrideMultipleElements != 0) {
-      return invalid(cat(t.name, ".strides.", d.name, " must be a multiple of ", kStrideMultipleElements, " elements (",
+    if (d.stride % stride_multiple != 0) {
+      return invalid(cat(t.name, ".strides.", d.name, " must be a multiple of ", stride_multiple, " elements (",
                          kTmaAlignmentBytes, " bytes, a TMA requirement), got ", d.stride));
     }
     // Applies to dimensions of one index too: the TMA descriptor encodes every stride.
-    if (d.stride >= kStrideLimitElements) {
-      return invalid(cat(t.name, ".strides.", d.name, " must be < ", kStrideLimitElements, " elements (2^40 bytes, ",
+    if (d.stride >= stride_limit) {
+      return invalid(cat(t.name, ".strides.", d.name, " must be < ", stride_limit, " elements (2^40 bytes, ",
                          "the largest stride a TMA descriptor can encode), got ", d.stride));
     }
   }
@@ -127,30 +167,8 @@ Status check_layout(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpa
   // the static_assert above keeps it within int64.
   int64_t last_element = 0;
   for (const Dimension& d : dims) last_element += (d.extent - 1) * d.stride;
-  const int64_t last_byte = last_element * kElementBytes + kElementBytes - 1;
-  // The layout is one-to-one if, ordering the dimensions that have more than one index by stride, each
-  // stride steps over everything the smaller dimensions span. The innermost must step over one element.
-  std::vector<Dimension> varying;
-  for (const Dimension& d : dims) {
-    if (d.extent > 1) varying.push_back(d);
-  }
-  std::ranges::stable_sort(varying, {}, &Dimension::stride);
-  const Dimension* inner = nullptr;
-  for (const Dimension& d : varying) {
-    if (inner == nullptr && d.stride < 1) {
-      return invalid(cat(t.name, ".strides: the (B, S, H, D) layout of ", t.name, " overlaps itself: the ", d.name,
-                         " stride is ", d.stride, " but that dimension has ", d.extent, " indices"));
-    }
-    if (inner != nullptr) {
-      const int64_t inner_span = inner->stride * inner->extent;
-      if (d.stride < inner_span) {
-        return invalid(cat(t.name, ".strides: the (B, S, H, D) layout of ", t.name, " overlaps itself: the ", d.name,
-                           " stride ", d.stride, " is less than the ", inner->name, " stride ", inner->stride,
-                           " times its extent ", inner->extent));
-      }
-    }
-    inner = &d;
-  }
+  const int64_t last_byte = last_element * t.element_bytes + t.element_bytes - 1;
+  if (Status s = check_one_to_one(t.name, cat(t.name, ".strides"), "(B, S, H, D)", dims); !s.ok()) return s;
   return make_span(t.name, t.output, t.tensor.data, last_byte, span);
 }
 
@@ -289,7 +307,7 @@ std::array<TensorArg, 4> forward_tensors(const ForwardArgs& args, const CallRows
       {"q", args.q, rows.rows_q, shape.heads_q, false},
       {"k", args.k, rows.rows_k, shape.heads_kv, false},
       {"v", args.v, rows.rows_k, shape.heads_kv, false},
-      {"out", args.out, rows.rows_q, shape.heads_q, true},
+      {"out", args.out, rows.rows_q, shape.heads_q, true, args.out_fp32 ? kFloatBytes : kElementBytes},
   }};
 }
 
@@ -313,12 +331,12 @@ bool accepted_span(const TensorArg& t, int64_t batch, int64_t head_dim, ByteSpan
   const Strides& st = t.tensor.strides;
   if (t.tensor.data == nullptr || st.dim != 1) return false;
   for (int64_t stride : {st.batch, st.seq, st.head}) {
-    if (stride < 0 || stride >= kStrideLimitElements) return false;
+    if (stride < 0 || stride >= kTmaStrideLimitBytes / t.element_bytes) return false;
   }
   // The static_asserts above keep this within int64 for strides and extents within the limits.
   const int64_t last_element =
       (batch - 1) * st.batch + (t.seqlen - 1) * st.seq + (t.heads - 1) * st.head + head_dim - 1;
-  return make_span(t.name, t.output, t.tensor.data, last_element * kElementBytes + kElementBytes - 1, span).ok();
+  return make_span(t.name, t.output, t.tensor.data, last_element * t.element_bytes + t.element_bytes - 1, span).ok();
 }
 
 // The workspace is written by the call, so it must share no byte with any tensor of the call, its LSE or the offset
@@ -491,6 +509,115 @@ Status validate(const BackwardArgs& args) {
   }
   if (Status s = check_tensors(shape, args.varlen, rows, tensors, args.lse, false); !s.ok()) return s;
   return check_sm_margin(args.sm_margin);
+}
+
+namespace {
+
+// One strided float32 array of a merge: `dims` (the contiguous dimension, if any, last) of the array `name` at `data`,
+// whose strides are the fields `strides` ("acc_out.strides", "acc_lse_strides"), written by the call when `output`.
+// Checks the pointer, the strides (>= 0, below the tensors' limit so that every
+// offset fits int64) and, for an output, that no two indices share an element (threads would race on it); appends the
+// bytes it spans to *spans.
+Status merge_array_span(const char* name, const char* strides, const void* data, bool output,
+                        std::span<const Dimension> dims, std::vector<ByteSpan>* spans) {
+  if (Status s = check_pointer(name, data, kFloatBytes, "it holds floats"); !s.ok()) return s;
+  int64_t last_element = 0;
+  for (const Dimension& d : dims) {
+    if (d.stride < 0) return invalid(cat(strides, ".", d.name, " must be >= 0, got ", d.stride));
+    if (d.stride >= kTmaStrideLimitBytes / kFloatBytes) {
+      return invalid(cat(strides, ".", d.name, " must be < ", kTmaStrideLimitBytes / kFloatBytes,
+                         " elements (2^40 bytes, the tensors' stride limit), got ", d.stride));
+    }
+    last_element += (d.extent - 1) * d.stride;
+  }
+  if (output) {
+    const char* layout = dims.size() == 4 ? "(B, S, H, D)" : "(B, H, S)";
+    if (Status s = check_one_to_one(name, strides, layout, dims); !s.ok()) return s;
+  }
+  ByteSpan span{};
+  if (Status s = make_span(name, output, data, last_element * kFloatBytes + kFloatBytes - 1, &span); !s.ok()) return s;
+  spans->push_back(span);
+  return Status::success();
+}
+
+Status check_merge_sizes(const MergeArgs& a) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"batch", a.batch}, {"rows", a.rows}, {"seqlen", a.seqlen}, {"heads", a.heads}, {"head_dim", a.head_dim}};
+  for (const auto& [name, value] : sizes) {
+    if (value <= 0) return invalid(cat(name, " must be > 0, got ", value));
+  }
+  // The attention calls' limits: they keep every offset within int64 (the static_assert above).
+  const std::tuple<const char*, int64_t, int64_t> limits[] = {{"batch", a.batch, kMaxGridDimYZ},
+                                                              {"heads", a.heads, kMaxGridDimYZ},
+                                                              {"rows", a.rows, kMaxSeqlen},
+                                                              {"seqlen", a.seqlen, kMaxSeqlen},
+                                                              {"head_dim", a.head_dim, kMaxHeadDim}};
+  for (const auto& [name, value, limit] : limits) {
+    if (value > limit) {
+      return not_supported(cat(name, " must be <= ", limit, " (the limit of the attention calls), got ", value));
+    }
+  }
+  if (a.rows > a.seqlen) {
+    return invalid(cat("rows must be <= seqlen (each block row goes to an accumulator row of its own), got rows = ",
+                       a.rows, ", seqlen = ", a.seqlen));
+  }
+  // One warp per (batch, row, head) of the block, 8 to a CTA: the grid's x dimension holds it.
+  return check_index_product({a.batch, a.rows, a.heads}, "the block's rows batch * rows * heads");
+}
+
+}  // namespace
+
+Status validate(const MergeArgs& a) {
+  if (Status s = check_merge_sizes(a); !s.ok()) return s;
+  std::vector<ByteSpan> spans;
+  if (a.row_index == nullptr) {
+    if (a.row_offset < 0 || a.row_offset > a.seqlen - a.rows) {
+      return invalid(cat("row_offset must satisfy 0 <= row_offset <= seqlen - rows (block rows row_offset .. ",
+                         "row_offset + rows - 1 of the accumulators), got ", a.row_offset, " with rows = ", a.rows,
+                         ", seqlen = ", a.seqlen));
+    }
+  } else {
+    if (a.row_offset != 0) {
+      return invalid(
+          cat("row_offset must be 0 when row_index is given (row_index names every row), got ", a.row_offset));
+    }
+    if (Status s = check_pointer("row_index", a.row_index, alignof(int32_t), "it holds int32 rows"); !s.ok()) return s;
+    ByteSpan span{};
+    const int64_t last_byte = a.rows * static_cast<int64_t>(sizeof(int32_t)) - 1;
+    if (Status s = make_span("row_index", false, a.row_index, last_byte, &span); !s.ok()) return s;
+    spans.push_back(span);
+  }
+  const TensorRef acc_out = a.acc_out;
+  const std::pair<const char*, const TensorRef*> outs[] = {{"part_out", &a.part_out}, {"acc_out", &acc_out}};
+  for (const auto& [name, tensor] : outs) {
+    if (tensor->strides.dim != 1) {
+      return invalid(
+          cat(name, ".strides.dim must be 1 (the last dimension must be contiguous), got ", tensor->strides.dim));
+    }
+  }
+  const std::array<Dimension, 4> part_out_dims = {{{"batch", a.part_out.strides.batch, a.batch},
+                                                   {"seq", a.part_out.strides.seq, a.rows},
+                                                   {"head", a.part_out.strides.head, a.heads},
+                                                   {"dim", 1, a.head_dim}}};
+  const std::array<Dimension, 4> acc_out_dims = {{{"batch", acc_out.strides.batch, a.batch},
+                                                  {"seq", acc_out.strides.seq, a.seqlen},
+                                                  {"head", acc_out.strides.head, a.heads},
+                                                  {"dim", 1, a.head_dim}}};
+  const std::array<Dimension, 3> part_lse_dims = {{{"batch", a.part_lse_strides.batch, a.batch},
+                                                   {"head", a.part_lse_strides.head, a.heads},
+                                                   {"seq", a.part_lse_strides.seq, a.rows}}};
+  const std::array<Dimension, 3> acc_lse_dims = {{{"batch", a.acc_lse_strides.batch, a.batch},
+                                                  {"head", a.acc_lse_strides.head, a.heads},
+                                                  {"seq", a.acc_lse_strides.seq, a.seqlen}}};
+  const std::tuple<const char*, const char*, const void*, bool, std::span<const Dimension>> arrays[] = {
+      {"part_out", "part_out.strides", a.part_out.data, false, part_out_dims},
+      {"part_lse", "part_lse_strides", a.part_lse, false, part_lse_dims},
+      {"acc_out", "acc_out.strides", acc_out.data, true, acc_out_dims},
+      {"acc_lse", "acc_lse_strides", a.acc_lse, true, acc_lse_dims}};
+  for (const auto& [name, strides, data, output, dims] : arrays) {
+    if (Status s = merge_array_span(name, strides, data, output, dims, &spans); !s.ok()) return s;
+  }
+  return check_disjoint(spans);
 }
 
 Status check_workspace_overlap(const ForwardArgs& args, const void* workspace, size_t workspace_bytes) {

@@ -38,6 +38,8 @@ static_assert(DASH_STATUS_WAIT_TIMEOUT == static_cast<int>(dash::StatusCode::kWa
 static_assert(DASH_STATUS_SEQLEN_EXCEEDS_MAX == static_cast<int>(dash::StatusCode::kSeqlenExceedsMax));
 static_assert(DASH_DTYPE_BF16 == static_cast<int>(dash::DType::kBF16));
 static_assert(DASH_DTYPE_FP16 == static_cast<int>(dash::DType::kFP16));
+static_assert(DASH_DTYPE_FP32 != DASH_DTYPE_BF16 && DASH_DTYPE_FP32 != DASH_DTYPE_FP16,
+              "DASH_DTYPE_FP32 names no input type: dash_forward's out_dtype alone takes it");
 
 constexpr const char* kHostErrorName = "host-error";
 
@@ -232,6 +234,17 @@ dash::Status check_plan_kind(const dash::BackwardPlan& plan, const dash_varlen* 
   return dash::Status::success();
 }
 
+// out_dtype as ForwardArgs::out_fp32: shape's dtype or DASH_DTYPE_FP32, nothing else.
+dash::Status to_out_fp32(const dash_shape& shape, int out_dtype, bool* out_fp32) {
+  if (out_dtype == shape.dtype || out_dtype == DASH_DTYPE_FP32) {
+    *out_fp32 = out_dtype != shape.dtype;
+    return dash::Status::success();
+  }
+  return invalid("out_dtype must be shape->dtype (" + std::to_string(shape.dtype) + ") or DASH_DTYPE_FP32 (" +
+                 std::to_string(DASH_DTYPE_FP32) + ", the output before its rounding to shape->dtype), got " +
+                 std::to_string(out_dtype));
+}
+
 dash::ForwardArgs to_forward_args(const dash_shape& shape, const dash_tensor& q, const dash_tensor& k,
                                   const dash_tensor& v, const dash_tensor& out, float* lse, int sm_margin) {
   dash::ForwardArgs args;
@@ -325,14 +338,38 @@ int dash_backward_workspace_size(const dash_shape* shape, const char* schedule, 
 }
 
 int dash_forward(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q, const dash_tensor* k,
-                 const dash_tensor* v, const dash_tensor* out, float* lse, int sm_margin, void* workspace,
-                 size_t workspace_bytes, void* stream, char* message, size_t message_size) {
+                 const dash_tensor* v, const dash_tensor* out, int out_dtype, float* lse, int sm_margin,
+                 void* workspace, size_t workspace_bytes, void* stream, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
     if (dash::Status s = check_shape(shape); !s.ok()) return s;
     if (dash::Status s = check_present({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); !s.ok()) return s;
     dash::ForwardArgs args = to_forward_args(*shape, *q, *k, *v, *out, lse, sm_margin);
+    if (dash::Status s = to_out_fp32(*shape, out_dtype, &args.out_fp32); !s.ok()) return s;
     if (dash::Status s = to_varlen(varlen, &args.varlen); !s.ok()) return s;
     return dash::forward(args, workspace, workspace_bytes, to_stream(stream));
+  });
+}
+
+int dash_merge_kernel_available(void) { return dash::merge_kernel_available() ? 1 : 0; }
+
+int dash_merge_partial(const dash_merge_args* args, void* stream, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (dash::Status s = check_present({{args, "args"}}); !s.ok()) return s;
+    dash::MergeArgs merge;
+    merge.batch = args->batch;
+    merge.rows = args->rows;
+    merge.seqlen = args->seqlen;
+    merge.heads = args->heads;
+    merge.head_dim = args->head_dim;
+    merge.part_out = to_tensor(args->part_out);
+    merge.part_lse = args->part_lse;
+    merge.part_lse_strides = {args->part_lse_strides[0], args->part_lse_strides[1], args->part_lse_strides[2]};
+    merge.acc_out = to_tensor(args->acc_out);
+    merge.acc_lse = args->acc_lse;
+    merge.acc_lse_strides = {args->acc_lse_strides[0], args->acc_lse_strides[1], args->acc_lse_strides[2]};
+    merge.row_index = args->row_index;
+    merge.row_offset = args->row_offset;
+    return dash::merge_partial(merge, to_stream(stream));
   });
 }
 

@@ -48,8 +48,11 @@ extern "C" {
  *      totals instead of an int lengths_fill_maxima. dash_kernel_available takes an int of enum dash_kernel_feature
  *      bits. dash_forward_varlen, dash_backward_varlen, dash_backward_plan_create_varlen,
  *      dash_backward_plan_run_varlen, dash_softcap_kernel_available, dash_varlen_kernel_available and
- *      dash_varlen_softcap_kernel_available are gone. */
-#define DASH_C_ABI_VERSION 11
+ *      dash_varlen_softcap_kernel_available are gone.
+ *  12: fp32 partial results for context parallelism: dash_forward takes an int out_dtype after out (shape->dtype, or
+ *      DASH_DTYPE_FP32, new in enum dash_dtype, for the output before its rounding); dash_merge_args,
+ *      dash_merge_partial and dash_merge_kernel_available merge one block's partial result into accumulators. */
+#define DASH_C_ABI_VERSION 12
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -68,8 +71,8 @@ enum dash_status_code {
   DASH_STATUS_HOST_ERROR = -1,
 };
 
-/* dash::DType values. */
-enum dash_dtype { DASH_DTYPE_BF16 = 0, DASH_DTYPE_FP16 = 1 };
+/* dash::DType values, and DASH_DTYPE_FP32, which only dash_forward's out_dtype takes (inputs are bf16 or fp16). */
+enum dash_dtype { DASH_DTYPE_BF16 = 0, DASH_DTYPE_FP16 = 1, DASH_DTYPE_FP32 = 2 };
 
 /* dash::AttentionShape. causal = 1 selects the bottom-right aligned causal mask. windowed = 1 applies the sliding
  * window (window_left, window_right), FlashAttention's window_size: with d = seqlen_k - seqlen_q, query row i sees
@@ -191,11 +194,51 @@ DASH_C_API int dash_backward_workspace_size(const dash_shape* shape, const char*
 
 /* out, lse = attention(q, k, v). varlen NULL: a dense batch, lse (B, Hq, Sq) packed fp32. varlen not NULL: the packed
  * batch it describes (dash_varlen above), *shape its maximum problem, lse (Hq, total_q); varlen->cu_seqlens_q and
- * cu_seqlens_k must not both be NULL. The workspace is dash_forward_workspace_size's of *shape in both. */
+ * cu_seqlens_k must not both be NULL. The workspace is dash_forward_workspace_size's of *shape in both.
+ * out_dtype (enum dash_dtype) is out's element type: shape->dtype, or DASH_DTYPE_FP32 for the values before their
+ * rounding to shape->dtype (rounded, they are the bits of the call with shape->dtype), for a caller that merges
+ * partial results (dash_merge_partial); any other value is refused with DASH_STATUS_INVALID_ARGUMENT naming
+ * out_dtype. out's strides are in its own elements, and 16-byte aligned data and strides are required of both. */
 DASH_C_API int dash_forward(const dash_shape* shape, const dash_varlen* varlen, const dash_tensor* q,
-                            const dash_tensor* k, const dash_tensor* v, const dash_tensor* out, float* lse,
-                            int sm_margin, void* workspace, size_t workspace_bytes, void* stream, char* message,
-                            size_t message_size);
+                            const dash_tensor* k, const dash_tensor* v, const dash_tensor* out, int out_dtype,
+                            float* lse, int sm_margin, void* workspace, size_t workspace_bytes, void* stream,
+                            char* message, size_t message_size);
+
+/* dash::MergeArgs: one block's partial attention result, part_out (batch, rows, heads, head_dim) and part_lse
+ * (batch, heads, rows), merged into the accumulators acc_out (batch, seqlen, heads, head_dim) and acc_lse
+ * (batch, heads, seqlen), all fp32, every stride in elements (dash_tensor's strides[3], the dim stride, must be 1; the
+ * LSE strides are batch, head, row):
+ *   lse' = logaddexp(lse, lse_b);  out' = out * exp(lse - lse') + out_b * exp(lse_b - lse')
+ * with a weight whose LSE is -inf taken as 0, so that an empty accumulator row (out 0, LSE -inf) takes the block as
+ * it is and no NaN comes of rows empty on both sides. Block row r goes to accumulator row row_index[r] (device
+ * memory, `rows` distinct int32 rows in [0, seqlen); a broken index gives its rows unspecified results, is never
+ * written through) or, with row_index NULL, to row_offset + r. Packed (varlen) tensors are a batch of one: out
+ * (1, total, heads, head_dim) with strides[0] = 0, the LSE (1, heads, total). */
+typedef struct dash_merge_args {
+  int64_t batch;
+  int64_t rows;
+  int64_t seqlen;
+  int64_t heads;
+  int64_t head_dim;
+  dash_tensor part_out;
+  const float* part_lse;
+  int64_t part_lse_strides[3];
+  dash_tensor acc_out;
+  float* acc_lse;
+  int64_t acc_lse_strides[3];
+  const int32_t* row_index;
+  int64_t row_offset;
+} dash_merge_args;
+
+/* Nonzero if this build has dash_merge_partial's kernel (every build with kernels has it). */
+DASH_C_API int dash_merge_kernel_available(void);
+
+/* Merges one block into the accumulators (dash_merge_args) in one launch on `stream`, deterministically (each row by
+ * one warp, no atomics). The arguments are validated first (sizes > 0 within the attention calls' limits,
+ * rows <= seqlen, row_offset within the accumulators or 0 with row_index, aligned non-null arrays, strides >= 0,
+ * accumulators that neither overlap themselves nor share a byte with another array); then DASH_STATUS_NOT_AVAILABLE
+ * in a build without kernels. */
+DASH_C_API int dash_merge_partial(const dash_merge_args* args, void* stream, char* message, size_t message_size);
 
 /* dq, dk, dv for upstream gradient dout, summed in the order `schedule` fixes; varlen as in dash_forward. Plans the
  * schedule at every call, as dash_backward_plan_create would with this varlen (a varlen call's hint from its totals);

@@ -126,4 +126,11 @@ struct KernelInstance {
 // The instances compiled into this build (empty without DASH_BUILD_KERNELS).
 std::span<const KernelInstance> kernel_instances();
 
+// The merge of one block's partial (out, LSE) into accumulators (MergeArgs, validated), one launch: its
+// cudaError_t value.
+using MergeLauncher = int (*)(const MergeArgs&, cudaStream_t);
+
+// The merge kernel's launcher; null without DASH_BUILD_KERNELS.
+MergeLauncher merge_partial_launcher();
+
 }  // namespace dash::kernels

@@ -1,8 +1,8 @@
 // Tests of the public API's host-side checks: validate() for forward and backward arguments (one test per
-// rule, each starting from valid arguments and breaking that rule alone), the workspace-size queries (which
-// must refuse a bad shape before any device query or plan), the device checks of api/device.hpp, schedule
-// names and Status formatting. Tensor pointers are fake (validate() never dereferences them) but aligned,
-// and lie in disjoint regions unless a test makes them overlap.
+// rule, each starting from valid arguments and breaking that rule alone; a float32 out in its own element size) and
+// for merge_partial()'s, the workspace-size queries (which must refuse a bad shape before any device query or plan),
+// the device checks of api/device.hpp, schedule names and Status formatting. Tensor pointers are fake (validate()
+// never dereferences them) but aligned, and lie in disjoint regions unless a test makes them overlap.
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -582,6 +582,75 @@ TEST(ValidateForward, RejectsLseOverlappingAnInput) {
   ForwardArgs a = valid_args<ForwardArgs>();
   a.lse = shifted(a.v.data, 0);
   EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"lse overlaps v"}));
+}
+
+// A float32 out spans twice the bytes of the input dtype's: an LSE placed right after the bf16 extent overlaps it,
+// and its strides are checked in float32 elements (16 bytes are 4 of them).
+TEST(ValidateForward, ChecksAFloat32OutInItsOwnElements) {
+  ForwardArgs a = valid_args<ForwardArgs>();
+  const int64_t bf16_bytes = packed_bytes(a.shape, a.shape.seqlen_q, a.shape.heads_q);
+  a.lse = shifted(a.out.data, bf16_bytes);
+  EXPECT_TRUE(is_ok(validate(a)));  // negative control: apart from a bf16 out
+  a.out_fp32 = true;
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument, {"out overlaps lse"}));
+  a = valid_args<ForwardArgs>();
+  a.out_fp32 = true;
+  EXPECT_TRUE(is_ok(validate(a)));
+  a.out.strides.head = a.shape.head_dim + 4;  // 16 bytes more per head in float32, 8 in bf16
+  a.out.strides.seq = a.out.strides.head * a.shape.heads_q;
+  a.out.strides.batch = a.out.strides.seq * a.shape.seqlen_q;
+  EXPECT_TRUE(is_ok(validate(a)));
+  a.out_fp32 = false;
+  EXPECT_TRUE(fails_with(validate(a), StatusCode::kInvalidArgument,
+                         {"out.strides.head must be a multiple of 8 elements (16 bytes"}));
+}
+
+// merge_partial()'s arguments: one valid merge, then each rule broken alone (the C ABI tests name every message).
+MergeArgs valid_merge() {
+  MergeArgs m;
+  m.batch = 2;
+  m.rows = 8;
+  m.seqlen = 32;
+  m.heads = 4;
+  m.head_dim = 64;
+  m.part_out = {fake_pointer(0), packed_strides(8, 4, 64)};
+  m.part_lse = fake_pointer(1);
+  m.part_lse_strides = {4 * 8, 8, 1};
+  m.acc_out = {fake_pointer(2), packed_strides(32, 4, 64)};
+  m.acc_lse = fake_pointer(3);
+  m.acc_lse_strides = {4 * 32, 32, 1};
+  m.row_offset = 24;
+  return m;
+}
+
+TEST(ValidateMerge, AcceptsOffsetsAndIndicesAndRefusesEachBrokenRule) {
+  EXPECT_TRUE(is_ok(validate(valid_merge())));
+  MergeArgs m = valid_merge();
+  m.row_offset = 0;
+  m.row_index = fake_pointer(4);
+  EXPECT_TRUE(is_ok(validate(m)));
+  m = valid_merge();
+  m.row_offset = 25;
+  EXPECT_TRUE(fails_with(validate(m), StatusCode::kInvalidArgument, {"row_offset must satisfy"}));
+  m = valid_merge();
+  m.heads = 70000;
+  EXPECT_TRUE(fails_with(validate(m), StatusCode::kNotSupported, {"heads must be <= 65535"}));
+  m = valid_merge();
+  m.acc_out = {fake_pointer(0), packed_strides(32, 4, 64)};  // over the block
+  EXPECT_TRUE(fails_with(validate(m), StatusCode::kInvalidArgument, {"acc_out overlaps part_out"}));
+  m = valid_merge();
+  m.row_offset = 0;
+  m.row_index = static_cast<const int32_t*>(shifted(m.acc_lse, 64));
+  EXPECT_TRUE(fails_with(validate(m), StatusCode::kInvalidArgument, {"acc_lse overlaps row_index"}));
+  m = valid_merge();
+  m.part_lse = shifted(m.part_lse, 2);
+  EXPECT_TRUE(fails_with(validate(m), StatusCode::kInvalidArgument, {"part_lse must be 4-byte aligned"}));
+  // Inputs may overlap themselves (a broadcast block); the accumulators may not.
+  m = valid_merge();
+  m.part_out.strides.head = 0;
+  EXPECT_TRUE(is_ok(validate(m)));
+  m.acc_out.strides.head = 0;
+  EXPECT_TRUE(fails_with(validate(m), StatusCode::kInvalidArgument, {"layout of acc_out overlaps itself"}));
 }
 
 TEST(ValidateBackward, AcceptsEverySchedule) {

@@ -670,10 +670,176 @@ TEST(CForward, RefusesAWorkspaceOverlappingOut) {
   const dash_tensor* t = c.tensors.data();
   float* lse = const_cast<float*>(c.lse());
   const Result r = call([&](char* m, size_t n) {
-    return dash_forward(&c.shape, nullptr, &t[0], &t[1], &t[2], &t[3], lse, 0, t[3].data, 64, nullptr, m, n);
+    return dash_forward(&c.shape, nullptr, &t[0], &t[1], &t[2], &t[3], c.shape.dtype, lse, 0, t[3].data, 64, nullptr, m,
+                        n);
   });
   EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT) << r.message;
   EXPECT_NE(r.message.find("workspace overlaps out"), std::string::npos) << r.message;
+}
+
+// out_dtype is the shape's dtype or DASH_DTYPE_FP32; anything else is refused naming it and the rule, before the
+// tensors are looked at. A float32 out is validated in its own elements: its strides are multiples of 4, and a
+// workspace overlapping its wider span is refused.
+TEST(CForward, OutDtypeIsTheShapesOrFp32) {
+  const AttentionShape shape = testing::valid_workspace_shape();
+  const FakeBackwardCall c(shape);
+  const dash_tensor* t = c.tensors.data();
+  float* lse = const_cast<float*>(c.lse());
+  const auto forward_with = [&](int out_dtype, const dash_tensor& out, void* workspace) {
+    return call([&](char* m, size_t n) {
+      return dash_forward(&c.shape, nullptr, &t[0], &t[1], &t[2], &out, out_dtype, lse, 0, workspace, 64, nullptr, m,
+                          n);
+    });
+  };
+  const int other = c.shape.dtype == DASH_DTYPE_BF16 ? DASH_DTYPE_FP16 : DASH_DTYPE_BF16;
+  for (const int bad : {other, 3, -1}) {
+    const Result r = forward_with(bad, t[3], nullptr);
+    EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT) << r.message;
+    EXPECT_EQ(r.message, "out_dtype must be shape->dtype (" + std::to_string(c.shape.dtype) +
+                             ") or DASH_DTYPE_FP32 (2, the output before its rounding to shape->dtype), got " +
+                             std::to_string(bad));
+  }
+  // An fp32 out twice as wide: its strides in float elements; the workspace right after its bf16 extent overlaps it.
+  dash_tensor wide = t[3];
+  const int64_t bf16_bytes = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim * 2;
+  void* after_bf16_extent = static_cast<char*>(wide.data) + bf16_bytes + 4096;
+  Result r = forward_with(DASH_DTYPE_FP32, wide, after_bf16_extent);
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT) << r.message;
+  EXPECT_NE(r.message.find("workspace overlaps out"), std::string::npos) << r.message;
+  // Negative control: the same workspace is apart from a bf16 out.
+  r = forward_with(c.shape.dtype, wide, after_bf16_extent);
+  EXPECT_EQ(r.message.find("overlaps"), std::string::npos) << r.message;
+  // A stride of 8 bf16 elements is 16 bytes; as float32 elements, 8 is 32 bytes and 6 (24 bytes) is refused.
+  wide.strides[2] = 6;
+  r = forward_with(DASH_DTYPE_FP32, wide, nullptr);
+  EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT) << r.message;
+  EXPECT_EQ(r.message, "out.strides.head must be a multiple of 4 elements (16 bytes, a TMA requirement), got 6");
+}
+
+// --- the merge of partial results (dash_merge_partial, ABI 12) ----------------------------------------------
+
+// A merge of a block of 48 rows into 128 accumulator rows, packed float32 arrays at fake device-looking addresses.
+struct FakeMerge {
+  FakeMerge() {
+    args.batch = 2;
+    args.rows = 48;
+    args.seqlen = 128;
+    args.heads = 4;
+    args.head_dim = 64;
+    args.part_out = dash_tensor{region(0), {48 * 4 * 64, 4 * 64, 64, 1}};
+    args.part_lse = static_cast<const float*>(region(1));
+    args.part_lse_strides[0] = 4 * 48;
+    args.part_lse_strides[1] = 48;
+    args.part_lse_strides[2] = 1;
+    args.acc_out = dash_tensor{region(2), {128 * 4 * 64, 4 * 64, 64, 1}};
+    args.acc_lse = static_cast<float*>(region(3));
+    args.acc_lse_strides[0] = 4 * 128;
+    args.acc_lse_strides[1] = 128;
+    args.acc_lse_strides[2] = 1;
+    args.row_index = nullptr;
+    args.row_offset = 80;
+  }
+
+  Result run() const {
+    return call([&](char* m, size_t n) { return dash_merge_partial(&args, nullptr, m, n); });
+  }
+
+  dash_merge_args args{};
+
+  static void* region(int i) {
+    return reinterpret_cast<void*>((uintptr_t{1} << 44) + static_cast<uintptr_t>(i) * (uintptr_t{1} << 36));
+  }
+};
+
+TEST(CMerge, RefusesEachBrokenArgumentNamingIt) {
+  struct Case {
+    const char* what;
+    void (*bend)(dash_merge_args&);
+    int code;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"rows 0", [](dash_merge_args& a) { a.rows = 0; }, DASH_STATUS_INVALID_ARGUMENT, "rows must be > 0, got 0"},
+      {"head_dim 0", [](dash_merge_args& a) { a.head_dim = 0; }, DASH_STATUS_INVALID_ARGUMENT,
+       "head_dim must be > 0, got 0"},
+      {"head_dim past the limit", [](dash_merge_args& a) { a.head_dim = 512; }, DASH_STATUS_NOT_SUPPORTED,
+       "head_dim must be <= 256 (the limit of the attention calls), got 512"},
+      {"rows past seqlen", [](dash_merge_args& a) { a.rows = 129; }, DASH_STATUS_INVALID_ARGUMENT,
+       "rows must be <= seqlen (each block row goes to an accumulator row of its own), got rows = 129, seqlen = 128"},
+      {"offset past the end", [](dash_merge_args& a) { a.row_offset = 81; }, DASH_STATUS_INVALID_ARGUMENT,
+       "row_offset must satisfy 0 <= row_offset <= seqlen - rows (block rows row_offset .. row_offset + rows - 1 of "
+       "the accumulators), got 81 with rows = 48, seqlen = 128"},
+      {"negative offset", [](dash_merge_args& a) { a.row_offset = -1; }, DASH_STATUS_INVALID_ARGUMENT,
+       "row_offset must satisfy 0 <= row_offset <= seqlen - rows (block rows row_offset .. row_offset + rows - 1 of "
+       "the accumulators), got -1 with rows = 48, seqlen = 128"},
+      {"offset with an index",
+       [](dash_merge_args& a) { a.row_index = static_cast<const int32_t*>(FakeMerge::region(4)); },
+       DASH_STATUS_INVALID_ARGUMENT,
+       "row_offset must be 0 when row_index is given (row_index names every row), got 80"},
+      {"misaligned index",
+       [](dash_merge_args& a) {
+         a.row_offset = 0;
+         a.row_index = reinterpret_cast<const int32_t*>(static_cast<char*>(FakeMerge::region(4)) + 2);
+       },
+       DASH_STATUS_INVALID_ARGUMENT, nullptr},
+      {"null part_out", [](dash_merge_args& a) { a.part_out.data = nullptr; }, DASH_STATUS_INVALID_ARGUMENT,
+       "part_out must not be null"},
+      {"null acc_lse", [](dash_merge_args& a) { a.acc_lse = nullptr; }, DASH_STATUS_INVALID_ARGUMENT,
+       "acc_lse must not be null"},
+      {"strided dim", [](dash_merge_args& a) { a.acc_out.strides[3] = 2; }, DASH_STATUS_INVALID_ARGUMENT,
+       "acc_out.strides.dim must be 1 (the last dimension must be contiguous), got 2"},
+      {"negative lse stride", [](dash_merge_args& a) { a.part_lse_strides[1] = -48; }, DASH_STATUS_INVALID_ARGUMENT,
+       "part_lse_strides.head must be >= 0, got -48"},
+      {"accumulator overlapping itself", [](dash_merge_args& a) { a.acc_out.strides[1] = 32; },
+       DASH_STATUS_INVALID_ARGUMENT,
+       "acc_out.strides: the (B, S, H, D) layout of acc_out overlaps itself: the seq stride 32 is less than the dim "
+       "stride 1 times its extent 64"},
+      {"accumulator LSE overlapping itself", [](dash_merge_args& a) { a.acc_lse_strides[1] = 0; },
+       DASH_STATUS_INVALID_ARGUMENT, nullptr},
+      {"accumulator over the block", [](dash_merge_args& a) { a.acc_lse = const_cast<float*>(a.part_lse); },
+       DASH_STATUS_INVALID_ARGUMENT, nullptr},
+  };
+  for (const Case& c : cases) {
+    FakeMerge merge;
+    c.bend(merge.args);
+    const Result r = merge.run();
+    EXPECT_EQ(r.code, c.code) << c.what << ": " << r.message;
+    if (c.message != nullptr) {
+      EXPECT_EQ(r.message, c.message) << c.what;
+    }
+  }
+  // The ones without an exact message above name their argument and rule.
+  FakeMerge merge;
+  merge.args.acc_lse = const_cast<float*>(merge.args.part_lse);
+  EXPECT_NE(merge.run().message.find("acc_lse overlaps part_lse"), std::string::npos);
+  merge = FakeMerge();
+  merge.args.acc_lse_strides[1] = 0;
+  EXPECT_NE(merge.run().message.find("layout of acc_lse overlaps itself: the head stride is 0"), std::string::npos);
+  const Result missing = call([](char* m, size_t n) { return dash_merge_partial(nullptr, nullptr, m, n); });
+  EXPECT_EQ(missing.code, DASH_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(missing.message, "args must not be null");
+}
+
+// Valid arguments get past validation: a build without kernels says so, one with them goes on to the device (which
+// this machine may lack); an index of rows instead of an offset too. A broadcast block (stride 0) is an input, so it
+// may overlap itself.
+TEST(CMerge, ValidArgumentsReachTheKernelOrItsAbsence) {
+  FakeMerge merge;
+  merge.args.part_lse_strides[1] = 0;
+  for (const bool indexed : {false, true}) {
+    if (indexed) {
+      merge.args.row_offset = 0;
+      merge.args.row_index = static_cast<const int32_t*>(FakeMerge::region(4));
+    }
+    const Result r = merge.run();
+    if (dash_merge_kernel_available() == 0) {
+      EXPECT_EQ(r.code, DASH_STATUS_NOT_AVAILABLE) << r.message;
+      EXPECT_EQ(r.message, "this build has no merge kernel (built without DASH_BUILD_KERNELS)");
+    } else {
+      EXPECT_NE(r.code, DASH_STATUS_INVALID_ARGUMENT) << r.message;
+      EXPECT_NE(r.code, DASH_STATUS_NOT_AVAILABLE) << r.message;
+    }
+  }
 }
 
 // C has no bool: a flag other than 0 or 1 (uninitialized memory, another field's value) is refused naming it.
@@ -715,7 +881,7 @@ TEST(CFlags, AFlagOtherThanZeroOrOneIsRefusedNamingIt) {
   const dash_varlen varlen{reinterpret_cast<const int32_t*>(uintptr_t{1} << 44),
                            reinterpret_cast<const int32_t*>(uintptr_t{1} << 44), 8, 8, 3};
   r = call([&](char* m, size_t n) {
-    return dash_forward(&c_shape, &varlen, &t, &t, &t, &t, nullptr, 0, nullptr, 0, nullptr, m, n);
+    return dash_forward(&c_shape, &varlen, &t, &t, &t, &t, c_shape.dtype, nullptr, 0, nullptr, 0, nullptr, m, n);
   });
   EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(r.message, "varlen.keys_within_queries must be 0 or 1 (a flag), got 3");
@@ -723,8 +889,8 @@ TEST(CFlags, AFlagOtherThanZeroOrOneIsRefusedNamingIt) {
 
 // --- packed varlen batches (dash_varlen, ABI 6) ------------------------------------------------------------
 
-TEST(CAbi, TheVersionIsElevenAndItsStatusesAreNamed) {
-  EXPECT_EQ(dash_abi_version(), 11);
+TEST(CAbi, TheVersionIsTwelveAndItsStatusesAreNamed) {
+  EXPECT_EQ(dash_abi_version(), 12);
   EXPECT_STREQ(dash_status_name(DASH_STATUS_WAIT_TIMEOUT), "wait-timeout");
   EXPECT_STREQ(dash_status_name(DASH_STATUS_SEQLEN_EXCEEDS_MAX), "seqlen-exceeds-max");
 }
@@ -873,7 +1039,7 @@ TEST(CVarlenCall, RefusesAVarlenWithoutOffsets) {
   const std::string expected =
       "varlen.cu_seqlens_q and varlen.cu_seqlens_k must not both be null (pass varlen NULL for a dense batch)";
   Result r = call([&](char* m, size_t n) {
-    return dash_forward(&c_shape, &empty, &t, &t, &t, &t, nullptr, 0, nullptr, 0, nullptr, m, n);
+    return dash_forward(&c_shape, &empty, &t, &t, &t, &t, c_shape.dtype, nullptr, 0, nullptr, 0, nullptr, m, n);
   });
   EXPECT_EQ(r.code, DASH_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(r.message, expected);

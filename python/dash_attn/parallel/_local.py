@@ -9,7 +9,9 @@ Contract of a LocalAttention, which the ring and all-to-all modes rely on:
   FlashAttention's, bottom-right aligned with d = seqlen_k - seqlen_q: causal=True lets query row i see key j
   iff j <= i + d; window = (left, right) further limits it to i + d - left <= j <= i + d + right, -1 leaving a
   side open (causal makes right 0). Context parallelism only passes blocks in which every query row sees at
-  least one key. out has q's dtype; lse is (batch, heads_q, seqlen_q), natural-log, in accumulator_dtype(q.dtype).
+  least one key. out has q's dtype or accumulator_dtype(q.dtype) (DASH's kernels return it unrounded, so that the
+  merge of the blocks rounds once, at the end); lse is (batch, heads_q, seqlen_q), natural-log, in
+  accumulator_dtype(q.dtype).
 - backward(dout, q, k, v, out, lse, causal, softmax_scale, window) -> (dq, dk, dv): the contribution of this
   block of keys to the gradients, where out and lse are the FINAL ones of these query rows (over all keys,
   merged from every block), not this block's. With P = exp(scale * q k^T - lse) masked,
@@ -34,8 +36,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .. import attention_backward, flash_attn_func, flash_attn_varlen_func
+from .. import attention_backward
 from .._arguments import NONDETERMINISTIC, check_sm_margin, resolve_schedule
+from .._ops import forward_partial
 
 Window = tuple[int, int]
 NO_WINDOW: Window = (-1, -1)
@@ -163,9 +166,10 @@ class _PerSequenceBackward:
 
 
 class DashLocalAttention:
-    """DASH's kernels as the local kernel: the forward of dash_attn.flash_attn_func or flash_attn_varlen_func
-    (return_lse=True), and the backward kernel run on the caller's out and LSE (dash_attn.attention_backward, with
-    the varlen arguments for a packed call: one launch per call, whatever its number of sequences).
+    """DASH's kernels as the local kernel: the forward kernel of dash_attn.flash_attn_func or flash_attn_varlen_func
+    with its out in fp32 (the values before their rounding to q's dtype: the merge of the blocks then rounds once), and
+    the backward kernel run on the caller's out and LSE (dash_attn.attention_backward, with the varlen arguments for a
+    packed call: one launch per call, whatever its number of sequences).
 
     schedule, deterministic and sm_margin mean what they mean in flash_attn_func. sm_margin leaves SMs to the
     NCCL kernels that move K/V (ring) while a block computes; for the "shift" and "symmetric-shift" schedules the
@@ -179,18 +183,7 @@ class DashLocalAttention:
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, window: Window = NO_WINDOW
     ) -> tuple[Tensor, Tensor]:
-        return flash_attn_func(
-            q,
-            k,
-            v,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window,
-            deterministic=self.deterministic,
-            schedule=self.schedule,
-            sm_margin=self.sm_margin,
-            return_lse=True,
-        )
+        return forward_partial(q, k, v, softmax_scale, causal, *window, self.sm_margin)
 
     def backward(
         self,
@@ -277,29 +270,25 @@ class DashLocalAttention:
         window: Window = NO_WINDOW,
     ) -> tuple[Tensor, Tensor]:
         cu_seqlens_q = torch.tensor(offsets_q, dtype=torch.int32, device=q.device)
-        # One tensor for both when the offsets agree: flash_attn_varlen_func then knows the keys of each sequence
-        # are within its queries, as for a self-attention call made directly.
+        # One tensor for both when the offsets agree, with the promise that the keys of each sequence are within its
+        # queries, which flash_attn_varlen_func infers from one tensor in a self-attention call made directly.
         same = tuple(offsets_q) == tuple(offsets_k)
         cu_seqlens_k = cu_seqlens_q if same else torch.tensor(offsets_k, dtype=torch.int32, device=q.device)
-        lengths = [
-            (rows_q.stop - rows_q.start, rows_k.stop - rows_k.start)
-            for rows_q, rows_k in _sequences(offsets_q, offsets_k)
-        ]
-        return flash_attn_varlen_func(
+        # The maxima over every sequence, those without queries included (_longest): the kernels refuse, with NaN and
+        # a fault, a sequence longer than its maximum.
+        return forward_partial(
             q,
             k,
             v,
+            softmax_scale,
+            causal,
+            *window,
+            self.sm_margin,
             cu_seqlens_q,
             cu_seqlens_k,
-            max(length_q for length_q, _ in lengths),
-            max(length_k for _, length_k in lengths),
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window,
-            deterministic=self.deterministic,
-            schedule=self.schedule,
-            sm_margin=self.sm_margin,
-            return_lse=True,
+            _longest(offsets_q),
+            _longest(offsets_k),
+            same,
         )
 
 
@@ -418,7 +407,8 @@ class FlashAttention3LocalAttention:
     sm_margin is FA3's, which leaves SMs free as DASH's does. FA3 takes GQA natively.
 
     It takes neither sliding windows nor packed batches: context_parallel_attn_func refuses both with it before
-    any communication.
+    any communication. Its partial outputs come rounded to q's dtype (FA3 returns no fp32 out), so the merge adds a
+    rounding per block that DashLocalAttention's fp32 partials do not.
 
     interface: the flash_attn_interface module, imported here when not given (the tests pass a stand-in)."""
 

@@ -19,9 +19,10 @@ Invariants (what makes the bits independent of timing):
   following rank adds its contribution to the accumulator it received and passes it on, so dK/dV of shard j is
   (((c_j + c_{j+1}) + c_{j+2}) + ... + c_{j+P-1}) (ranks mod P, each c in call order), and the P-th transfer
   hands it back to j. dQ is summed locally in step and call order, in the same accumulator dtype.
-- Every partial is rounded by the local kernel to the input dtype and widened exactly; each sum is rounded to
-  the input dtype once, at the end. Nothing is reduced by the communication library (no all-reduce or
-  reduce-scatter, whose order NCCL chooses): only data moves.
+- The forward's partial outs arrive in fp32 from DASH's local kernel (another kernel's in the input dtype, widened
+  exactly); every gradient partial is rounded by the local kernel to the input dtype and widened exactly; the
+  merged out and each gradient sum are rounded to the input dtype once, at the end. Nothing is reduced by the
+  communication library (no all-reduce or reduce-scatter, whose order NCCL chooses): only data moves.
 - The communication pattern is the same on every rank and every call: P - 1 key/value transfers in the forward,
   P - 1 key/value and P gradient transfers in the backward.
 """

@@ -143,6 +143,9 @@ class UlyssesAttention(torch.autograd.Function):
             _reorder(_scatter_heads_gather_sequence(t, group, world_size, transport), order) for t in (q, k, v)
         )
         out_full, lse_full = _local_forward(local, geometry, q_full, k_full, v_full, softmax_scale)
+        # The whole sequence's out, rounded once to the input dtype (DASH's local kernel hands it over in fp32): the
+        # local kernel's own bits, and the out its backward is given, as on one GPU.
+        out_full = out_full.to(q.dtype)
         inverse = None if order is None else torch.argsort(order)
         out = _scatter_sequence_gather_heads(_reorder(out_full, inverse), group, world_size, transport)
         # The LSE (batch, heads, seqlen) travels as a (batch, seqlen, heads, 1) tensor through the same exchange.

@@ -139,6 +139,10 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
     TmaKV tma_v;
     TmaO tma_o;
     Element* out;
+    // Null, or out itself as float32 (ForwardArgs::out_fp32): the epilogue then stores O / l unrounded from the
+    // accumulator fragment, never through the staging tile and tma_o (a run-time branch of the epilogue alone, so
+    // the step loop and the instance count stay as they are). out_strides are then in float32 elements.
+    float* out_f32;
     int64_t out_strides[3];  // batch, seq, head
     float* lse;
     int* tile_counter;

@@ -3,7 +3,8 @@
 // 64 rows to its staging tile and one of its threads stores them with TMA, asynchronously: the warpgroup goes on
 // to the next tile while the store runs, and that thread waits for the store to have read the staging tile
 // before the tile is written again and before the CTA exits (drain). The varlen kernels stage only a warpgroup's
-// rows that all lie in their sequence, and store the rest from the fragment.
+// rows that all lie in their sequence, and store the rest from the fragment. A float32 out (Params::out_f32) is
+// stored from the fragment by every kernel: staging is sized for the element type, and the TMA store's descriptor too.
 #pragma once
 
 #include <cmath>
@@ -53,7 +54,12 @@ struct ForwardEpilogue {
       store_accumulator_rows<Element, kBlockM, Config::kHeadDim>(mma_o, thread, out_frag, o_tile, p.out_strides[1],
                                                                  valid_rows, inverse_sum);
     };
-    if constexpr (Config::kStagedO) {
+    if (p.out_f32 != nullptr) {
+      // The same products as the element-type stores below, unrounded: rounded to Element they are their bits.
+      float* o_tile = p.out_f32 + first_row_offset(p, tile, p.out_strides) + row0 * p.out_strides[1];
+      store_accumulator_rows<float, kBlockM, Config::kHeadDim>(mma_o, thread, out_frag, o_tile, p.out_strides[1],
+                                                               valid_rows, inverse_sum);
+    } else if constexpr (Config::kStagedO) {
       const int warp_group = uniform_warp_group(thread, kWarpGroupThreads);
       if (!Config::kVarlen || valid_rows >= (warp_group + 1) * kMmaWarpGroupRows) {
         store_staged(p, smem, tile, out_frag, inverse_sum, thread);

@@ -1,9 +1,10 @@
 // Host side of the forward pass for one (head dim, element type): the tile shape for the problem's shape
 // (schedule/tile_config.hpp), TMA descriptors, parameters, and the launch (the tile counter is zeroed on
 // the stream first; a varlen batch's padding rows are cleared and its sequences over the maxima poisoned after,
-// varlen_padding.cuh). Returns the launches' cudaError_t value, or the tensor whose TMA descriptor the driver would
-// refuse and the rule it breaks (kernels::LaunchResult), found from the tensors' geometry before any descriptor is
-// encoded, in which case nothing is encoded or launched.
+// varlen_padding.cuh, in out's element type: float32 with args.out_fp32, which takes no TMA descriptor). Returns the
+// launches' cudaError_t value, or the tensor whose TMA descriptor the driver would refuse and the rule it breaks
+// (kernels::LaunchResult), found from the tensors' geometry before any descriptor is encoded, in which case nothing is
+// encoded or launched.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,9 +32,10 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   const GmemTensor<Element> v = gmem(a.v.data, shape.seqlen_k, a.varlen.total_k, shape.heads_kv, a.v.strides);
   const GmemTensor<Element> o = gmem(a.out.data, shape.seqlen_q, a.varlen.total_q, shape.heads_q, a.out.strides);
   // Before any descriptor is encoded: the driver's refusal would only be printed, and the kernel would get it.
+  // A float32 out takes no descriptor: the epilogue stores it from the fragment (fwd_epilogue.cuh).
   TmaRefusal refusal = first_tma_refusal<Element>({{q, "q"}, {k, "k"}, {v, "v"}});
   if constexpr (Config::kStagedO) {
-    if (refusal.tensor == nullptr) refusal = first_tma_refusal<Element>({{o, "out"}});
+    if (refusal.tensor == nullptr && !a.out_fp32) refusal = first_tma_refusal<Element>({{o, "out"}});
   }
   if (refusal.tensor != nullptr) return refused(refusal);
   const auto kv_tile_layout = take<0, 2>(typename Config::SmemLayoutKV{});
@@ -41,7 +43,7 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, kv_tile_layout);
   p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, kv_tile_layout);
   if constexpr (Config::kStagedO) {
-    p.tma_o = make_tma_copy(SM90_TMA_STORE{}, o, take<0, 2>(typename Config::SmemLayoutO{}));
+    if (!a.out_fp32) p.tma_o = make_tma_copy(SM90_TMA_STORE{}, o, take<0, 2>(typename Config::SmemLayoutO{}));
   }
   if constexpr (kVarlen) {
     const VarlenBatch& packed = a.varlen;
@@ -53,7 +55,8 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
                            static_cast<int>(shape.seqlen_k),
                            packed.keys_within_queries};
   }
-  p.out = static_cast<Element*>(a.out.data);
+  p.out = a.out_fp32 ? nullptr : static_cast<Element*>(a.out.data);
+  p.out_f32 = a.out_fp32 ? static_cast<float*>(a.out.data) : nullptr;
   copy_strides(p.out_strides, a.out.strides);
   p.lse = a.lse;
   p.tile_counter = params.tile_counter;
@@ -87,10 +90,15 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   if constexpr (kVarlen) {
     err = cudaGetLastError();
     if (err != cudaSuccess) return launched(err);
+    const SequenceGuard guard = sequence_guard(shape, a.varlen, params.fault, kernels::FaultPass::kForward);
+    if (a.out_fp32) {
+      const PaddingRows<float> rows[] = {
+          padding_rows<float>(a.out, shape.heads_q, kHeadDim, a.varlen.total_q, /*keys=*/false, a.lse)};
+      return launched(finish_varlen_rows(rows, guard, stream));
+    }
     const PaddingRows<Element> rows[] = {
         padding_rows<Element>(a.out, shape.heads_q, kHeadDim, a.varlen.total_q, /*keys=*/false, a.lse)};
-    return launched(
-        finish_varlen_rows(rows, sequence_guard(shape, a.varlen, params.fault, kernels::FaultPass::kForward), stream));
+    return launched(finish_varlen_rows(rows, guard, stream));
   }
   return launched(cudaGetLastError());
 }
