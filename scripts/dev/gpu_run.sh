@@ -61,6 +61,8 @@ for step in "${steps[@]}"; do
       # The varlen kernels of the wider head dims (narrow forward key tiles, the head_dim-split backward's dK and dV
       # stores clipped at each sequence's end) and of softcap.
       filter+=':Cases/Sm90Varlen.*hdim256_fp16_q_ne_k_causal:Cases/Sm90Varlen.*hdim192_bf16_softcap_window'
+      # The fp32 out (stores from the accumulator fragment, no staging tile), dense and packed.
+      filter+=':Shapes/Sm90Fp32Out.*ragged_causal_gqa_hdim64_bf16:Lengths/Sm90Fp32OutVarlen.*causal_hdim128_fp16'
       # The forward's other tile shapes: tall d = 64 tiles (three MMA warpgroups) from 2048 query rows (8192
       # causal), wide d = 128 tiles under a full mask from 2048 keys (O stored without a staging tile), short d = 64
       # tiles (one MMA warpgroup, two CTAs per SM) under a full mask up to 1024 tokens: one ragged forward of each
