@@ -31,6 +31,10 @@ inline constexpr auto kBackwardHeadDims = [] {
   return head_dims;
 }();
 
+// The kernels' settings per head dim (schedule/tile_config.hpp) have a row for each supported head dim.
+static_assert(std::ranges::all_of(kSupportedHeadDims, [](int head_dim) { return has_backward_kernel(head_dim); }),
+              "a supported head dim without a row of head_dim_settings (schedule/tile_config.hpp)");
+
 // Both supported element types (bf16, fp16) are 2 bytes wide.
 inline constexpr int64_t kElementBytes = 2;
 

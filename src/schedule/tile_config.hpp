@@ -1,5 +1,6 @@
-// Tile shapes of the sm90 kernels, per head dim. The schedule model plans in units of these tiles, so
-// the host planner and the kernels must agree on them: both read them from here.
+// Tile shapes and the other per-head-dim settings of the sm90 kernels (head_dim_settings, one row per head dim). The
+// schedule model plans in units of these tiles, so the host planner and the kernels must agree on them: both read
+// them from here.
 //
 // Backward: each CTA owns one key/value tile of block_kv rows and visits query tiles of block_q rows, with two MMA
 // warpgroups: up to d = 128 each owns 64 of the key/value rows; at d = 192 and 256 both work on a 64x96 or 64x80
@@ -20,13 +21,53 @@ struct TileShape {
   int block_kv;
 };
 
-// Head dims with a backward kernel: every supported one. Up to d = 128 each MMA warpgroup keeps its 64 key/value
+// The settings of the sm90 kernels that differ between head dims, one row per head dim with kernels
+// (head_dim_settings). The planner, the kernels' configurations (kernels/sm90/fwd_config.cuh, bwd_config.cuh) and the
+// launchers read them through the functions below; adding a head dim adds a row (CONTRIBUTING.md). Every head dim of
+// cmake/Supported.cmake has one (api/limits.hpp checks it through has_backward_kernel).
+struct HeadDimSettings {
+  int head_dim;
+  // The backward's block_q x block_kv (backward_tile_shape says why).
+  TileShape backward_tile;
+  // Whether its MMA warpgroups split the tile's keys (backward_splits_keys says why).
+  bool backward_splits_keys;
+  // Column blocks in which each MMA warpgroup computes its dQ partial and hands it to the dQ writer, and whether the
+  // key split's P and dS share one shared-memory buffer (kernels/sm90/bwd_config.cuh says why).
+  int backward_dq_column_blocks;
+  bool backward_shares_p_ds;
+  // The forward's base key/value tile (its query tiles are kForwardBlockQ rows), and which of its other tiles the
+  // head dim has: short, tall and wide (the forward's comment below says why).
+  int forward_block_kv;
+  bool forward_short_tiles;
+  bool forward_tall_tiles;
+  bool forward_wide_tiles;
+};
+
+inline constexpr int kForwardBlockKv = 128;
+inline constexpr int kForwardBlockKvD192 = 112;
+inline constexpr int kForwardBlockKvD256 = 80;
+
+// The row of `head_dim`. A head dim without kernels (the emulator's small models, or one the API refuses) takes the
+// row of the next head dim up that has them, or the last row. The rows are returns rather than an array: device code
+// may not read a host array, and the kernels' configurations read these settings.
+DASH_HOST_DEVICE constexpr HeadDimSettings head_dim_settings(int head_dim) {
+  // clang-format off
+  //                          d    backward tile  splits keys  dQ blocks  P, dS shared  forward keys         short  tall   wide
+  if (head_dim <= 64)  return {64,  {128, 128},    false,       1,         false,        kForwardBlockKv,     true,  true,  false};
+  if (head_dim <= 96)  return {96,  {64, 128},     false,       1,         false,        kForwardBlockKv,     false, false, false};
+  if (head_dim <= 128) return {128, {64, 128},     false,       1,         false,        kForwardBlockKv,     false, false, true};
+  if (head_dim <= 192) return {192, {64, 96},      true,        1,         false,        kForwardBlockKvD192, false, false, false};
+  return                      {256, {64, 80},      true,        4,         true,         kForwardBlockKvD256, false, false, false};
+  // clang-format on
+}
+
+// Head dims with a backward kernel: every one with a row. Up to d = 128 each MMA warpgroup keeps its 64 key/value
 // rows of dK and dV in registers, d / 2 + d / 2 = d per thread, next to S^T and dP^T (block_q / 2 each) and a dQ
 // partial: 240 registers hold them (128 + 32 + 32 + 32 at 64x128). At d = 192 and 256 dK and dV alone would take
 // 192 or 256, so there both warpgroups work on one tile and split its keys (backward_splits_keys);
 // kernels/sm90/bwd_mma.cuh.
 DASH_HOST_DEVICE constexpr bool has_backward_kernel(int head_dim) {
-  return head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 || head_dim == 256;
+  return head_dim_settings(head_dim).head_dim == head_dim;
 }
 
 // Whether the backward's MMA warpgroups split the tile's keys, with dK and dV as swapped GEMMs (d = 192 and 256):
@@ -35,20 +76,20 @@ DASH_HOST_DEVICE constexpr bool has_backward_kernel(int head_dim) {
 // d = 192 and 80 + 80 at 256, beside S and dP (24 + 24, 20 + 20) or its 64 x 96 or 64 x 128 dQ partial (48, 64).
 // Against the 64x64 head_dim split these head dims had before, the wider tiles cut the dQ partials reduced into
 // global memory per FLOP by 1.5x and 1.25x: at 64x64 the MMA warpgroups waited on the dQ writer's hand-off for
-// 32% of their stall samples at d = 192 (Nsight Compute, docs/HISTORY.md).
-DASH_HOST_DEVICE constexpr bool backward_splits_keys(int head_dim) { return head_dim >= 192; }
+// 32% of their stall samples at d = 192 (Nsight Compute, docs/HISTORY.md). Three MMA warpgroups at d = 192, 32 keys
+// each, ran 0.92x (docs/HISTORY.md).
+DASH_HOST_DEVICE constexpr bool backward_splits_keys(int head_dim) {
+  return head_dim_settings(head_dim).backward_splits_keys;
+}
 
+// d=64: 128x128 keeps the S/dP accumulators at 64 registers per thread each.
+// d=96 and 128: dK and dV alone take 96 or 128 registers per thread, so the query tile shrinks to 64 rows.
+// d=192: 64x96, the key split's tile (bwd_config.cuh: two Q stages, one dO stage, K and V of 96 rows, P, dS and
+// the dQ partials take 216 KiB of the 227).
+// d=256: 64x80, the widest key tile shared memory holds (one Q and one dO stage of 32 KiB, K and V of 40, the dQ
+// partials of 64, and P and dS sharing one 10 KiB buffer: 218 KiB of the 227).
 DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
-  // d=64: 128x128 keeps the S/dP accumulators at 64 registers per thread each.
-  // d=96 and 128: dK and dV alone take 96 or 128 registers per thread, so the query tile shrinks to 64 rows.
-  // d=192: 64x96, the key split's tile (bwd_config.cuh: two Q stages, one dO stage, K and V of 96 rows, P, dS and
-  // the dQ partials take 216 KiB of the 227).
-  // d=256: 64x80, the widest key tile shared memory holds (one Q and one dO stage of 32 KiB, K and V of 40, the dQ
-  // partials of 64, and P and dS sharing one 10 KiB buffer: 218 KiB of the 227).
-  if (head_dim <= 64) return TileShape{128, 128};
-  if (head_dim == 192) return TileShape{64, 96};
-  if (head_dim == 256) return TileShape{64, 80};
-  return TileShape{64, 128};
+  return head_dim_settings(head_dim).backward_tile;
 }
 
 // Forward: one MMA warpgroup per 64 query rows, 128 keys per tile. Query tiles are 128 rows (two MMA
@@ -91,22 +132,24 @@ inline constexpr int kForwardBlockQ = 128;
 inline constexpr int kForwardShortBlockQ = 64;
 inline constexpr int kForwardShortUpToFull = 1024;  // the longest seqlen_q and seqlen_k with short tiles (full mask)
 inline constexpr int kForwardTallBlockQ = 192;
-inline constexpr int kForwardBlockKv = 128;
 inline constexpr int kForwardWideBlockKv = 176;
-inline constexpr int kForwardBlockKvD192 = 112;
-inline constexpr int kForwardBlockKvD256 = 80;
 inline constexpr int kForwardTallFromFull = 2048;    // seqlen_q from which a full mask takes tall tiles
 inline constexpr int kForwardTallFromCausal = 8192;  // the same under the causal mask
 inline constexpr int kForwardWideFromKeys = 2048;    // seqlen_k from which a full mask at d = 128 takes wide tiles
 
-DASH_HOST_DEVICE constexpr bool forward_has_tall_tiles(int head_dim) { return head_dim <= 64; }
-DASH_HOST_DEVICE constexpr bool forward_has_short_tiles(int head_dim) { return head_dim == 64; }
-DASH_HOST_DEVICE constexpr bool forward_has_wide_tiles(int head_dim) { return head_dim == 128; }
+DASH_HOST_DEVICE constexpr bool forward_has_tall_tiles(int head_dim) {
+  return head_dim_settings(head_dim).forward_tall_tiles;
+}
+DASH_HOST_DEVICE constexpr bool forward_has_short_tiles(int head_dim) {
+  return head_dim_settings(head_dim).forward_short_tiles;
+}
+DASH_HOST_DEVICE constexpr bool forward_has_wide_tiles(int head_dim) {
+  return head_dim_settings(head_dim).forward_wide_tiles;
+}
 
-// The forward's tile at `head_dim` when neither tall nor wide tiles apply (and under any sliding window).
+// The forward's tile at `head_dim` when neither short, tall nor wide tiles apply (and under any sliding window).
 DASH_HOST_DEVICE constexpr TileShape forward_base_tile_shape(int head_dim) {
-  const int block_kv = head_dim <= 128 ? kForwardBlockKv : head_dim <= 192 ? kForwardBlockKvD192 : kForwardBlockKvD256;
-  return TileShape{kForwardBlockQ, block_kv};
+  return TileShape{kForwardBlockQ, head_dim_settings(head_dim).forward_block_kv};
 }
 
 DASH_HOST_DEVICE constexpr TileShape forward_short_tile_shape() {

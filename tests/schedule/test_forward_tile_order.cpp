@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 #include <tuple>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -157,6 +158,28 @@ TEST(ForwardTileShape, ShortAndTallTilesAtHeadDim64AndWideOnesAtHeadDim128FromTh
   // multiples of 16.
   static_assert(kForwardBlockQ % 64 == 0 && kForwardTallBlockQ % 64 == 0 && kForwardShortBlockQ % 64 == 0);
   static_assert(kForwardBlockKv % 16 == 0 && kForwardWideBlockKv % 16 == 0);
+}
+
+// Each head dim with kernels finds its own row; one without (the emulator's small models) takes the next row up, and
+// one past the last row the last.
+TEST(HeadDimSettings, EachRowIsFoundByItsHeadDimAndOthersTakeTheNextRowUp) {
+  constexpr int kWidest = 1024;
+  constexpr int kLastRow = 256;
+  std::vector<int> rows;
+  for (int head_dim = 1; head_dim <= kWidest; ++head_dim) {
+    const int row = head_dim_settings(head_dim).head_dim;
+    EXPECT_EQ(row >= head_dim, head_dim <= kLastRow) << head_dim;
+    EXPECT_EQ(has_backward_kernel(head_dim), row == head_dim) << head_dim;
+    if (rows.empty() || row != rows.back()) rows.push_back(row);
+  }
+  EXPECT_EQ(rows, (std::vector<int>{64, 96, 128, 192, kLastRow}));
+  // The settings the kernels were measured with (DESIGN.md's head-dim table).
+  EXPECT_EQ(backward_tile_shape(64).block_q, 128);
+  EXPECT_EQ(backward_tile_shape(192).block_kv, 96);
+  EXPECT_TRUE(backward_splits_keys(256) && !backward_splits_keys(128));
+  EXPECT_EQ(forward_base_tile_shape(256).block_kv, kForwardBlockKvD256);
+  EXPECT_TRUE(forward_has_short_tiles(64) && forward_has_tall_tiles(64) && forward_has_wide_tiles(128));
+  EXPECT_FALSE(forward_has_short_tiles(128) || forward_has_tall_tiles(96) || forward_has_wide_tiles(192));
 }
 
 }  // namespace

@@ -143,7 +143,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // dV^T's 160 registers, blocks of 64 columns (32 registers) made ptxas spill an accumulator tile and serialize
   // every wgmma, as did all 128 columns at once (64).
   static constexpr bool kdQSplitsRows = kBlockM == 64 * kMmaWarpGroups;
-  static constexpr int kdQColumnBlocks = kSplitsKeys && kHeadDim > 192 ? 4 : 1;
+  static constexpr int kdQColumnBlocks = head_dim_settings(kHeadDim).backward_dq_column_blocks;
   static constexpr int kdQColumns = (kdQSplitsRows ? kHeadDim : kHeadDim / kMmaWarpGroups) / kdQColumnBlocks;
   using dQAtomShape = Shape<_64, Int<kdQColumns>, BlockN>;
   using dQWarpGroups = std::conditional_t<kdQSplitsRows, WarpGroups, WarpGroupsAlongN>;
@@ -187,7 +187,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // view as the K-major B operands of dV^T and dK^T: two buffers at d = 192, one that P and dS share at d = 256
   // (kSharesPdS), where a second would need 228 KiB. Each warpgroup's dV^T GEMM reads only its own keys' columns of
   // P, so dS may overwrite them once that GEMM is complete (bwd_mma.cuh).
-  static constexpr bool kSharesPdS = kSplitsKeys && kHeadDim > 192;
+  static constexpr bool kSharesPdS = head_dim_settings(kHeadDim).backward_shares_p_ds;
   static constexpr int kdSBuffers = !kSplitsKeys ? kStages : kSharesPdS ? 1 : 2;
   static constexpr int kKeySplitP = 0;
   static constexpr int kKeySplitdS = kSharesPdS ? 0 : 1;
