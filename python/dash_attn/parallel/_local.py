@@ -114,6 +114,19 @@ def _longest(offsets: Sequence[int]) -> int:
     return max([1, *(offsets[b + 1] - offsets[b] for b in range(len(offsets) - 1))])
 
 
+def _device_offsets(
+    offsets_q: Sequence[int], offsets_k: Sequence[int], device: torch.device
+) -> tuple[Tensor, Tensor, bool]:
+    """cu_seqlens_q and cu_seqlens_k of a packed call on `device`, and whether they agree. When they do, one tensor
+    serves as both: the promise that the keys of each sequence are within its queries, which flash_attn_varlen_func
+    infers from one tensor in a self-attention call made directly, and under which the backward may run the shift
+    schedules."""
+    cu_seqlens_q = torch.tensor(offsets_q, dtype=torch.int32, device=device)
+    same = tuple(offsets_q) == tuple(offsets_k)
+    cu_seqlens_k = cu_seqlens_q if same else torch.tensor(offsets_k, dtype=torch.int32, device=device)
+    return cu_seqlens_q, cu_seqlens_k, same
+
+
 def _backward_per_sequence(
     dense_backward,
     dout: Tensor,
@@ -234,11 +247,7 @@ class DashLocalAttention:
         # src/kernels/sm90/bwd_mma.cuh; tests/kernels/test_sm90_varlen.cpp's (0, 50) sequences on poisoned
         # gradients). The maxima count those sequences too, or their keys would be past max_seqlen_k, which the
         # kernels answer with NaN and a fault.
-        cu_seqlens_q = torch.tensor(offsets_q, dtype=torch.int32, device=q.device)
-        # One tensor for both when the offsets agree, as in forward_varlen: the promise seqlen_k <= seqlen_q, under
-        # which the backward may run the shift schedules.
-        same = tuple(offsets_q) == tuple(offsets_k)
-        cu_seqlens_k = cu_seqlens_q if same else torch.tensor(offsets_k, dtype=torch.int32, device=q.device)
+        cu_seqlens_q, cu_seqlens_k, _ = _device_offsets(offsets_q, offsets_k, q.device)
         return attention_backward(
             dout,
             q,
@@ -269,11 +278,7 @@ class DashLocalAttention:
         softmax_scale: float,
         window: Window = NO_WINDOW,
     ) -> tuple[Tensor, Tensor]:
-        cu_seqlens_q = torch.tensor(offsets_q, dtype=torch.int32, device=q.device)
-        # One tensor for both when the offsets agree, with the promise that the keys of each sequence are within its
-        # queries, which flash_attn_varlen_func infers from one tensor in a self-attention call made directly.
-        same = tuple(offsets_q) == tuple(offsets_k)
-        cu_seqlens_k = cu_seqlens_q if same else torch.tensor(offsets_k, dtype=torch.int32, device=q.device)
+        cu_seqlens_q, cu_seqlens_k, same = _device_offsets(offsets_q, offsets_k, q.device)
         # The maxima over every sequence, those without queries included (_longest): the kernels refuse, with NaN and
         # a fault, a sequence longer than its maximum.
         return forward_partial(
