@@ -25,16 +25,17 @@ constexpr int kWarpThreads = 32;
 constexpr int kMergeThreads = 256;  // 8 warps, one accumulator row each
 constexpr int kRowsPerBlock = kMergeThreads / kWarpThreads;
 
-// MergeArgs as the device reads it: element strides, int64 everywhere (the host bounds every offset within int64).
+// MergeArgs as the device reads it: its pointers typed, its strides as they are (element strides, int64 everywhere:
+// the host bounds every offset within int64).
 struct MergeDeviceArgs {
   const float* part_out;
-  int64_t part_out_strides[3];  // batch, row, head
+  Strides part_out_strides;  // batch, row (seq), head
   const float* part_lse;
-  int64_t part_lse_strides[3];  // batch, head, row
+  LseStrides part_lse_strides;
   float* acc_out;
-  int64_t acc_out_strides[3];
+  Strides acc_out_strides;
   float* acc_lse;
-  int64_t acc_lse_strides[3];
+  LseStrides acc_lse_strides;
   const int32_t* row_index;
   int64_t row_offset;
   int64_t rows, seqlen, heads, head_dim;
@@ -63,15 +64,16 @@ __global__ void __launch_bounds__(kMergeThreads) merge_partial_kernel(const Merg
   const int64_t b = row / (a.heads * a.rows);
   const int64_t s = a.row_index != nullptr ? static_cast<int64_t>(a.row_index[r]) : a.row_offset + r;
   if (s < 0 || s >= a.seqlen) return;  // uniform over the warp: a broken index is skipped, never written through
-  float* acc_lse = a.acc_lse + b * a.acc_lse_strides[0] + head * a.acc_lse_strides[1] + s * a.acc_lse_strides[2];
+  float* acc_lse = a.acc_lse + b * a.acc_lse_strides.batch + head * a.acc_lse_strides.head + s * a.acc_lse_strides.seq;
   const float lse_acc = *acc_lse;
   const float lse_part =
-      a.part_lse[b * a.part_lse_strides[0] + head * a.part_lse_strides[1] + r * a.part_lse_strides[2]];
+      a.part_lse[b * a.part_lse_strides.batch + head * a.part_lse_strides.head + r * a.part_lse_strides.seq];
   const float merged = log_add_exp(lse_acc, lse_part);
   const float weight_acc = merge_weight(lse_acc, merged);
   const float weight_part = merge_weight(lse_part, merged);
-  float* acc = a.acc_out + b * a.acc_out_strides[0] + s * a.acc_out_strides[1] + head * a.acc_out_strides[2];
-  const float* part = a.part_out + b * a.part_out_strides[0] + r * a.part_out_strides[1] + head * a.part_out_strides[2];
+  float* acc = a.acc_out + b * a.acc_out_strides.batch + s * a.acc_out_strides.seq + head * a.acc_out_strides.head;
+  const float* part =
+      a.part_out + b * a.part_out_strides.batch + r * a.part_out_strides.seq + head * a.part_out_strides.head;
   for (int64_t d = lane; d < a.head_dim; d += kWarpThreads) {
     // One rounding fixed by the code, not by the compiler's contraction choice: acc * w_acc, then fused.
     acc[d] = fmaf(part[d], weight_part, acc[d] * weight_acc);
@@ -83,21 +85,13 @@ __global__ void __launch_bounds__(kMergeThreads) merge_partial_kernel(const Merg
 int launch_merge_partial(const MergeArgs& args, cudaStream_t stream) {
   MergeDeviceArgs a{};
   a.part_out = static_cast<const float*>(args.part_out.data);
-  a.part_out_strides[0] = args.part_out.strides.batch;
-  a.part_out_strides[1] = args.part_out.strides.seq;
-  a.part_out_strides[2] = args.part_out.strides.head;
+  a.part_out_strides = args.part_out.strides;
   a.part_lse = args.part_lse;
-  a.part_lse_strides[0] = args.part_lse_strides.batch;
-  a.part_lse_strides[1] = args.part_lse_strides.head;
-  a.part_lse_strides[2] = args.part_lse_strides.seq;
+  a.part_lse_strides = args.part_lse_strides;
   a.acc_out = static_cast<float*>(args.acc_out.data);
-  a.acc_out_strides[0] = args.acc_out.strides.batch;
-  a.acc_out_strides[1] = args.acc_out.strides.seq;
-  a.acc_out_strides[2] = args.acc_out.strides.head;
+  a.acc_out_strides = args.acc_out.strides;
   a.acc_lse = args.acc_lse;
-  a.acc_lse_strides[0] = args.acc_lse_strides.batch;
-  a.acc_lse_strides[1] = args.acc_lse_strides.head;
-  a.acc_lse_strides[2] = args.acc_lse_strides.seq;
+  a.acc_lse_strides = args.acc_lse_strides;
   a.row_index = args.row_index;
   a.row_offset = args.row_offset;
   a.rows = args.rows;
