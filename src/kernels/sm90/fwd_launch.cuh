@@ -90,15 +90,15 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   if constexpr (kVarlen) {
     err = cudaGetLastError();
     if (err != cudaSuccess) return launched(err);
-    const SequenceGuard guard = sequence_guard(shape, a.varlen, params.fault, kernels::FaultPass::kForward);
-    if (a.out_fp32) {
-      const PaddingRows<float> rows[] = {
-          padding_rows<float>(a.out, shape.heads_q, kHeadDim, a.varlen.total_q, /*keys=*/false, a.lse)};
-      return launched(finish_varlen_rows(rows, guard, stream));
-    }
-    const PaddingRows<Element> rows[] = {
-        padding_rows<Element>(a.out, shape.heads_q, kHeadDim, a.varlen.total_q, /*keys=*/false, a.lse)};
-    return launched(finish_varlen_rows(rows, guard, stream));
+    // out's padding rows cleared and over-long sequences poisoned in its own element type.
+    const auto finish = [&](auto element) {
+      using OutElement = decltype(element);
+      const PaddingRows<OutElement> rows[] = {
+          padding_rows<OutElement>(a.out, shape.heads_q, kHeadDim, a.varlen.total_q, /*keys=*/false, a.lse)};
+      return launched(finish_varlen_rows(
+          rows, sequence_guard(shape, a.varlen, params.fault, kernels::FaultPass::kForward), stream));
+    };
+    return a.out_fp32 ? finish(float{}) : finish(Element{});
   }
   return launched(cudaGetLastError());
 }
