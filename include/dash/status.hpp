@@ -21,6 +21,8 @@ enum class StatusCode : int {
   kWaitTimeout,        // an earlier backward on the device gave up its dQ order (its dQ is wrong); reported once
   kSeqlenExceedsMax,   // an earlier varlen call on the device had a sequence longer than its max_seqlen (its rows
                        // are NaN); reported once
+  kRowIndexInvalid,    // an earlier merge_partial on the device had a row_index outside its accumulators or naming a
+                       // row twice (its accumulators are NaN); reported once
 };
 
 // Short stable name of a code, e.g. "invalid-argument".

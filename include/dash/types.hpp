@@ -168,9 +168,10 @@ struct MergeArgs {
   float* acc_lse = nullptr;  // (batch, heads, seqlen), read and written
   LseStrides acc_lse_strides;
   // Device memory: `rows` int32 accumulator rows, distinct, each in [0, seqlen); null: rows row_offset ..
-  // row_offset + rows - 1. What it holds is not checked on the host (that would take a copy): indices that break the
-  // contract give the rows concerned unspecified results, but the kernel never writes outside the accumulators (an
-  // index outside [0, seqlen) is skipped).
+  // row_offset + rows - 1. What it holds is checked on the device, not on the host (that would take a copy): an index
+  // outside [0, seqlen) is never written through, and an index outside or naming a row twice makes the merge fill
+  // acc_out and acc_lse with NaN (a block row went nowhere, or two went to one row at once) and the next call on the
+  // device return kRowIndexInvalid naming it.
   const int32_t* row_index = nullptr;
   int64_t row_offset = 0;
 };

@@ -36,7 +36,7 @@ LIBRARY_FILE = "libdash_attn_c.so"
 LIBRARY_ENV = "DASH_ATTN_LIBRARY"
 
 # DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
-ABI_VERSION = 12
+ABI_VERSION = 13
 
 # The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
 # library is loaded; load() verifies that the library agrees.
@@ -220,6 +220,7 @@ STATUS_WORKSPACE_TOO_SMALL = 6
 STATUS_SCHEDULE_REJECTED = 7
 STATUS_WAIT_TIMEOUT = 9
 STATUS_SEQLEN_EXCEEDS_MAX = 10
+STATUS_ROW_INDEX_INVALID = 11
 _ERROR_CLASSES: dict[int, type[LibraryError]] = {
     STATUS_INVALID_ARGUMENT: ArgumentRefusedError,
     STATUS_NOT_SUPPORTED: ArgumentRefusedError,
@@ -228,6 +229,7 @@ _ERROR_CLASSES: dict[int, type[LibraryError]] = {
     STATUS_WAIT_TIMEOUT: ResultPoisonedError,
     # A library that never returns this code loses nothing by the entry.
     STATUS_SEQLEN_EXCEEDS_MAX: ResultPoisonedError,
+    STATUS_ROW_INDEX_INVALID: ResultPoisonedError,
 }
 
 

@@ -9,6 +9,8 @@ no merge kernel, one with kernels goes on to its device checks. LseMerge off CUD
 On a Hopper GPU (skipping, saying why, elsewhere): the fused kernel against the formula in float64 on the same fp32
 inputs, dense rows given as a slice, zigzag's two halves as an index, packed sequences as a batch of one, strided
 blocks, and empty rows on either side (-inf LSE: no NaN; both empty: out 0, LSE -inf); its result repeats bit for bit;
+a row_index outside the accumulators or naming a row twice poisons both accumulators with NaN and is reported once,
+at the next call (with a valid unordered index as the negative control);
 a whole LseMerge of several blocks through the kernel against the same merge through torch's ops; and
 DashLocalAttention's fp32 partial, rounded to bf16, bitwise equal to flash_attn_func's out. Tolerance of the kernel
 against float64: each merged element is a few fp32 operations (exp, log1p, one multiply and one fused multiply-add)
@@ -179,6 +181,51 @@ def test_fused_merge_of_a_strided_packed_block(merge_device) -> None:
     ref_out, ref_lse = _reference(acc_out, acc_lse, out, lse, rows)
     _close(got_out, ref_out)
     _close(got_lse, ref_lse)
+
+
+def _bad_index_cases(device: torch.device) -> dict[str, tuple[torch.Tensor, int, int]]:
+    """Indexes that break the contract: (index, the block row the report names, its index)."""
+    rows = torch.arange(SEQLEN // 2, device=device, dtype=torch.int32) * 2
+    outside, negative, repeated = rows.clone(), rows.clone(), rows.clone()
+    outside[5] = SEQLEN
+    negative[9] = -1
+    repeated[7] = repeated[3]  # rows 3 and 7 name one accumulator row; the bitmap flags whichever comes second
+    return {"outside": (outside, 5, SEQLEN), "negative": (negative, 9, -1), "repeated": (repeated, -1, 6)}
+
+
+@pytest.mark.parametrize("case", ["outside", "negative", "repeated"])
+def test_a_broken_row_index_poisons_the_accumulators_and_is_reported_once(merge_device, case) -> None:
+    import dash_attn
+
+    index, row, value = _bad_index_cases(merge_device)[case]
+    acc_out, acc_lse = _block(SEQLEN, merge_device, seed=7)
+    out, lse = _block(index.numel(), merge_device, seed=8)
+    got_out, got_lse = _fused(acc_out, acc_lse, out, lse, index)
+    assert torch.isnan(got_out).all() and torch.isnan(got_lse).all(), "every accumulator element is poisoned"
+    # The next call on the device, a valid merge, reports it; the one after runs.
+    good = torch.arange(index.numel(), device=merge_device, dtype=torch.int32)
+    with pytest.raises(dash_attn.ResultPoisonedError) as raised:
+        _fused(acc_out, acc_lse, out, lse, good)
+    assert raised.value.status == "row-index-invalid"
+    named = f"row_index[{row}] = {value}" if row >= 0 else f"] = {value} names an accumulator row that another"
+    assert named in raised.value.message, raised.value.message
+    assert "acc_out and acc_lse were filled with NaN" in raised.value.message
+    after_out, _ = _fused(acc_out, acc_lse, out, lse, good)
+    _close(after_out, _reference(acc_out, acc_lse, out, lse, good)[0])
+
+
+def test_a_valid_unordered_row_index_is_not_reported(merge_device) -> None:
+    """The negative control of the check above: a permutation of distinct rows, out of order, merges as the formula
+    says, with no NaN and no report at the next call."""
+    generator = torch.Generator().manual_seed(9)
+    index = torch.randperm(SEQLEN, generator=generator)[: SEQLEN - 5].to(merge_device, torch.int32)
+    acc_out, acc_lse = _block(SEQLEN, merge_device, seed=11)
+    out, lse = _block(index.numel(), merge_device, seed=12)
+    got_out, got_lse = _fused(acc_out, acc_lse, out, lse, index)
+    ref_out, ref_lse = _reference(acc_out, acc_lse, out, lse, index)
+    _close(got_out, ref_out)
+    _close(got_lse, ref_lse)
+    _fused(acc_out, acc_lse, out, lse, index)  # raises if the first merge had been reported
 
 
 def test_lse_merge_through_the_kernel_matches_the_torch_formula(merge_device) -> None:

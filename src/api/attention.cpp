@@ -239,7 +239,7 @@ Status run_merge(const MergeArgs& args, cudaStream_t stream) {
   if (args.row_index != nullptr) {
     if (Status s = check_device_pointer(args.row_index, "row_index"); !s.ok()) return s;
   }
-  return cuda_status(static_cast<cudaError_t>(launch(args, stream)), "merge launch");
+  return cuda_status(static_cast<cudaError_t>(launch(args, fault, stream)), "merge launch");
 }
 
 Status run_planned_backward(const BackwardArgs& args, const BackwardPlan& plan, void* workspace, size_t workspace_bytes,

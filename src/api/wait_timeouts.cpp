@@ -116,6 +116,21 @@ std::string seqlen_message(const kernels::FaultRecord& record, int device) {
          (promise_broken ? ", and without keys_within_queries unless every sequence keeps it" : "");
 }
 
+std::string row_index_message(const kernels::FaultRecord& record, int device) {
+  const std::string entry =
+      "row_index[" + std::to_string(record.merge_row) + "] = " + std::to_string(record.merge_row_index);
+  const std::string rule =
+      record.merge_row_repeated != 0
+          ? entry +
+                " names an accumulator row that another block row names too (each block "
+                "row needs a row of its own)"
+          : entry + " is outside the accumulators' rows [0, seqlen = " + std::to_string(record.merge_seqlen) + ")";
+  return "a merge_partial on device " + std::to_string(device) +
+         " was given a row_index that breaks its contract: " + rule +
+         ". A block row went to no row or raced another, so that merge's acc_out and acc_lse were filled with "
+         "NaN; recompute the merge with distinct rows in [0, seqlen)";
+}
+
 }  // namespace
 
 Status take_fault(kernels::FaultRecord& record, int device) {
@@ -131,6 +146,9 @@ Status take_fault(kernels::FaultRecord& record, int device) {
       break;
     case kernels::FaultKind::kSeqlenExceedsMax:
       status = {StatusCode::kSeqlenExceedsMax, seqlen_message(record, device)};
+      break;
+    case kernels::FaultKind::kRowIndexInvalid:
+      status = {StatusCode::kRowIndexInvalid, row_index_message(record, device)};
       break;
   }
   // Calls on two threads may read the record at once; the one that clears it reports it.

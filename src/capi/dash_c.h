@@ -51,8 +51,11 @@ extern "C" {
  *      dash_varlen_softcap_kernel_available are gone.
  *  12: fp32 partial results for context parallelism: dash_forward takes an int out_dtype after out (shape->dtype, or
  *      DASH_DTYPE_FP32, new in enum dash_dtype, for the output before its rounding); dash_merge_args,
- *      dash_merge_partial and dash_merge_kernel_available merge one block's partial result into accumulators. */
-#define DASH_C_ABI_VERSION 12
+ *      dash_merge_partial and dash_merge_kernel_available merge one block's partial result into accumulators.
+ *  13: DASH_STATUS_ROW_INDEX_INVALID, which every call that runs on a device returns when an earlier
+ *      dash_merge_partial there had a row_index outside its accumulators or naming a row twice
+ *      (dash::StatusCode::kRowIndexInvalid); that merge's accumulators were filled with NaN. */
+#define DASH_C_ABI_VERSION 13
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -67,6 +70,7 @@ enum dash_status_code {
   DASH_STATUS_CUDA_ERROR = 8,
   DASH_STATUS_WAIT_TIMEOUT = 9,
   DASH_STATUS_SEQLEN_EXCEEDS_MAX = 10,
+  DASH_STATUS_ROW_INDEX_INVALID = 11,
   /* A C++ exception (in practice: host memory exhausted) stopped the call before it could return a Status. */
   DASH_STATUS_HOST_ERROR = -1,
 };
@@ -211,8 +215,9 @@ DASH_C_API int dash_forward(const dash_shape* shape, const dash_varlen* varlen, 
  *   lse' = logaddexp(lse, lse_b);  out' = out * exp(lse - lse') + out_b * exp(lse_b - lse')
  * with a weight whose LSE is -inf taken as 0, so that an empty accumulator row (out 0, LSE -inf) takes the block as
  * it is and no NaN comes of rows empty on both sides. Block row r goes to accumulator row row_index[r] (device
- * memory, `rows` distinct int32 rows in [0, seqlen); a broken index gives its rows unspecified results, is never
- * written through) or, with row_index NULL, to row_offset + r. Packed (varlen) tensors are a batch of one: out
+ * memory, `rows` distinct int32 rows in [0, seqlen), checked on the device: an index outside, or one naming a row
+ * twice, is never written through; the merge then fills acc_out and acc_lse with NaN and the next call on the
+ * device returns DASH_STATUS_ROW_INDEX_INVALID naming it) or, with row_index NULL, to row_offset + r. Packed (varlen) tensors are a batch of one: out
  * (1, total, heads, head_dim) with strides[0] = 0, the LSE (1, heads, total). */
 typedef struct dash_merge_args {
   int64_t batch;

@@ -30,6 +30,8 @@ const char* status_code_name(StatusCode code) {
       return "wait-timeout";
     case StatusCode::kSeqlenExceedsMax:
       return "seqlen-exceeds-max";
+    case StatusCode::kRowIndexInvalid:
+      return "row-index-invalid";
   }
   return "unknown-status";
 }

@@ -31,6 +31,9 @@ enum class FaultKind : int {
   // the call promised keys_within_queries (kernels/sm90/varlen_padding.cuh); its rows of the call's outputs (out and
   // lse, or dq, dk and dv) were filled with NaN.
   kSeqlenExceedsMax = 2,
+  // A merge's row_index named a row outside its accumulators, or one row twice (merge_partial.cu); its acc_out and
+  // acc_lse were filled with NaN.
+  kRowIndexInvalid = 3,
 };
 
 // Which pass a seqlen fault came from.
@@ -53,6 +56,12 @@ struct FaultRecord {
   int max_seqlen_q;
   int max_seqlen_k;
   int keys_within_queries;  // nonzero: the call promised seqlen_k <= seqlen_q per sequence
+  // kRowIndexInvalid: the first block row (lowest r) whose index is outside [0, merge_seqlen) or names a row an
+  // earlier block row of the index names too, and that index.
+  int merge_row;
+  int merge_row_index;
+  int merge_seqlen;
+  int merge_row_repeated;  // nonzero: the index is within the accumulators but named twice
 };
 
 // What a forward launch needs beyond the caller's (validated) arguments.
@@ -126,9 +135,9 @@ struct KernelInstance {
 // The instances compiled into this build (empty without DASH_BUILD_KERNELS).
 std::span<const KernelInstance> kernel_instances();
 
-// The merge of one block's partial (out, LSE) into accumulators (MergeArgs, validated), one launch: its
-// cudaError_t value.
-using MergeLauncher = int (*)(const MergeArgs&, cudaStream_t);
+// The merge of one block's partial (out, LSE) into accumulators (MergeArgs, validated), and with a row_index its
+// check (kRowIndexInvalid, reported through `fault`, the device's record): its cudaError_t value.
+using MergeLauncher = int (*)(const MergeArgs&, FaultRecord* fault, cudaStream_t);
 
 // The merge kernel's launcher; null without DASH_BUILD_KERNELS.
 MergeLauncher merge_partial_launcher();

@@ -9,8 +9,12 @@
 // - A weight whose LSE is -inf is 0 rather than exp(-inf - -inf) = NaN: an empty accumulator row takes the block as
 //   it is, and a row that is empty on both sides stays out 0, LSE -inf. A NaN LSE (a poisoned input) stays NaN.
 // - The kernel writes only accumulator rows in [0, seqlen): an index outside is skipped (MergeArgs::row_index).
+// - A row_index is checked after the merge, in stream order (check_row_index_kernel): an index outside [0, seqlen) or
+//   naming a row twice fills both accumulators with NaN and fills the device's fault record (kRowIndexInvalid). The
+//   merge alone cannot tell: its warps see one row each.
 // Plain CUDA: no sm90 instruction, but built with the kernels, so a build without them has no launcher
 // (no_kernels.cpp).
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -24,6 +28,11 @@ namespace {
 constexpr int kWarpThreads = 32;
 constexpr int kMergeThreads = 256;  // 8 warps, one accumulator row each
 constexpr int kRowsPerBlock = kMergeThreads / kWarpThreads;
+// The row_index check: one CTA, one bit of shared memory per accumulator row. validate(MergeArgs) bounds seqlen by
+// the attention calls' 2^20 rows, 128 KiB of bits, within the 227 KiB a CTA may use.
+constexpr int kCheckThreads = 1024;
+constexpr int kBitsPerWord = 32;
+constexpr int64_t kMaxCheckSharedBytes = 227 * 1024;
 
 // MergeArgs as the device reads it: its pointers typed, its strides as they are (element strides, int64 everywhere:
 // the host bounds every offset within int64).
@@ -38,7 +47,7 @@ struct MergeDeviceArgs {
   LseStrides acc_lse_strides;
   const int32_t* row_index;
   int64_t row_offset;
-  int64_t rows, seqlen, heads, head_dim;
+  int64_t batch, rows, seqlen, heads, head_dim;
   int64_t block_rows;  // batch * rows * heads: the (batch, row, head) rows of the block
 };
 
@@ -82,7 +91,69 @@ __global__ void __launch_bounds__(kMergeThreads) merge_partial_kernel(const Merg
   if (lane == 0) *acc_lse = merged;
 }
 
-int launch_merge_partial(const MergeArgs& args, cudaStream_t stream) {
+// Fills the device's record with block row `row` of the index, unless it holds an unreported fault.
+__device__ void record_invalid_row_index(const MergeDeviceArgs& a, int row, FaultRecord* fault) {
+  volatile FaultRecord* record = fault;
+  if (record->kind != FaultKind::kNone) return;
+  const int32_t index = a.row_index[row];
+  record->merge_row = row;
+  record->merge_row_index = index;
+  record->merge_seqlen = static_cast<int>(a.seqlen);
+  record->merge_row_repeated = index >= 0 && index < a.seqlen ? 1 : 0;
+  __threadfence_system();
+  record->kind = FaultKind::kRowIndexInvalid;
+}
+
+// Checks a.row_index after the merge: every index in [0, seqlen), none named twice (a bitmap of the accumulator rows
+// in shared memory, each bit set by the first block row that names it). A failed check cannot say which accumulator
+// row lost a block row, or took two at once from racing warps, so it fills both accumulators with NaN and records
+// the lowest failing block row.
+__global__ void __launch_bounds__(kCheckThreads) check_row_index_kernel(const MergeDeviceArgs a, FaultRecord* fault) {
+  extern __shared__ uint32_t named[];
+  __shared__ int first_failing_row;
+  const int64_t words = (a.seqlen + kBitsPerWord - 1) / kBitsPerWord;
+  for (int64_t w = threadIdx.x; w < words; w += kCheckThreads) named[w] = 0;
+  if (threadIdx.x == 0) first_failing_row = INT_MAX;
+  __syncthreads();
+  for (int64_t r = threadIdx.x; r < a.rows; r += kCheckThreads) {
+    const int32_t index = a.row_index[r];
+    bool fails = index < 0 || index >= a.seqlen;
+    if (!fails) {
+      const uint32_t bit = 1u << (index % kBitsPerWord);
+      fails = (atomicOr(&named[index / kBitsPerWord], bit) & bit) != 0;
+    }
+    if (fails) atomicMin(&first_failing_row, static_cast<int>(r));
+  }
+  __syncthreads();
+  const int failing_row = first_failing_row;
+  if (failing_row == INT_MAX) return;  // uniform over the CTA
+  if (threadIdx.x == 0) record_invalid_row_index(a, failing_row, fault);
+  const int64_t acc_rows = a.batch * a.seqlen * a.heads;
+  for (int64_t row = threadIdx.x; row < acc_rows; row += kCheckThreads) {
+    const int64_t head = row % a.heads;
+    const int64_t s = (row / a.heads) % a.seqlen;
+    const int64_t b = row / (a.heads * a.seqlen);
+    float* acc = a.acc_out + b * a.acc_out_strides.batch + s * a.acc_out_strides.seq + head * a.acc_out_strides.head;
+    for (int64_t d = 0; d < a.head_dim; ++d) acc[d] = NAN;
+    a.acc_lse[b * a.acc_lse_strides.batch + head * a.acc_lse_strides.head + s * a.acc_lse_strides.seq] = NAN;
+  }
+}
+
+// The check's launch: its shared bitmap past the default 48 KiB needs the kernel's opt-in, set before each launch
+// (a host-side attribute, allowed while a stream is captured).
+cudaError_t launch_row_index_check(const MergeDeviceArgs& a, FaultRecord* fault, cudaStream_t stream) {
+  const int64_t bitmap_bytes = (a.seqlen + kBitsPerWord - 1) / kBitsPerWord * static_cast<int64_t>(sizeof(uint32_t));
+  if (bitmap_bytes > kMaxCheckSharedBytes) return cudaErrorInvalidValue;  // validate(MergeArgs) rules it out
+  if (cudaError_t e = cudaFuncSetAttribute(check_row_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bitmap_bytes));
+      e != cudaSuccess) {
+    return e;
+  }
+  check_row_index_kernel<<<1, kCheckThreads, static_cast<size_t>(bitmap_bytes), stream>>>(a, fault);
+  return cudaGetLastError();
+}
+
+int launch_merge_partial(const MergeArgs& args, FaultRecord* fault, cudaStream_t stream) {
   MergeDeviceArgs a{};
   a.part_out = static_cast<const float*>(args.part_out.data);
   a.part_out_strides = args.part_out.strides;
@@ -94,6 +165,7 @@ int launch_merge_partial(const MergeArgs& args, cudaStream_t stream) {
   a.acc_lse_strides = args.acc_lse_strides;
   a.row_index = args.row_index;
   a.row_offset = args.row_offset;
+  a.batch = args.batch;
   a.rows = args.rows;
   a.seqlen = args.seqlen;
   a.heads = args.heads;
@@ -102,7 +174,8 @@ int launch_merge_partial(const MergeArgs& args, cudaStream_t stream) {
   // validate(MergeArgs) bounds block_rows, so the grid fits CUDA's x dimension.
   const auto blocks = static_cast<unsigned>((a.block_rows + kRowsPerBlock - 1) / kRowsPerBlock);
   merge_partial_kernel<<<blocks, kMergeThreads, 0, stream>>>(a);
-  return static_cast<int>(cudaGetLastError());
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess || a.row_index == nullptr) return static_cast<int>(e);
+  return static_cast<int>(launch_row_index_check(a, fault, stream));
 }
 
 }  // namespace

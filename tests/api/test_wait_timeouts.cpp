@@ -145,5 +145,40 @@ TEST(FaultReport, KeysPastTheQueriesUnderThePromiseAreNamedWithThePromise) {
   EXPECT_EQ(s.message().find("max_seqlen_k ="), std::string::npos) << "within the key maximum: " << s.message();
 }
 
+kernels::FaultRecord row_index_fault(int row, int index, bool repeated) {
+  kernels::FaultRecord record{};
+  record.merge_row = row;
+  record.merge_row_index = index;
+  record.merge_seqlen = 96;
+  record.merge_row_repeated = repeated ? 1 : 0;
+  record.kind = kernels::FaultKind::kRowIndexInvalid;
+  return record;
+}
+
+TEST(FaultReport, AMergeIndexOutsideTheAccumulatorsIsReportedOnceNamingTheIndexAndTheRows) {
+  kernels::FaultRecord record = row_index_fault(5, 96, false);
+  const Status s = take_fault(record, 3);
+  EXPECT_EQ(s.code(), StatusCode::kRowIndexInvalid);
+  EXPECT_EQ(std::string(status_code_name(s.code())), "row-index-invalid");
+  for (const char* words : {"merge_partial on device 3",
+                            "row_index[5] = 96 is outside the accumulators' rows [0, "
+                            "seqlen = 96)",
+                            "acc_out and acc_lse were filled with NaN", "distinct rows in [0, seqlen)"}) {
+    EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
+  }
+  EXPECT_EQ(record.kind, kernels::FaultKind::kNone);
+  EXPECT_TRUE(take_fault(record, 3).ok()) << "reported once";
+}
+
+TEST(FaultReport, AMergeIndexNamingARowTwiceSaysSo) {
+  kernels::FaultRecord record = row_index_fault(7, 6, true);
+  const Status s = take_fault(record, 0);
+  EXPECT_EQ(s.code(), StatusCode::kRowIndexInvalid);
+  EXPECT_NE(s.message().find("row_index[7] = 6 names an accumulator row that another block row names too"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(s.message().find("outside"), std::string::npos) << "within the accumulators: " << s.message();
+}
+
 }  // namespace
 }  // namespace dash
