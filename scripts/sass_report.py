@@ -49,7 +49,9 @@ import subprocess
 import sys
 import tempfile
 
-COUNTED_OPCODES = ["HGMMA", "STSM", "LDSM", "LDL", "STL", "R2UR", "STG", "ST/STS", "BAR", "SHFL", "MUFU.EX2"]
+# HGMMA.WAIT counts the warpgroup waits (WARPGROUP.DEPBAR): a few per step where the code waits, one after nearly
+# every HGMMA where ptxas serialized the wgmma pipeline (its warning C7512).
+COUNTED_OPCODES = ["HGMMA", "HGMMA.WAIT", "STSM", "LDSM", "LDL", "STL", "R2UR", "STG", "ST/STS", "BAR", "SHFL", "MUFU.EX2"]
 DTYPE_NAMES = {
     "bfloat16_t": "bf16",
     "half_t": "fp16",
@@ -91,6 +93,8 @@ def opcode_category(opcode):
     """The COUNTED_OPCODES entry that this opcode counts towards, or None."""
     if opcode.startswith("MUFU.EX2"):
         return "MUFU.EX2"
+    if opcode.startswith("WARPGROUP.DEPBAR"):
+        return "HGMMA.WAIT"
     base = opcode.split(".")[0]
     if base in ("ST", "STS"):
         return "ST/STS"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SASS report of the DASH kernels that runs on a machine without a GPU, so that a kernel change can
 # be judged before GPU time: per kernel, registers (and the warp roles' setmaxnreg), stack frame,
-# instruction count, and the counts of HGMMA, STSM, LDSM, LDL, STL, R2UR, STG, ST/STS, BAR, SHFL and
-# MUFU.EX2, over the MMA step loop (the innermost loop with the most HGMMA) and over the whole kernel.
+# instruction count, and the counts of HGMMA, HGMMA.WAIT (warpgroup waits), STSM, LDSM, LDL, STL, R2UR, STG, ST/STS,
+# BAR, SHFL and MUFU.EX2, over the MMA step loop (the innermost loop with the most HGMMA) and over the whole kernel.
 #
 # Usage:
 #   scripts/sass_report.sh [--csv FILE] [--loops] [OBJECT_OR_BINARY ...]

@@ -28,6 +28,13 @@
 #include "schedule/tile_config.hpp"
 #include "schedule/varlen.hpp"
 
+// The chained dQ layout (kChainsDq), built only where DASH_BACKWARD_CHAINED_DQ is set (the CMake option of that name):
+// an A/B candidate against the layout it would replace, kept until a same-run comparison on the GPU decides between
+// them (docs/DESIGN.md, "Backward: the chained dQ layout").
+#ifndef DASH_BACKWARD_CHAINED_DQ
+#define DASH_BACKWARD_CHAINED_DQ 0
+#endif
+
 namespace dash::sm90 {
 
 using namespace cute;
@@ -103,6 +110,18 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
   // Keys per MMA warpgroup in the key split.
   static constexpr int kKeyColumns = kBlockN / kMmaWarpGroups;
+  // The chained dQ layout (d = 96 and 128): each MMA warpgroup computes the whole kBlockM x head_dim dQ partial over
+  // its own 64 keys, from its own columns of dS, so no step waits on the other warpgroup's dS. Warpgroup 0 leaves its
+  // partial in the dq ring's stage and warpgroup 1 adds its own to it there (dq_chain), in that fixed order:
+  // the step's one partial for the dQ writer. Warpgroup 1 waits on warpgroup 0 at each step, never the reverse but
+  // through the dq ring (a stage per column block), so warpgroup 0 may run up to a step ahead. Not at d = 64, whose 128 query rows
+  // make the partial 64 registers beside S^T's and dP^T's 64 each: the step loop spilled 31 loads and 52 stores
+  // (scripts/sass_report.sh).
+  static constexpr bool kChainsDq = DASH_BACKWARD_CHAINED_DQ != 0 && !kSplitsKeys && kBlockM == kMmaWarpGroupRows;
+  // The widest column block of a chained partial: 96 columns (48 registers per thread) beside dK's and dV's; at
+  // d = 128 all 128 columns (64) left ptxas short of registers for the wgmma pipeline, and it serialized every wgmma
+  // (C7512), so d = 128 chains two blocks of 64.
+  static constexpr int kChainedDqMaxColumns = 96;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
@@ -142,14 +161,21 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // columns [32w + 64b, 32w + 64b + 32) for b = 0..3, computed and stored one after the other: beside dK^T's and
   // dV^T's 160 registers, blocks of 64 columns (32 registers) made ptxas spill an accumulator tile and serialize
   // every wgmma, as did all 128 columns at once (64).
-  static constexpr bool kdQSplitsRows = kBlockM == 64 * kMmaWarpGroups;
-  static constexpr int kdQColumnBlocks = head_dim_settings(kHeadDim).backward_dq_column_blocks;
-  static constexpr int kdQColumns = (kdQSplitsRows ? kHeadDim : kHeadDim / kMmaWarpGroups) / kdQColumnBlocks;
-  using dQAtomShape = Shape<_64, Int<kdQColumns>, BlockN>;
-  using dQWarpGroups = std::conditional_t<kdQSplitsRows, WarpGroups, WarpGroupsAlongN>;
+  // In the chained layout (kChainsDq) one warpgroup's GEMM is the whole tile over its 64 keys.
+  static constexpr bool kdQSplitsRows = !kChainsDq && kBlockM == 64 * kMmaWarpGroups;
+  static constexpr int kdQColumnBlocks = kChainsDq ? (kHeadDim + kChainedDqMaxColumns - 1) / kChainedDqMaxColumns
+                                                   : head_dim_settings(kHeadDim).backward_dq_column_blocks;
+  static constexpr int kdQColumns =
+      (kdQSplitsRows || kChainsDq ? kHeadDim : kHeadDim / kMmaWarpGroups) / kdQColumnBlocks;
+  using dQAtomShape = std::conditional_t<kChainsDq, Shape<_64, Int<kdQColumns>, Int<kMmaWarpGroupRows>>,
+                                         Shape<_64, Int<kdQColumns>, BlockN>>;
+  using dQWarpGroups = std::conditional_t<kChainsDq, Layout<Shape<_1, _1, _1>>,
+                                          std::conditional_t<kdQSplitsRows, WarpGroups, WarpGroupsAlongN>>;
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, dQAtomShape, GMMA::Major::MN, GMMA::Major::MN>(), dQWarpGroups{}));
-  static constexpr int kdQPartialFloats = kBlockM * kHeadDim / kMmaWarpGroups;  // one warpgroup's dQ partial
+  // The dQ partials a step hands to the dQ writer: one per warpgroup, or in the chained layout one, the sum.
+  static constexpr int kdQPartials = kChainsDq ? 1 : kMmaWarpGroups;
+  static constexpr int kdQPartialFloats = kBlockM * kHeadDim / kdQPartials;  // one partial
   // The hand-off to the dQ writer goes by column blocks (a block of each warpgroup's partial per position of the dq
   // ring), kdQBufferStages blocks in flight: at d = 256 the writer reduces the first blocks while the MMA warpgroups
   // compute the next, where the whole partials (one stage) made them wait for the writer to drain the previous
@@ -203,16 +229,20 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutdO>> dout;
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutdS>> ds;  // and P in the key split
-    // dQ partials' blocks: (stage, warpgroup, the block in fragment order).
-    alignas(128) array_aligned<float, kdQBufferStages * kMmaWarpGroups * kdQBlockFloats> dq;
+    // dQ partials' blocks: (stage, partial, the block in fragment order).
+    alignas(128) array_aligned<float, kdQBufferStages * kdQPartials * kdQBlockFloats> dq;
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dpsum[kdOStages][kBlockM];
     StepRecord steps[kStepRing];
-    RecordRing<JobRecordType, kJobSlots> jobs;                // loader -> MMA warpgroups and dQ writer
-    StepRings<kStages, kdOStages> step_rings;                 // loader -> MMA warpgroups: Q, LSE, dO, dpsum (per step)
-    PipelineRing<1> kv_stages;                                // loader -> MMA warpgroups: K, V (per job)
-    PipelineRing<kdQBufferStages> dq_stages[kMmaWarpGroups];  // MMA warpgroup -> dQ writer: its dQ partial's
-                                                              // column blocks (per step)
+    RecordRing<JobRecordType, kJobSlots> jobs;             // loader -> MMA warpgroups and dQ writer
+    StepRings<kStages, kdOStages> step_rings;              // loader -> MMA warpgroups: Q, LSE, dO, dpsum (per step)
+    PipelineRing<1> kv_stages;                             // loader -> MMA warpgroups: K, V (per job)
+    PipelineRing<kdQBufferStages> dq_stages[kdQPartials];  // MMA warpgroup -> dQ writer: its dQ partial's column
+                                                           // blocks (per step); the chain's sum from warpgroup 1
+    // The chained layout's warpgroup 0 -> warpgroup 1: its block is in the dq ring's stage. Only the full barriers
+    // are used: the dq ring's own guard the stage's reuse (bwd_mma.cuh, chain_dq).
+    struct NoChain {};
+    std::conditional_t<kChainsDq, PipelineRing<kdQBufferStages>, NoChain> dq_chain;
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");

@@ -2,9 +2,10 @@
 // accumulator in global memory, in the order the schedule fixes. It is the only role that ever waits on another CTA,
 // so the MMA warpgroups stall on an ordering wait only when every stage of the dQ ring is still occupied.
 //
-// Per step: wait until both MMA warpgroups' partials (or their first column blocks, Config::kdQColumnBlocks) are in
-// shared memory; wait until the dQ tile's semaphore equals this contribution's rank; bulk reduce-add both partials
-// (rank 0, the first of the fixed order, stores them instead, so the accumulator needs no zeroing), block by block
+// Per step: wait until both MMA warpgroups' partials (or their first column blocks, Config::kdQColumnBlocks), or in
+// the chained layout their sum (Config::kChainsDq), are in shared memory; wait until the dQ tile's semaphore equals
+// this contribution's rank; bulk reduce-add the partials (rank 0, the first of the fixed order, stores them instead,
+// so the accumulator needs no zeroing), block by block
 // as they come, each block's copies issued before the previous block's buffers are awaited; free each block's buffer
 // once the copy engine has read it; wait until the writes have completed in global memory; release the semaphore
 // (rank + 1). Nondeterministic contributions (kUnordered) skip the two semaphore steps and add into an accumulator
@@ -30,7 +31,7 @@ struct BackwardDqWriter {
   __device__ static void run(const Params& p, SharedStorage& smem) {
     constexpr int kTileFloats = Config::kBlockM * Config::kHeadDim;
     constexpr int kBlockBytes = Config::kdQBlockFloats * sizeof(float);
-    // Frees column block `position`'s stage of the dq ring, both MMA warpgroups' buffers.
+    // Frees column block `position`'s stage of the dq ring, every partial's buffer.
     auto free_block = [&](int position) {
       for (auto& partial : smem.dq_stages) partial.consumer_release(position);
     };
@@ -57,9 +58,9 @@ struct BackwardDqWriter {
               abandon_order(p, step, semaphore);
             }
           }
-          for (int wg = 0; wg < Config::kMmaWarpGroups; ++wg) {
-            float* dst = tile + wg * Config::kdQPartialFloats + block * Config::kdQBlockFloats;
-            const float* src = smem.dq.data() + (stage * Config::kMmaWarpGroups + wg) * Config::kdQBlockFloats;
+          for (int part = 0; part < Config::kdQPartials; ++part) {
+            float* dst = tile + part * Config::kdQPartialFloats + block * Config::kdQBlockFloats;
+            const float* src = smem.dq.data() + (stage * Config::kdQPartials + part) * Config::kdQBlockFloats;
             if (step.rank == 0) {
               bulk_store(dst, src, kBlockBytes);
             } else {

@@ -68,7 +68,9 @@ struct BackwardMma {
     auto thr_sdp = mma_sdp.get_thread_slice(thread);
     auto wg_sdp = warpgroup_operand_slice(mma_sdp, warp_group, Config::kWarpGroupThreads);
     auto wg_dkv = warpgroup_operand_slice(mma_dkv, warp_group, Config::kWarpGroupThreads);
-    auto wg_dq = warpgroup_operand_slice(mma_dq, warp_group, Config::kWarpGroupThreads);
+    // The chained layout's dQ GEMM is one warpgroup's tiled MMA, whose only slice is the first (each warpgroup picks
+    // its keys through dq_keys instead).
+    auto wg_dq = warpgroup_operand_slice(mma_dq, Config::kChainsDq ? 0 : warp_group, Config::kWarpGroupThreads);
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
@@ -86,8 +88,9 @@ struct BackwardMma {
     Tensor tSrdO = wg_sdp.partition_fragment_B(sdO);
     Tensor tdVrdOt = wg_dkv.partition_fragment_B(sdOt);
     Tensor tdKrQt = wg_dkv.partition_fragment_B(sQt);
-    Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);
-    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
+    // dQ = dS K over both warpgroups' keys, or in the chained layout over the warpgroup's own (dq_keys).
+    Tensor tdQrdS = wg_dq.partition_fragment_A(dq_keys(sdS, warp_group));
+    Tensor tdQrKt = wg_dq.partition_fragment_B(dq_keys(sKt, warp_group));
     // dS^T goes to shared memory with stmatrix: each 8 x 8 block of the accumulator is a row of 16
     // contiguous bytes there (queries are contiguous in dS^T), four blocks per instruction.
     auto ds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
@@ -132,13 +135,40 @@ struct BackwardMma {
       copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
       warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, dout_stage), tdVrdV);
       fence_shared_for_async_proxy();
-      cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
+      if constexpr (Config::kChainsDq) {
+        // The dQ GEMM reads only this warpgroup's columns of dS: its own threads' stores.
+        cutlass::arch::NamedBarrier::sync(Config::kWarpGroupThreads, Config::kWarpGroupBarrierBase + warp_group);
+      } else {
+        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
+      }
 
       Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
-      warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ);
-      warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
-      warpgroup_wait<1>();  // dV and dQ done; dK may still run
-      store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
+      if constexpr (Config::kdQColumnBlocks == 1) {
+        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ);
+        warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
+        warpgroup_wait<1>();  // dV and dQ done; dK may still run
+        if constexpr (Config::kChainsDq) {
+          chain_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
+        } else {
+          store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
+        }
+      } else {
+        // The chained layout at d = 128: dQ by column blocks, each chained on its own, as the key split's at d = 256
+        // (run_key_split); dK runs beside the first.
+        static_assert(Config::kChainsDq, "column blocks up to d = 128 only in the chained layout");
+        for_each(make_int_sequence<Config::kdQColumnBlocks>{}, [&](auto block) {
+          Tensor tdQrdQb = mode_block<2>(tdQrdQ, block);
+          warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), mode_block<1>(tdQrKt, block), tdQrdQb);
+          if constexpr (decltype(block)::value == 0) {
+            warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
+            warpgroup_wait<1>();  // dV and the block done; dK may still run
+          } else {
+            commit_dq(smem, warp_group, Config::dq_position(steps, block - 1));
+            warpgroup_wait<0>();
+          }
+          chain_dq(smem, tdQrdQb, warp_group, thread, Config::dq_position(steps, block));
+        });
+      }
       warpgroup_wait<0>();
       smem.step_rings.release_dout(steps);
       smem.step_rings.release_q(steps);
@@ -498,6 +528,51 @@ struct BackwardMma {
     return ds;
   }
 
+  // The operand of dQ = dS K that `t` holds (dS, or K^T: keys in mode 1): all of it, or in the chained layout only the
+  // keys [64w, 64w + 64) of warpgroup w, every other mode whole.
+  template <class T>
+  __device__ static auto dq_keys(T&& t, int warp_group) {
+    if constexpr (Config::kChainsDq) {
+      const auto tiler = replace<1>(shape(t), Int<kMmaWarpGroupRows>{});
+      return local_tile(t, tiler, replace<1>(repeat_like(shape(t), _0{}), warp_group));
+    } else {
+      return t;
+    }
+  }
+
+  // The chained layout's hand-over of a block of a step's dQ, position `position` of the dq ring
+  // (Config::kChainsDq): warpgroup 0 writes its block to the ring's stage in fragment order, as store_dq does, and
+  // arrives on the stage's dq_chain barrier; warpgroup 1 waits there, adds its own block element by element (p0 + p1,
+  // each element by the thread that holds both) and writes the sum back, which it alone commits to the dQ writer
+  // (commit_dq). Only warpgroup 0 waits for the stage to be free: warpgroup 1 reaches it only through dq_chain, after
+  // warpgroup 0's wait. Neither side can be lapped: warpgroup 0's next arrival on the stage's dq_chain barrier waits
+  // for the stage, which the writer frees only after warpgroup 1 has waited there, summed and committed.
+  template <class Fragment>
+  __device__ static void chain_dq(SharedStorage& smem, const Fragment& dq, int warp_group, int thread, int position) {
+    static_assert(Config::kdQPartials == 1, "one partial per step, the sum");
+    constexpr int kVectors = decltype(size(dq))::value / 4;
+    static_assert(kVectors * 4 * Config::kWarpGroupThreads == Config::kdQBlockFloats, "a block per position");
+    const int lane = thread % Config::kWarpGroupThreads;
+    if (warp_group == 0) {
+      const int stage = smem.dq_stages[0].producer_acquire(position, "dq_empty");
+      float4* dst = reinterpret_cast<float4*>(smem.dq.data() + stage * Config::kdQBlockFloats);
+      CUTE_UNROLL
+      for (int i = 0; i < kVectors; ++i) {
+        dst[i * Config::kWarpGroupThreads + lane] = make_float4(dq(4 * i), dq(4 * i + 1), dq(4 * i + 2), dq(4 * i + 3));
+      }
+      smem.dq_chain.producer_commit(position);
+    } else {
+      const int stage = smem.dq_chain.consumer_wait(position, "dq_chain");
+      float4* sum = reinterpret_cast<float4*>(smem.dq.data() + stage * Config::kdQBlockFloats);
+      CUTE_UNROLL
+      for (int i = 0; i < kVectors; ++i) {
+        const float4 first = sum[i * Config::kWarpGroupThreads + lane];
+        sum[i * Config::kWarpGroupThreads + lane] =
+            make_float4(first.x + dq(4 * i), first.y + dq(4 * i + 1), first.z + dq(4 * i + 2), first.w + dq(4 * i + 3));
+      }
+    }
+  }
+
   // Writes a column block of this warpgroup's dQ partial (all of it where the partial is one block), position
   // `position` of its dq ring (Config::dq_position), to the ring's stage in fragment order (each thread's values as
   // consecutive float4s), which the postprocess kernel undoes with the same tiled MMA. The stage is free once the dQ
@@ -507,8 +582,8 @@ struct BackwardMma {
     const int stage = smem.dq_stages[warp_group].producer_acquire(position, "dq_empty");
     constexpr int kVectors = decltype(size(dq))::value / 4;
     static_assert(kVectors * 4 * Config::kWarpGroupThreads == Config::kdQBlockFloats, "a block per position");
-    float4* dst = reinterpret_cast<float4*>(smem.dq.data() +
-                                            (stage * Config::kMmaWarpGroups + warp_group) * Config::kdQBlockFloats);
+    float4* dst =
+        reinterpret_cast<float4*>(smem.dq.data() + (stage * Config::kdQPartials + warp_group) * Config::kdQBlockFloats);
     const int lane = thread % Config::kWarpGroupThreads;
     CUTE_UNROLL
     for (int i = 0; i < kVectors; ++i) {
@@ -516,10 +591,17 @@ struct BackwardMma {
     }
   }
 
-  // Hands the block store_dq wrote at `position` to the dQ writer, whose bulk copy reads it through the async proxy.
+  // Hands the block store_dq wrote at `position` to the dQ writer, whose bulk copy reads it through the async proxy;
+  // in the chained layout warpgroup 1 hands over the sum chain_dq left there, and warpgroup 0 nothing.
   __device__ static void commit_dq(SharedStorage& smem, int warp_group, int position) {
-    fence_shared_for_async_proxy();
-    smem.dq_stages[warp_group].producer_commit(position);
+    if constexpr (Config::kChainsDq) {
+      if (warp_group == 0) return;
+      fence_shared_for_async_proxy();
+      smem.dq_stages[0].producer_commit(position);
+    } else {
+      fence_shared_for_async_proxy();
+      smem.dq_stages[warp_group].producer_commit(position);
+    }
   }
 
   // dK * scale and dV for the job's rows: to dK/dV through shared memory (straight from the fragments and transposed
