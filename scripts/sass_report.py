@@ -51,7 +51,20 @@ import tempfile
 
 # HGMMA.WAIT counts the warpgroup waits (WARPGROUP.DEPBAR): a few per step where the code waits, one after nearly
 # every HGMMA where ptxas serialized the wgmma pipeline (its warning C7512).
-COUNTED_OPCODES = ["HGMMA", "HGMMA.WAIT", "STSM", "LDSM", "LDL", "STL", "R2UR", "STG", "ST/STS", "BAR", "SHFL", "MUFU.EX2"]
+COUNTED_OPCODES = [
+    "HGMMA",
+    "HGMMA.WAIT",
+    "STSM",
+    "LDSM",
+    "LDL",
+    "STL",
+    "R2UR",
+    "STG",
+    "ST/STS",
+    "BAR",
+    "SHFL",
+    "MUFU.EX2",
+]
 DTYPE_NAMES = {
     "bfloat16_t": "bf16",
     "half_t": "fp16",
