@@ -5,7 +5,7 @@
 # the geometric mean of B's time over A's (below 1: B is faster) and each shape's ratio of medians.
 #   usage: scripts/dev/ab_build_option.sh OPTION OUT_DIR [HEAD_DIMS [SCHEDULES [ROUNDS [FILTER]]]]
 #     OPTION     a CMake option of the kernels, e.g. DASH_BACKWARD_CHAINED_DQ
-#     HEAD_DIMS  semicolon-separated (default "96;128"); SCHEDULES comma-separated (default "auto,nondeterministic")
+#     HEAD_DIMS  semicolon-separated (default "64;96;128"); SCHEDULES comma-separated (default "auto,nondeterministic")
 #     ROUNDS     alternating rounds (default 3); FILTER a gtest filter for B's test_sm90 (default: the backward
 #                tests, the determinism tests with their negative controls and the ragged sweep of those head dims;
 #                "-" skips the tests)
@@ -14,7 +14,7 @@
 set -uo pipefail
 option=$1
 out=$(realpath -m "$2")
-head_dims=${3:-"96;128"}
+head_dims=${3:-"64;96;128"}
 schedules=${4:-"auto,nondeterministic"}
 rounds=${5:-3}
 repo=$(cd "$(dirname "$0")/../.." && pwd)

@@ -110,18 +110,18 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
   // Keys per MMA warpgroup in the key split.
   static constexpr int kKeyColumns = kBlockN / kMmaWarpGroups;
-  // The chained dQ layout (d = 96 and 128): each MMA warpgroup computes the whole kBlockM x head_dim dQ partial over
+  // The chained dQ layout (up to d = 128): each MMA warpgroup computes the whole kBlockM x head_dim dQ partial over
   // its own 64 keys, from its own columns of dS, so no step waits on the other warpgroup's dS. Warpgroup 0 leaves its
-  // partial in the dq ring's stage and warpgroup 1 adds its own to it there (dq_chain), in that fixed order:
-  // the step's one partial for the dQ writer. Warpgroup 1 waits on warpgroup 0 at each step, never the reverse but
-  // through the dq ring (a stage per column block), so warpgroup 0 may run up to a step ahead. Not at d = 64, whose 128 query rows
-  // make the partial 64 registers beside S^T's and dP^T's 64 each: the step loop spilled 31 loads and 52 stores
-  // (scripts/sass_report.sh).
-  static constexpr bool kChainsDq = DASH_BACKWARD_CHAINED_DQ != 0 && !kSplitsKeys && kBlockM == kMmaWarpGroupRows;
-  // The widest column block of a chained partial: 96 columns (48 registers per thread) beside dK's and dV's; at
-  // d = 128 all 128 columns (64) left ptxas short of registers for the wgmma pipeline, and it serialized every wgmma
-  // (C7512), so d = 128 chains two blocks of 64.
-  static constexpr int kChainedDqMaxColumns = 96;
+  // partial in the dq ring's stage and warpgroup 1 adds its own to it there (dq_chain), in that fixed order: the
+  // step's one partial for the dQ writer. Warpgroup 1 waits on warpgroup 0 at each step, never the reverse but through
+  // the dq ring (a stage per column block), so warpgroup 0 may run up to a step ahead.
+  static constexpr bool kChainsDq = DASH_BACKWARD_CHAINED_DQ != 0 && !kSplitsKeys;
+  // The most registers per thread a column block of a chained partial may take beside dK's and dV's: 48 (96 columns
+  // at d = 96). At d = 128 the whole 128 columns (64 registers) left ptxas short of registers for the wgmma pipeline,
+  // and it serialized every wgmma (C7512), so d = 128 chains two blocks of 64 columns, and d = 64, whose 128 query
+  // rows double the registers per column, two of 32.
+  static constexpr int kChainedDqMaxRegisters = 48;
+  static constexpr int kChainedDqMaxColumns = kChainedDqMaxRegisters * kWarpGroupThreads / kBlockM;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
