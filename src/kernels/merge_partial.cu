@@ -29,13 +29,15 @@ constexpr int kWarpThreads = 32;
 constexpr int kMergeThreads = 256;  // 8 warps, one accumulator row each
 constexpr int kRowsPerBlock = kMergeThreads / kWarpThreads;
 // The row_index check: one CTA, one bit of shared memory per accumulator row. validate(MergeArgs) bounds seqlen by
-// the attention calls' 2^20 rows, 128 KiB of bits, within the 227 KiB a CTA may use.
+// the attention calls' 2^20 rows, 128 KiB of bits, within the 227 KiB a CTA may use; past the 48 KiB a launch gets
+// without opting in (more than 393,216 rows) the kernel opts in.
 constexpr int kCheckThreads = 1024;
 constexpr int kBitsPerWord = 32;
-constexpr int64_t kMaxCheckSharedBytes = 227 * 1024;
+constexpr int64_t kSharedBytesWithoutOptIn = 48 * 1024;
 
 // MergeArgs as the device reads it: its pointers typed, its strides as they are (element strides, int64 everywhere:
-// the host bounds every offset within int64).
+// the host bounds every offset within int64). The accumulators' addressing is accumulator_row and accumulator_lse,
+// for the merge and the check alike.
 struct MergeDeviceArgs {
   const float* part_out;
   Strides part_out_strides;  // batch, row (seq), head
@@ -50,6 +52,14 @@ struct MergeDeviceArgs {
   int64_t batch, rows, seqlen, heads, head_dim;
   int64_t block_rows;  // batch * rows * heads: the (batch, row, head) rows of the block
 };
+
+// Accumulator row s of (batch b, head h): its head_dim values, and its LSE.
+__device__ __forceinline__ float* accumulator_row(const MergeDeviceArgs& a, int64_t b, int64_t s, int64_t h) {
+  return a.acc_out + b * a.acc_out_strides.batch + s * a.acc_out_strides.seq + h * a.acc_out_strides.head;
+}
+__device__ __forceinline__ float* accumulator_lse(const MergeDeviceArgs& a, int64_t b, int64_t s, int64_t h) {
+  return a.acc_lse + b * a.acc_lse_strides.batch + h * a.acc_lse_strides.head + s * a.acc_lse_strides.seq;
+}
 
 // exp(lse - merged), 0 where lse is -inf (which also covers merged = -inf, when both sides are -inf).
 __device__ __forceinline__ float merge_weight(float lse, float merged) {
@@ -73,14 +83,14 @@ __global__ void __launch_bounds__(kMergeThreads) merge_partial_kernel(const Merg
   const int64_t b = row / (a.heads * a.rows);
   const int64_t s = a.row_index != nullptr ? static_cast<int64_t>(a.row_index[r]) : a.row_offset + r;
   if (s < 0 || s >= a.seqlen) return;  // uniform over the warp: a broken index is skipped, never written through
-  float* acc_lse = a.acc_lse + b * a.acc_lse_strides.batch + head * a.acc_lse_strides.head + s * a.acc_lse_strides.seq;
+  float* acc_lse = accumulator_lse(a, b, s, head);
   const float lse_acc = *acc_lse;
   const float lse_part =
       a.part_lse[b * a.part_lse_strides.batch + head * a.part_lse_strides.head + r * a.part_lse_strides.seq];
   const float merged = log_add_exp(lse_acc, lse_part);
   const float weight_acc = merge_weight(lse_acc, merged);
   const float weight_part = merge_weight(lse_part, merged);
-  float* acc = a.acc_out + b * a.acc_out_strides.batch + s * a.acc_out_strides.seq + head * a.acc_out_strides.head;
+  float* acc = accumulator_row(a, b, s, head);
   const float* part =
       a.part_out + b * a.part_out_strides.batch + r * a.part_out_strides.seq + head * a.part_out_strides.head;
   for (int64_t d = lane; d < a.head_dim; d += kWarpThreads) {
@@ -133,21 +143,22 @@ __global__ void __launch_bounds__(kCheckThreads) check_row_index_kernel(const Me
     const int64_t head = row % a.heads;
     const int64_t s = (row / a.heads) % a.seqlen;
     const int64_t b = row / (a.heads * a.seqlen);
-    float* acc = a.acc_out + b * a.acc_out_strides.batch + s * a.acc_out_strides.seq + head * a.acc_out_strides.head;
+    float* acc = accumulator_row(a, b, s, head);
     for (int64_t d = 0; d < a.head_dim; ++d) acc[d] = NAN;
-    a.acc_lse[b * a.acc_lse_strides.batch + head * a.acc_lse_strides.head + s * a.acc_lse_strides.seq] = NAN;
+    *accumulator_lse(a, b, s, head) = NAN;
   }
 }
 
-// The check's launch: its shared bitmap past the default 48 KiB needs the kernel's opt-in, set before each launch
-// (a host-side attribute, allowed while a stream is captured).
+// The check's launch: a bitmap past what a launch gets without opting in needs the kernel's opt-in, a host-side
+// attribute (allowed while a stream is captured), set only then.
 cudaError_t launch_row_index_check(const MergeDeviceArgs& a, FaultRecord* fault, cudaStream_t stream) {
   const int64_t bitmap_bytes = (a.seqlen + kBitsPerWord - 1) / kBitsPerWord * static_cast<int64_t>(sizeof(uint32_t));
-  if (bitmap_bytes > kMaxCheckSharedBytes) return cudaErrorInvalidValue;  // validate(MergeArgs) rules it out
-  if (cudaError_t e = cudaFuncSetAttribute(check_row_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(bitmap_bytes));
-      e != cudaSuccess) {
-    return e;
+  if (bitmap_bytes > kSharedBytesWithoutOptIn) {
+    if (cudaError_t e = cudaFuncSetAttribute(check_row_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(bitmap_bytes));
+        e != cudaSuccess) {
+      return e;
+    }
   }
   check_row_index_kernel<<<1, kCheckThreads, static_cast<size_t>(bitmap_bytes), stream>>>(a, fault);
   return cudaGetLastError();

@@ -153,21 +153,12 @@ struct BackwardMma {
           store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
         }
       } else {
-        // The chained layout at d = 128: dQ by column blocks, each chained on its own, as the key split's at d = 256
-        // (run_key_split); dK runs beside the first.
+        // The chained layout at d = 64 and 128: dQ by column blocks, each chained on its own.
         static_assert(Config::kChainsDq, "column blocks up to d = 128 only in the chained layout");
-        for_each(make_int_sequence<Config::kdQColumnBlocks>{}, [&](auto block) {
-          Tensor tdQrdQb = mode_block<2>(tdQrdQ, block);
-          warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), mode_block<1>(tdQrKt, block), tdQrdQb);
-          if constexpr (decltype(block)::value == 0) {
-            warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
-            warpgroup_wait<1>();  // dV and the block done; dK may still run
-          } else {
-            commit_dq(smem, warp_group, Config::dq_position(steps, block - 1));
-            warpgroup_wait<0>();
-          }
-          chain_dq(smem, tdQrdQb, warp_group, thread, Config::dq_position(steps, block));
-        });
+        dq_by_column_blocks(
+            smem, mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ, warp_group, steps,
+            [&] { warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK); },
+            [&](const auto& block, int position) { chain_dq(smem, block, warp_group, thread, position); });
       }
       warpgroup_wait<0>();
       smem.step_rings.release_dout(steps);
@@ -298,21 +289,11 @@ struct BackwardMma {
         warpgroup_wait<1>();  // dQ done; dK^T may still run
         store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
       } else {
-        // d = 256: dQ by column blocks, each handed to the dQ writer on its own, so that the writer reduces the
-        // first while the others are computed, and only one block's registers are live. dK^T runs beside the first.
-        for_each(make_int_sequence<Config::kdQColumnBlocks>{}, [&](auto block) {
-          Tensor tdQrdQb = mode_block<2>(tdQrdQ, block);
-          warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, kdS), mode_block<1>(tdQrKt, block), tdQrdQb);
-          if constexpr (decltype(block)::value == 0) {
-            warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK);
-            warpgroup_wait<1>();  // the block is done; dK^T may still run
-          } else {
-            // The previous block, whose stores drained while this GEMM was issued.
-            commit_dq(smem, warp_group, Config::dq_position(steps, block - 1));
-            warpgroup_wait<0>();
-          }
-          store_dq(smem, tdQrdQb, warp_group, thread, Config::dq_position(steps, block));
-        });
+        // d = 256: dQ by column blocks, each handed to the dQ writer on its own; dK^T runs beside the first.
+        dq_by_column_blocks(
+            smem, mma_dq, tdQrdS(_, _, _, kdS), tdQrKt, tdQrdQ, warp_group, steps,
+            [&] { warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK); },
+            [&](const auto& block, int position) { store_dq(smem, block, warp_group, thread, position); });
       }
       // All of this step's GEMMs are complete before Q's stage is released and before the warpgroup reaches the
       // next step's kDsFreeBarrier, after which the other warpgroup overwrites P and dS.
@@ -526,6 +507,28 @@ struct BackwardMma {
       ds *= fmaf(-t, t, 1.0f);
     }
     return ds;
+  }
+
+  // dQ = dS K by column blocks (Config::kdQColumnBlocks), each handed over on its own, so that the dQ writer reduces
+  // the first while the others are computed and only one block's registers are live: each block's GEMM, then
+  // hand_over(block, its position in the dq ring). issue_dk() issues the dK GEMM beside the first block; each later
+  // block commits the previous one, whose stores drained while its GEMM was issued.
+  template <class TiledMmadQ, class OperandA, class OperandB, class Accumulator, class IssueDk, class HandOver>
+  __device__ static void dq_by_column_blocks(SharedStorage& smem, TiledMmadQ& mma_dq, const OperandA& ds,
+                                             const OperandB& kt, Accumulator& dq, int warp_group, int steps,
+                                             IssueDk&& issue_dk, HandOver&& hand_over) {
+    for_each(make_int_sequence<Config::kdQColumnBlocks>{}, [&](auto block) {
+      Tensor dq_block = mode_block<2>(dq, block);
+      warpgroup_gemm<true>(mma_dq, ds, mode_block<1>(kt, block), dq_block);
+      if constexpr (decltype(block)::value == 0) {
+        issue_dk();
+        warpgroup_wait<1>();  // the block is done; dK may still run
+      } else {
+        commit_dq(smem, warp_group, Config::dq_position(steps, block - 1));
+        warpgroup_wait<0>();
+      }
+      hand_over(dq_block, Config::dq_position(steps, block));
+    });
   }
 
   // The operand of dQ = dS K that `t` holds (dS, or K^T: keys in mode 1): all of it, or in the chained layout only the
