@@ -65,7 +65,7 @@ DASH_HOST_DEVICE constexpr HeadDimSettings head_dim_settings(int head_dim) {
 // rows of dK and dV in registers, d / 2 + d / 2 = d per thread, next to S^T and dP^T (block_q / 2 each) and a dQ
 // partial: 240 registers hold them (128 + 32 + 32 + 32 at 64x128). At d = 192 and 256 dK and dV alone would take
 // 192 or 256, so there both warpgroups work on one tile and split its keys (backward_splits_keys);
-// kernels/sm90/bwd_mma.cuh.
+// kernels/sm90/bwd_mainloop_key_split.cuh.
 DASH_HOST_DEVICE constexpr bool has_backward_kernel(int head_dim) {
   return head_dim_settings(head_dim).head_dim == head_dim;
 }

@@ -55,7 +55,7 @@ const ShapeCase kShapes[] = {
 };
 
 // Every head dim and dtype, forward and backward (the backward runs the key split at 192 and 256, on 64x96 and 64x80
-// tiles, bwd_mma.cuh; symmetric shift is refused there and skipped).
+// tiles, bwd_mainloop_key_split.cuh; symmetric shift is refused there and skipped).
 constexpr Instance kInstances[] = {{64, DType::kBF16},  {64, DType::kFP16},  {96, DType::kBF16},  {96, DType::kFP16},
                                    {128, DType::kBF16}, {128, DType::kFP16}, {192, DType::kBF16}, {192, DType::kFP16},
                                    {256, DType::kBF16}, {256, DType::kFP16}};

@@ -243,8 +243,8 @@ class DashLocalAttention:
     ) -> tuple[Tensor, Tensor, Tensor]:
         # One varlen launch for the call. The varlen kernels give the key rows of a sequence without queries zero
         # gradients, as the per-sequence path does: each of its key/value tiles is a job with no query step, whose
-        # cleared accumulators are stored (make_varlen_job in src/schedule/varlen.hpp, run_jobs and store_dkv in
-        # src/kernels/sm90/bwd_mma.cuh; tests/kernels/test_sm90_varlen.cpp's (0, 50) sequences on poisoned
+        # cleared accumulators are stored (make_varlen_job in src/schedule/varlen.hpp, the job loop and epilogue in
+        # src/kernels/sm90/bwd_job_loop.cuh; tests/kernels/test_sm90_varlen.cpp's (0, 50) sequences on poisoned
         # gradients). The maxima count those sequences too, or their keys would be past max_seqlen_k, which the
         # kernels answer with NaN and a fault.
         cu_seqlens_q, cu_seqlens_k, _ = _device_offsets(offsets_q, offsets_k, q.device)

@@ -68,7 +68,7 @@ template <int kHeadDim>
 using BackwardWarpRoles =
     WarpRoles<backward_splits_keys(kHeadDim) ? 2 : backward_tile_shape(kHeadDim).block_kv / kMmaWarpGroupRows>;
 
-// kSoftcap_: the softcap kernels (bwd_mma.cuh caps the recomputed scores and multiplies dS by tanh's derivative);
+// kSoftcap_: the softcap kernels (bwd_scores.cuh caps the recomputed scores and multiplies dS by tanh's derivative);
 // the others compile without a trace of it.
 // kVarlen_: the kernels of packed varlen batches (schedule/varlen.hpp): the loader fits each unit's jobs to its
 // sequence's lengths read from cu_seqlens and loads the sequence's rows at its offsets, the MMA warpgroups run the
@@ -212,7 +212,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // written from S and dP's (query, key) accumulators with the transposing stmatrix, and read through the transposed
   // view as the K-major B operands of dV^T and dK^T: two buffers at d = 192, one that P and dS share at d = 256
   // (kSharesPdS), where a second would need 228 KiB. Each warpgroup's dV^T GEMM reads only its own keys' columns of
-  // P, so dS may overwrite them once that GEMM is complete (bwd_mma.cuh).
+  // P, so dS may overwrite them once that GEMM is complete (bwd_mainloop_key_split.cuh).
   static constexpr bool kSharesPdS = head_dim_settings(kHeadDim).backward_shares_p_ds;
   static constexpr int kdSBuffers = !kSplitsKeys ? kStages : kSharesPdS ? 1 : 2;
   static constexpr int kKeySplitP = 0;
@@ -240,7 +240,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     PipelineRing<kdQBufferStages> dq_stages[kdQPartials];  // MMA warpgroup -> dQ writer: its dQ partial's column
                                                            // blocks (per step); the chain's sum from warpgroup 1
     // The chained layout's warpgroup 0 -> warpgroup 1: its block is in the dq ring's stage. Only the full barriers
-    // are used: the dq ring's own guard the stage's reuse (bwd_mma.cuh, chain_dq).
+    // are used: the dq ring's own guard the stage's reuse (bwd_dq_handoff.cuh, chain_dq).
     struct NoChain {};
     std::conditional_t<kChainsDq, PipelineRing<kdQBufferStages>, NoChain> dq_chain;
   };
@@ -278,7 +278,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     float scale_log2;        // softmax_scale * log2(e); softcap * log2(e) in the softcap kernels
     float softcap_in;        // softcap kernels: softmax_scale / softcap, what S^T is multiplied by before the tanh
     float softcap_rcp_log2;  // softcap kernels: 1 / (softcap * log2(e)), from P's exponent back to the tanh where
-                             // the MMA warpgroups keep no slope (bwd_mma.cuh, kKeepsSlope)
+                             // the MMA warpgroups keep no slope (bwd_scores.cuh, kKeepsSlope)
     // Varlen kernels: cu_seqlens and the bounds each sequence is clamped to; plan, seqlen_q, seqlen_k and batch are
     // then the maximum problem's, and the descriptors span the packed rows.
     std::conditional_t<kVarlen, PackedBatch, NoPackedBatch> packed;

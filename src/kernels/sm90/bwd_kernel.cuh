@@ -1,16 +1,29 @@
 // The backward main kernel: persistent CTAs, one producer warpgroup (loader + dQ writer) and two MMA
 // warpgroups, connected by mbarriers in shared memory. Reads top to bottom: set up barriers, give
 // registers to the MMA warpgroups, run each role until the schedule runs out of work.
+// Its named parts: the tile scheduler, which walks the schedule for the loader (bwd_tile_scheduler.cuh); the loader
+// (bwd_loader.cuh); the mainloop of the head dim's layout (BackwardMainloop: bwd_mainloop_rows.cuh or
+// bwd_mainloop_key_split.cuh), whose job loop, element-wise part and dQ hand-off both layouts share
+// (bwd_job_loop.cuh, bwd_scores.cuh, bwd_dq_handoff.cuh); the dK/dV epilogue (bwd_epilogue.cuh); the dQ writer
+// (bwd_dq_writer.cuh). Their settings per head dim are bwd_config.cuh's, from schedule/tile_config.hpp's table.
 #pragma once
+
+#include <type_traits>
 
 #include <cutlass/arch/barrier.h>
 
 #include "kernels/sm90/bwd_config.cuh"
 #include "kernels/sm90/bwd_dq_writer.cuh"
 #include "kernels/sm90/bwd_loader.cuh"
-#include "kernels/sm90/bwd_mma.cuh"
+#include "kernels/sm90/bwd_mainloop_key_split.cuh"
+#include "kernels/sm90/bwd_mainloop_rows.cuh"
 
 namespace dash::sm90 {
+
+// The MMA warpgroups' mainloop: each owns 64 key/value rows up to d = 128, or they split the tile's keys at d = 192
+// and 256 (Config::kSplitsKeys, from backward_splits_keys).
+template <class Config>
+using BackwardMainloop = std::conditional_t<Config::kSplitsKeys, KeySplitMainloop<Config>, RowsMainloop<Config>>;
 
 template <class Config>
 __device__ void init_backward_barriers(typename Config::SharedStorage& smem) {
@@ -42,7 +55,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (warp == 0) BackwardLoader<Config>::run(params, smem);
         if (warp == 1) BackwardDqWriter<Config>::run(params, smem);
       },
-      [&](int thread) { BackwardMma<Config>::run(params, smem, thread); });
+      [&](int thread) { BackwardMainloop<Config>::run(params, smem, thread); });
 }
 
 }  // namespace dash::sm90

@@ -45,7 +45,7 @@ struct WarpRoles {
   static constexpr int kDsReadyBarrier = 0;  // backward: dS of a step is complete in shared memory
   static constexpr int kDsFreeBarrier = 1;   // backward: no MMA warpgroup reads dS, which stages dK and dV
   // + w: MMA warpgroup w's own threads: its rows of a staging tile (gemm.cuh), its keys' P before its dV^T GEMM
-  // (bwd_mma.cuh).
+  // (bwd_mainloop_key_split.cuh).
   static constexpr int kWarpGroupBarrierBase = 2;
   static constexpr int kMmaTurnBarrierBase = kWarpGroupBarrierBase + kMmaWarpGroups;  // + w: warpgroup w's GEMM turn
   static constexpr int kNamedBarrierIdEnd = kMmaTurnBarrierBase + kMmaWarpGroups;
