@@ -65,9 +65,19 @@ struct BackwardJobLoop {
     }
   }
 
-  // The mask the job runs: the plan's, or in the varlen kernels its sequence's.
+  // The mask the job runs: the plan's, or in the varlen kernels its sequence's, which is the plan's with the
+  // sequence's lengths. There the rows layout takes the plan's causal flag and window from the kernel's parameters,
+  // which its step loop reads from the constant bank, rather than the record's copies, which it held in registers
+  // over the job: at d = 64 that spilled 17 loads and 19 stores per step (scripts/sass_report.sh). The key split
+  // keeps the record's: from the parameters its step loops grew by 19 and 46 instructions at d = 192 and 256, the
+  // per-row mask tests moved to the uniform datapath.
   __device__ static MaskShape job_mask(const typename Config::JobRecordType& job, const MaskShape& plan_mask) {
-    if constexpr (Config::kVarlen) {
+    if constexpr (Config::kVarlen && !Config::kSplitsKeys) {
+      MaskShape mask = plan_mask;
+      mask.seqlen_q = job.mask.seqlen_q;
+      mask.seqlen_k = job.mask.seqlen_k;
+      return mask;
+    } else if constexpr (Config::kVarlen) {
       return job.mask;
     } else {
       return plan_mask;
