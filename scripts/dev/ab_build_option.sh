@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Same-run A/B of a kernel build option on the GPU machine: builds the kernels twice, the option OFF (A) and ON (B),
-# runs the GPU tests that FILTER selects on B, then times both with `dash-attn bench` on the paper's grid in
-# alternating rounds (A, B, A, B, ...: drift between calls hits both alike) and prints, per schedule and head dim,
-# the geometric mean of B's time over A's (below 1: B is faster) and each shape's ratio of medians.
+# Same-run A/B of kernel builds on the GPU machine: builds the kernels twice, A and B, runs the GPU tests that FILTER
+# selects on B, then times both with `dash-attn bench` in alternating rounds (A, B, A, B, ...: drift between calls
+# hits both alike) on the paper's grid and on a ragged varlen batch (8 sequences of 1,700-2,000 tokens, 15,100 in all,
+# causal and full), and prints, per schedule and head dim, the geometric mean of B's time over A's (below 1: B is
+# faster) and each shape's ratio of medians.
 #   usage: scripts/dev/ab_build_option.sh OPTION OUT_DIR [HEAD_DIMS [SCHEDULES [ROUNDS [FILTER]]]]
-#     OPTION     a CMake option of the kernels, e.g. DASH_BACKWARD_CHAINED_DQ
+#     OPTION     a CMake option of the kernels, e.g. DASH_BACKWARD_CHAINED_DQ: A with it OFF, B with it ON, both from
+#                this tree; or "-": A from the source tree AB_BASE_TREE (e.g. `git archive` of an earlier commit,
+#                unpacked), B from this tree, both at their defaults
 #     HEAD_DIMS  semicolon-separated (default "64;96;128"); SCHEDULES comma-separated (default "auto,nondeterministic")
 #     ROUNDS     alternating rounds (default 3); FILTER a gtest filter for B's test_sm90 (default: the backward
 #                tests, the determinism tests with their negative controls and the ragged sweep of those head dims;
@@ -22,16 +25,23 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
 
-build() {  # build DIR ON|OFF
-  local t0=$SECONDS
-  cmake -S "$repo" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDASH_CUTLASS_DIR="$DASH_CUTLASS_DIR" \
-    -DDASH_HEAD_DIMS="$head_dims" -DDASH_DTYPES=bf16 -DDASH_SOFTCAP_KERNELS=OFF -D"$option"="$2" \
-    > "$1.configure.log" 2>&1 || { tail -20 "$1.configure.log"; return 1; }
-  ninja -C "$1" -j"$(nproc)" test_sm90 dash-attn > "$1.build.log" 2>&1 || { grep -E "error" "$1.build.log" | head -20; return 1; }
-  echo "built $1 ($option=$2) in $((SECONDS - t0)) s"
+build() {  # build SOURCE_TREE BUILD_DIR [CMAKE_ARGS...]
+  local t0=$SECONDS source=$1 dir=$2
+  shift 2
+  cmake -S "$source" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDASH_CUTLASS_DIR="$DASH_CUTLASS_DIR" \
+    -DDASH_HEAD_DIMS="$head_dims" -DDASH_DTYPES=bf16 -DDASH_SOFTCAP_KERNELS=OFF "$@" \
+    > "$dir.configure.log" 2>&1 || { tail -20 "$dir.configure.log"; return 1; }
+  ninja -C "$dir" -j"$(nproc)" test_sm90 dash-attn > "$dir.build.log" 2>&1 || { grep -E "error" "$dir.build.log" | head -20; return 1; }
+  echo "built $dir from $source ($*) in $((SECONDS - t0)) s"
 }
-build "$out/a" OFF > "$out/build_a.txt" 2>&1 &
-build "$out/b" ON > "$out/build_b.txt" 2>&1
+if [[ "$option" == "-" ]]; then
+  : "${AB_BASE_TREE:?OPTION - needs AB_BASE_TREE, the source tree A is built from}"
+  build "$(realpath "$AB_BASE_TREE")" "$out/a" > "$out/build_a.txt" 2>&1 &
+  build "$repo" "$out/b" > "$out/build_b.txt" 2>&1
+else
+  build "$repo" "$out/a" -D"$option"=OFF > "$out/build_a.txt" 2>&1 &
+  build "$repo" "$out/b" -D"$option"=ON > "$out/build_b.txt" 2>&1
+fi
 wait
 cat "$out/build_a.txt" "$out/build_b.txt"
 [[ -x "$out/a/dash-attn" && -x "$out/b/dash-attn" ]] || exit 1
@@ -47,12 +57,19 @@ if [[ "$filter" != "-" ]]; then
 fi
 
 IFS=',' read -ra scheds <<< "$schedules"
+# Ragged lengths: 1700, 2000, 1700, 2000, 2000, 1700, 2000, 2000 (no sequence a whole number of tiles).
+varlen_offsets=0,1700,3700,5400,7400,9400,11100,13100,15100
 for ((r = 1; r <= rounds; r++)); do
   for v in a b; do
     for d in "${dims[@]}"; do
       for s in "${scheds[@]}"; do
         "$out/$v/dash-attn" bench --head-dim "$d" --schedule "$s" --iters 20 --csv "$out/bench_${v}_r${r}_d${d}_${s}.csv" \
           > /dev/null 2>> "$out/bench_errors.log"
+        for mask in full causal; do
+          "$out/$v/dash-attn" bench --head-dim "$d" --schedule "$s" --iters 20 --cu-seqlens "$varlen_offsets" \
+            $([[ $mask == causal ]] && echo --causal) --csv "$out/varlen_${v}_r${r}_d${d}_${s}_${mask}.csv" \
+            > /dev/null 2>> "$out/bench_errors.log"
+        done
       done
     done
   done
@@ -63,23 +80,26 @@ import csv, glob, math, os, statistics, sys
 from collections import defaultdict
 out, rounds = sys.argv[1], int(sys.argv[2])
 times = defaultdict(list)  # (variant, hdim, schedule, mask, seqlen) -> ms per round
-for path in glob.glob(os.path.join(out, "bench_*.csv")):
-    variant, _, d, schedule = os.path.basename(path)[len("bench_"):-len(".csv")].split("_", 3)
+for path in glob.glob(os.path.join(out, "bench_*.csv")) + glob.glob(os.path.join(out, "varlen_*.csv")):
+    kind, name = os.path.basename(path)[: -len(".csv")].split("_", 1)
+    variant, _, d, schedule = name.split("_", 3)[:4] if kind == "bench" else name.split("_", 4)[:4]
     d = d[1:]  # "d128"
     for row in csv.DictReader(open(path)):
-        times[(variant, d, schedule, row["mask"], int(row["seqlen"]))].append(float(row["ms"]))
+        seqlen = int(row["seqlen"]) if kind == "bench" else "varlen"
+        times[(variant, d, schedule, row["mask"], seqlen)].append(float(row["ms"]))
 lines = []
 for d, schedule in sorted({(k[1], k[2]) for k in times}):
-    ratios = []
-    for key in sorted(k for k in times if k[0] == "a" and k[1] == d and k[2] == schedule):
+    ratios = {"the paper grid": [], "the varlen batch": []}
+    for key in sorted((k for k in times if k[0] == "a" and k[1] == d and k[2] == schedule), key=str):
         a, b = times[key], times.get(("b",) + key[1:])
         if b:
             ratio = statistics.median(b) / statistics.median(a)
-            ratios.append(ratio)
+            ratios["the varlen batch" if key[4] == "varlen" else "the paper grid"].append(ratio)
             lines.append(f"  d={d} {schedule} {key[3]} {key[4]}: A {statistics.median(a):.3f} ms, B {statistics.median(b):.3f} ms, B/A {ratio:.3f}")
-    if ratios:
-        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        lines.append(f"d={d} {schedule}: B/A time, geometric mean {geo:.3f} over {len(ratios)} shapes ({rounds} rounds)")
+    for grid, values in ratios.items():
+        if values:
+            geo = math.exp(sum(map(math.log, values)) / len(values))
+            lines.append(f"d={d} {schedule}, {grid}: B/A time, geometric mean {geo:.3f} over {len(values)} shapes ({rounds} rounds)")
 summary = "\n".join(lines)
 print(summary)
 open(os.path.join(out, "summary.txt"), "w").write(summary + "\n")
