@@ -104,9 +104,13 @@ def pad_input(hidden_states: Tensor, indices: Tensor, batch: int, seqlen: int) -
     check_is_tensor(hidden_states, "hidden_states")
     check_is_tensor(indices, "indices")
     for value, name in ((batch, "batch"), (seqlen, "seqlen")):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise TypeError(f"{name} must be an int >= 0, got {value!r}")
-    if indices.dim() != 1 or indices.shape[0] != hidden_states.shape[0] or indices.is_floating_point():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int >= 0, got {type(value).__name__} {value!r}")
+        if value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value}")
+    # A bool tensor would index as a mask, not as rows; a float or complex one does not index at all.
+    integer = not (indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool)
+    if indices.dim() != 1 or indices.shape[0] != hidden_states.shape[0] or not integer:
         raise ValueError(
             f"indices must be a 1-D integer tensor with one entry per row of hidden_states "
             f"({hidden_states.shape[0]}), got {indices.dtype} of shape {tuple(indices.shape)}"

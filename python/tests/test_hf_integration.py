@@ -952,6 +952,39 @@ def test_padding_and_packing_together_are_refused(kernel):
     assert not kernel
 
 
+def test_padding_between_real_tokens_matches_sdpa_without_a_window_and_is_refused_with_one(kernel):
+    """A mask with a hole (padding between two real tokens of a row) under a sliding window: the varlen call packs the
+    row's real tokens together, so its window would reach keys that transformers' window, counted in columns, does
+    not; it must be refused, not computed with another window. Without a window the packed rows give transformers'
+    mask on every real token (the negative control), and so does a window with left or right padding only."""
+    ids = token_ids()
+    mask = torch.ones_like(ids)
+    mask[0, 5:9] = 0  # a hole of 4 columns in row 0, as wide as the window
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    keep = mask.bool()
+    model = tiny_model(tiny_config())
+    logits = model(ids, attention_mask=mask, position_ids=positions).logits
+    model.set_attn_implementation("sdpa")
+    expected = model(ids, attention_mask=mask, position_ids=positions).logits
+    assert relative_error(logits[keep], expected[keep]) < 1e-2
+    windowed = tiny_model(tiny_config(MistralConfig, sliding_window=WINDOW))
+    kernel.clear()
+    with pytest.raises(NotImplementedError, match=r"padding between two real tokens.*sliding_window=4"):
+        windowed(ids, attention_mask=mask, position_ids=positions)
+    assert not kernel
+    # The mask hook records the hole; left and right padding have none.
+    holed = integration.dash_attention_mask(
+        q_length=SEQLEN, kv_length=SEQLEN, mask_function=causal_mask_function, attention_mask=keep
+    )
+    assert holed.holes
+    for side in ("left", "right"):
+        _, sided, _ = padded_batch(side)
+        batch = integration.dash_attention_mask(
+            q_length=SEQLEN, kv_length=SEQLEN, mask_function=causal_mask_function, attention_mask=sided.bool()
+        )
+        assert not batch.holes, side
+
+
 # Packed sequences: the attention function alone.
 
 

@@ -242,6 +242,94 @@ def test_cu_seqlens_shape_and_dtype_are_refused_by_name(fresh_interpreter) -> No
     )
 
 
+# --- CPU: context parallelism's and pad_input's arguments --------------------------------------------------------
+
+
+def test_context_parallel_checks_scale_dtypes_devices_and_heads_before_any_communication(fresh_interpreter) -> None:
+    # No process group exists in the case: every refusal comes before the group is touched.
+    run_case(
+        fresh_interpreter,
+        """
+        from dash_attn import parallel
+        call = parallel.context_parallel_attn_func
+        reference = parallel.TorchLocalAttention()
+        q, kv = cpu_bshd(heads=4), cpu_bshd(heads=2)
+        # softmax_scale was float()-converted unchecked: "0.5" and True became scales, nan and -1 ran.
+        for bad in ("0.5", True, torch.tensor(0.5)):
+            refused(TypeError, ["softmax_scale must be a real number"], call, q, kv, kv, softmax_scale=bad,
+                    local_attention=reference)
+        for bad in (float("nan"), float("inf"), 0.0, -1.0):
+            refused(ValueError, ["softmax_scale must be finite and > 0"], call, q, kv, kv, softmax_scale=bad,
+                    local_attention=reference)
+        refused(ValueError, ["softmax_scale=1e-50", "rounds to 0.0 in float32"], call, q, kv, kv,
+                softmax_scale=1e-50)
+        # k and v in another dtype than q: DASH's kernel would read their bits as q's dtype.
+        half = cpu_bshd(heads=2, dtype=torch.float16)
+        refused(TypeError, ["k.dtype (torch.float16) must equal q.dtype (torch.bfloat16)"], call, q, half, half)
+        refused(TypeError, ["v.dtype"], call, q, kv, half, local_attention=reference)
+        refused(ValueError, ["k is on meta but q is on cpu"], call, q, kv.to("meta"), kv, local_attention=reference)
+        # No key/value head: a ZeroDivisionError before.
+        refused(ValueError, ["at least one head"], call, q, kv[:, :, :0], kv[:, :, :0], local_attention=reference)
+        # DASH's kernel: its dtypes, head dims and device, by name (a KeyError and a driver error before).
+        refused(TypeError, ["q.dtype must be torch.bfloat16 or torch.float16", "DashLocalAttention"], call, q.float(),
+                kv.float(), kv.float())
+        refused(ValueError, ["head_dim", "must be one of"], call, q[..., :80], kv[..., :80], kv[..., :80])
+        refused(ValueError, ["must be CUDA tensors for DASH's kernel"], call, q, kv, kv)
+        # Negative control: a valid call passes every check and meets the missing process group.
+        refused(ValueError, ["process group"], call, q, kv, kv, softmax_scale=0.5, local_attention=reference)
+    """,
+    )
+
+
+def test_layout_helpers_check_ranks_world_sizes_and_offsets(fresh_interpreter) -> None:
+    run_case(
+        fresh_interpreter,
+        """
+        from dash_attn import parallel
+        x = torch.arange(16)[None]
+        # local_cu_seqlens rounded a length that is not a multiple of world_size down, silently.
+        cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+        refused(ValueError, ["cu_seqlens gives sequence 0 length 5, not a multiple of 2"], parallel.local_cu_seqlens,
+                cu, 2)
+        refused(ValueError, ["world_size must be an int >= 1, got 0"], parallel.local_cu_seqlens, cu, 0)
+        refused(TypeError, ["cu_seqlens must be a torch.Tensor"], parallel.local_cu_seqlens, [0, 4, 12], 2)
+        refused(TypeError, ["world_size must be an int >= 1"], parallel.shard_sequence, x, 0, 2.0)
+        # A bool rank was taken as 0 or 1; a float one failed inside indexing.
+        for rank in (True, 0.5):
+            refused(TypeError, ["rank must be an int"], parallel.shard_sequence, x, rank, 2)
+            refused(TypeError, ["rank must be an int"], parallel.shard_packed, x[0], [0, 16], rank, 2)
+        # No shards: a ZeroDivisionError before.
+        refused(ValueError, ["shards must hold one tensor per rank"], parallel.gather_packed, [], [0, 8])
+        refused(ValueError, ["shards must hold one tensor per rank"], parallel.gather_sequence, [])
+        refused(TypeError, ["shards[1] must be a torch.Tensor"], parallel.gather_sequence, [x, [1, 2]], "contiguous")
+        # A bool tensor is no offsets.
+        refused(TypeError, ["cu_seqlens must be a 1-D integer tensor"], parallel.shard_packed, x[0],
+                torch.tensor([False, True]), 0, 1)
+        # Negative controls.
+        assert parallel.local_cu_seqlens(torch.tensor([0, 4, 12], dtype=torch.int32), 2).tolist() == [0, 2, 6]
+        assert parallel.shard_sequence(x, 1, 2).tolist() == [[4, 5, 6, 7, 8, 9, 10, 11]]
+        assert torch.equal(parallel.gather_sequence([parallel.shard_sequence(x, r, 2) for r in range(2)]), x)
+    """,
+    )
+
+
+def test_pad_input_refuses_bool_indices_and_negative_sizes_by_name(fresh_interpreter) -> None:
+    run_case(
+        fresh_interpreter,
+        """
+        rows = torch.arange(2.0)[:, None]
+        # A bool tensor indexed as a mask: an IndexError about mask shapes before.
+        refused(ValueError, ["indices must be a 1-D integer tensor", "torch.bool"], dash_attn.pad_input, rows,
+                torch.tensor([True, False]), 1, 4)
+        refused(ValueError, ["batch must be an int >= 0, got -1"], dash_attn.pad_input, rows, torch.tensor([0, 1]),
+                -1, 4)
+        refused(TypeError, ["seqlen must be an int >= 0", "float"], dash_attn.pad_input, rows, torch.tensor([0, 1]),
+                1, 4.0)
+        assert dash_attn.pad_input(rows, torch.tensor([0, 3]), 1, 4).reshape(-1).tolist() == [0.0, 0.0, 0.0, 1.0]
+    """,
+    )
+
+
 # --- CPU: the exception classes ----------------------------------------------------------------------------------
 
 

@@ -43,7 +43,9 @@ Invariants:
   last q_length columns of the mask and the keys its last kv_length columns (a sliding layer's cache keeps the
   last keys), so the keys must end where the queries do (checked, as for the causal mask). Each sequence attends
   to its own real tokens, bottom-right aligned per sequence: with left padding (generate()'s) or right padding
-  (training) that is transformers' mask on every real token. Padding query rows come out 0. Padding with packing
+  (training) that is transformers' mask on every real token, and so it is for padding between real tokens under the
+  causal or full mask. Under a sliding window it is not (the packed rows close the gaps the window would count), so
+  a sliding layer refuses a mask with such holes. Padding query rows come out 0. Padding with packing
   markers (cu_seq_lens_q/k) is refused as ambiguous; position_ids are not read for packing when the batch is
   padded (generate() gives padding tokens positions that restart).
 - softcap (Gemma 2's config.attn_logit_softcapping) goes to the softcap of flash_attn_func, or of
@@ -244,6 +246,10 @@ class PaddedBatch:
     max_seqlen_q: int
     max_seqlen_k: int
     kv_length: int
+    # Whether some row's real keys are not one run of columns (padding between two real tokens): the varlen call
+    # packs each row's real tokens together, so a sliding window would count the keys it reaches in packed rows,
+    # not in the columns transformers' window counts.
+    holes: bool = False
 
     def on(self, device: torch.device) -> PaddedBatch:
         """This batch on `device` (itself when it is there: a model split over devices copies it)."""
@@ -262,27 +268,32 @@ class PaddedBatch:
             self.max_seqlen_q,
             self.max_seqlen_k,
             self.kv_length,
+            self.holes,
         )
 
 
-def _real_tokens(mask: Tensor) -> tuple[Tensor, Tensor, int]:
-    """The flattened positions of the tokens `mask` (batch, length) marks, their int32 offsets and the longest row
-    (read on the host, at least 1)."""
+def _real_tokens(mask: Tensor) -> tuple[Tensor, Tensor, int, bool]:
+    """The flattened positions of the tokens `mask` (batch, length) marks, their int32 offsets, the longest row
+    (at least 1) and whether some row's tokens are not one run of columns (a hole: padding between two tokens); one
+    read on the host for both."""
     lengths = mask.sum(dim=-1, dtype=torch.int32)
     offsets = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32, device=mask.device)
     torch.cumsum(lengths, dim=0, dtype=torch.int32, out=offsets[1:])
-    return mask.reshape(-1).nonzero().reshape(-1), offsets, max(int(lengths.max()), 1)
+    # A row's tokens are one run iff at most one of them follows a padding column (or starts the row).
+    runs = mask[:, :1].sum(dim=-1, dtype=torch.int32) + (mask[:, 1:] & ~mask[:, :-1]).sum(dim=-1, dtype=torch.int32)
+    longest, most_runs = torch.stack((lengths.max(), runs.max())).tolist()
+    return mask.reshape(-1).nonzero().reshape(-1), offsets, max(longest, 1), most_runs > 1
 
 
 def _padding_from_mask(attention_mask: Tensor, q_length: int, kv_length: int) -> PaddedBatch:
     """PaddedBatch of transformers' 2-D padding mask: keys are its last kv_length columns, queries its last
     q_length (the keys end where the queries do: dash_attention_mask checked it)."""
     key_mask = attention_mask[:, -kv_length:].bool()
-    indices_k, cu_seqlens_k, max_k = _real_tokens(key_mask)
+    indices_k, cu_seqlens_k, max_k, holes = _real_tokens(key_mask)
     if q_length == kv_length:
-        return PaddedBatch(indices_k, indices_k, cu_seqlens_k, cu_seqlens_k, max_k, max_k, kv_length)
-    indices_q, cu_seqlens_q, max_q = _real_tokens(key_mask[:, -q_length:])
-    return PaddedBatch(indices_q, indices_k, cu_seqlens_q, cu_seqlens_k, max_q, max_k, kv_length)
+        return PaddedBatch(indices_k, indices_k, cu_seqlens_k, cu_seqlens_k, max_k, max_k, kv_length, holes)
+    indices_q, cu_seqlens_q, max_q, _ = _real_tokens(key_mask[:, -q_length:])
+    return PaddedBatch(indices_q, indices_k, cu_seqlens_q, cu_seqlens_k, max_q, max_k, kv_length, holes)
 
 
 def _unpacked(mask_function: object) -> tuple[object, Tensor | None]:
@@ -448,6 +459,13 @@ def _padded_attention(
         raise NotImplementedError(
             f"the layer has {seqlen_k} keys but its padding mask covers {padded.kv_length}: a layer whose keys "
             f"differ from the mask transformers made for it"
+        )
+    if padded.holes and options["window_size"] != (-1, -1):
+        raise NotImplementedError(
+            f"attention_mask has padding between two real tokens of a row (not only left or right padding), and "
+            f"the layer has sliding_window={options['window_size'][0] + 1}: DASH packs each row's real tokens "
+            f"together, so its window would count the keys it reaches without the padding between them, while "
+            f"transformers' counts every column. Pad on the left or the right only"
         )
     padded = padded.on(query.device)
     position_ids = kwargs.get("position_ids")

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .._arguments import check_flags, resolve_window
+from .._arguments import SUPPORTED_DTYPES, _checked_real, check_flags, resolve_scale, resolve_window
+from .._library import HEAD_DIMS
 from ._layout import check_cu_seqlens, check_layout
 from ._local import NO_WINDOW, DashLocalAttention, FlashAttention3LocalAttention, LocalAttention
 from ._ring import Geometry as RingGeometry
@@ -52,11 +53,33 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor, packed: bool) -> None:
             f"q is {tuple(q.shape)}, k is {tuple(k.shape)}"
         )
     heads_q, heads_kv = q.shape[-2], k.shape[-2]
+    if heads_q < 1 or heads_kv < 1:
+        raise ValueError(f"q and k must have at least one head, got q.shape {tuple(q.shape)}, k.shape {tuple(k.shape)}")
     if heads_q % heads_kv:
         raise ValueError(f"q's heads ({heads_q}) must be a multiple of k's and v's heads ({heads_kv})")
+    # A kernel reads k and v in q's dtype, on q's device: DASH's would reinterpret the bits of another dtype.
+    for t, name in ((k, "k"), (v, "v")):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}.dtype ({t.dtype}) must equal q.dtype ({q.dtype})")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all three must be on one device")
 
 
-def _check_local_options(local: LocalAttention, packed: bool, window: tuple[int, int]) -> None:
+def _check_local_options(local: LocalAttention, q: Tensor, packed: bool, window: tuple[int, int]) -> None:
+    if isinstance(local, DashLocalAttention):
+        # What flash_attn_func checks; DASH's local kernel is called below those checks.
+        if q.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"q.dtype must be torch.bfloat16 or torch.float16 for DASH's kernel (DashLocalAttention), got "
+                f"{q.dtype}; TorchLocalAttention takes any dtype"
+            )
+        if q.shape[-1] not in HEAD_DIMS:
+            raise ValueError(f"head_dim (q.shape[-1]) must be one of {HEAD_DIMS} for DASH's kernel, got {q.shape[-1]}")
+        if q.device.type != "cuda":
+            raise ValueError(
+                f"q, k and v must be CUDA tensors for DASH's kernel (DashLocalAttention), got device {q.device}; "
+                f"TorchLocalAttention runs on any device"
+            )
     if isinstance(local, FlashAttention3LocalAttention) and (packed or window != NO_WINDOW):
         raise NotImplementedError(
             "FlashAttention3LocalAttention takes neither cu_seqlens nor window_size; use DASH's kernel "
@@ -75,6 +98,16 @@ def _resolve_local(
             "at their defaults and configure the kernel (e.g. DashLocalAttention(schedule=..., sm_margin=...))"
         )
     return local_attention
+
+
+def _resolve_scale(softmax_scale: object, local: LocalAttention, head_dim: int) -> float:
+    """head_dim ** -0.5 for None; otherwise a real number, finite and > 0, as flash_attn_func takes it (and, for the
+    kernels that compute in float32, DASH's and FlashAttention-3's, a normal float32)."""
+    if isinstance(local, (DashLocalAttention, FlashAttention3LocalAttention)):
+        return resolve_scale(softmax_scale, head_dim, "softmax_scale")
+    if softmax_scale is None:
+        return head_dim**-0.5
+    return _checked_real(softmax_scale, "softmax_scale", "a real number (finite and > 0)", "finite and > 0")
 
 
 def _check_determinism_switch(local: LocalAttention, tensors: tuple[Tensor, Tensor, Tensor]) -> None:
@@ -145,8 +178,8 @@ def context_parallel_attn_func(
     if mode == "ring" and causal and layout != "zigzag":
         raise ValueError('ring mode with causal=True needs layout="zigzag" (see dash_attn.parallel.shard_sequence)')
     local = _resolve_local(local_attention, deterministic, schedule, sm_margin)
-    _check_local_options(local, packed, window)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = _resolve_scale(softmax_scale, local, q.shape[-1])
+    _check_local_options(local, q, packed, window)
     _check_determinism_switch(local, (q, k, v))
     transport = ProcessGroupTransport() if transport is None else transport
 

@@ -53,6 +53,7 @@ def shard_sequence(x: Tensor, rank: int, world_size: int, layout: str = "zigzag"
     """Rank `rank`'s shard of the full sequence `x` (sequence along `dim`) in `layout`: a view for contiguous,
     a new tensor for zigzag."""
     check_layout(layout)
+    _check_world_size(world_size)
     _check_rank(rank, world_size)
     _check_divisible(x.shape[dim], layout, world_size)
     chunks = x.chunk(_pieces(layout, world_size), dim=dim)
@@ -64,6 +65,7 @@ def shard_sequence(x: Tensor, rank: int, world_size: int, layout: str = "zigzag"
 def gather_sequence(shards: Sequence[Tensor], layout: str = "zigzag", dim: int = 1) -> Tensor:
     """The full sequence from the shards of every rank, in rank order: the inverse of shard_sequence."""
     check_layout(layout)
+    _check_shards(shards)
     if layout == "contiguous":
         return torch.cat(tuple(shards), dim=dim)
     world_size = len(shards)
@@ -91,7 +93,13 @@ def check_cu_seqlens(cu_seqlens: object, world_size: int, layout: str, name: str
     tensor is copied to the host) or a sequence of ints, starting at 0, non-decreasing, each sequence's length a
     multiple of the pieces the layout cuts it into. Raises TypeError or ValueError naming `name` and the rule."""
     if isinstance(cu_seqlens, Tensor):
-        if cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex:
+        # A bool tensor is no offsets: its True and False would read as 1 and 0.
+        if (
+            cu_seqlens.dim() != 1
+            or cu_seqlens.dtype.is_floating_point
+            or cu_seqlens.dtype.is_complex
+            or cu_seqlens.dtype == torch.bool
+        ):
             raise TypeError(f"{name} must be a 1-D integer tensor or a sequence of ints, got {cu_seqlens!r}")
         offsets = tuple(int(x) for x in cu_seqlens.tolist())
     elif isinstance(cu_seqlens, Sequence) and all(
@@ -126,7 +134,29 @@ def packed_rows(offsets: Sequence[int], rank: int, world_size: int, layout: str)
     return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
 
 
-def _check_rank(rank: int, world_size: int) -> None:
+def _check_world_size(world_size: object) -> None:
+    """world_size must be an int >= 1: 0 would divide by zero, a bool or a float would index or divide wrongly."""
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
+        raise TypeError(f"world_size must be an int >= 1, got {type(world_size).__name__} {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size}")
+
+
+def _check_shards(shards: object) -> None:
+    """The shards of every rank: a sequence of at least one tensor (one per rank)."""
+    if not isinstance(shards, Sequence) or isinstance(shards, (str, Tensor)):
+        raise TypeError(f"shards must be a sequence of tensors, one per rank in order, got {type(shards).__name__}")
+    if not shards:
+        raise ValueError("shards must hold one tensor per rank (at least one), got none")
+    for r, shard in enumerate(shards):
+        if not isinstance(shard, Tensor):
+            raise TypeError(f"shards[{r}] must be a torch.Tensor (rank {r}'s shard), got {type(shard).__name__}")
+
+
+def _check_rank(rank: object, world_size: int) -> None:
+    # A bool would pass the range test as 0 or 1 and a float would fail deep inside indexing.
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
+        raise TypeError(f"rank must be an int, got {type(rank).__name__} {rank!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must satisfy 0 <= rank < world_size = {world_size}, got {rank}")
 
@@ -139,6 +169,7 @@ def shard_packed(
     per-token tensors such as input_ids, labels and position_ids; the rank's cu_seqlens are
     local_cu_seqlens(cu_seqlens, world_size)."""
     check_layout(layout)
+    _check_world_size(world_size)
     _check_rank(rank, world_size)
     offsets = check_cu_seqlens(cu_seqlens, world_size, layout)
     if x.shape[dim] != offsets[-1]:
@@ -149,6 +180,7 @@ def shard_packed(
 def gather_packed(shards: Sequence[Tensor], cu_seqlens: object, layout: str = "zigzag", dim: int = 0) -> Tensor:
     """The whole packed batch from the shards of every rank, in rank order: the inverse of shard_packed."""
     check_layout(layout)
+    _check_shards(shards)
     world_size = len(shards)
     offsets = check_cu_seqlens(cu_seqlens, world_size, layout)
     rows = torch.cat([packed_rows(offsets, r, world_size, layout) for r in range(world_size)])
@@ -160,5 +192,11 @@ def gather_packed(shards: Sequence[Tensor], cu_seqlens: object, layout: str = "z
 
 def local_cu_seqlens(cu_seqlens: Tensor, world_size: int) -> Tensor:
     """The cu_seqlens of every rank's shard of a packed batch: the global ones divided by world_size (each rank
-    holds 1 / world_size of every sequence)."""
+    holds 1 / world_size of every sequence). The global ones are checked as shard_packed checks them, each
+    sequence's length a multiple of world_size (a CUDA tensor is copied to the host): a length that is not would
+    give every rank offsets rounded down, which no shard has."""
+    _check_world_size(world_size)
+    if not isinstance(cu_seqlens, Tensor):
+        raise TypeError(f"cu_seqlens must be a torch.Tensor (1-D, integer), got {type(cu_seqlens).__name__}")
+    check_cu_seqlens(cu_seqlens, world_size, "contiguous")
     return torch.div(cu_seqlens, world_size, rounding_mode="floor")
