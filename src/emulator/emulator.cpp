@@ -19,7 +19,7 @@
 
 #include "planner/schedule_plan.hpp"
 #include "reference/attention_reference.hpp"
-#include "schedule/schedule.hpp"
+#include "schedule/job_walk.hpp"
 
 namespace dash {
 namespace {
@@ -123,13 +123,13 @@ std::vector<float> row_deltas(const EmulatorInputs& in, const std::vector<Sequen
 }
 
 // What a run needs besides the inputs: the sequences, the delta, and each sequence's plan (the plan itself for a
-// dense batch; sequence_plan for a varlen one), whose q_tile_at and rank_of give the visits and ranks.
+// dense batch; sequence_plan for a varlen one), whose problem gives its dQ tiles' contributions.
 struct RunContext {
   const EmulatorInputs& inputs;
   std::vector<Sequence> sequences;
   std::vector<float> delta;
   std::vector<SchedulePlan> sequence_plans;
-  bool varlen;  // jobs fitted to each sequence's lengths (make_varlen_job) rather than the plan's (make_job)
+  bool varlen;  // jobs fitted to each sequence's lengths (for_each_varlen_job_of_unit) rather than the plan's
 };
 
 // One execution of the plan with fresh accumulators, semaphores and delays.
@@ -208,36 +208,33 @@ class EmulatedRun {
     }
   }
 
+  // The unit's jobs as the kernels' tile scheduler walks them (schedule/job_walk.hpp).
   void run_unit(int unit, int cta, std::mt19937& rng, Scratch& s) {
-    for (int sub = 0; sub < plan_.jobs_per_unit; ++sub) {
-      const Job job =
-          context_.varlen ? make_varlen_job(plan_, unit, sub, lengths_of_unit(unit)) : make_job(plan_, unit, sub);
-      if (job.valid) run_job(job, cta, rng, s);
+    const auto run = [&](const Job& job, const SchedulePlan& job_plan) { run_job(job, job_plan, cta, rng, s); };
+    if (context_.varlen) {
+      for_each_varlen_job_of_unit(plan_, unit, context_.sequences[varlen_sequence_of_unit(plan_, unit)].lengths, run);
+    } else {
+      for_each_job_of_unit(plan_, unit, run);
     }
   }
 
-  SequenceLengths lengths_of_unit(int unit) const {
-    return context_.sequences[varlen_sequence_of_unit(plan_, unit)].lengths;
-  }
-
-  void run_job(const Job& job, int cta, std::mt19937& rng, Scratch& s) {
+  void run_job(const Job& job, const SchedulePlan& plan, int cta, std::mt19937& rng, Scratch& s) {
     const KvJobCoord kv = p_.kv_coord(job.head);
-    const SchedulePlan& plan = context_.sequence_plans[kv.batch];
     const int col0 = job.kv_tile * p_.block_kv;
     const int cols = std::min(p_.block_kv, plan.problem.seqlen_k - col0);
     std::fill(s.dk.begin(), s.dk.end(), 0.0f);
     std::fill(s.dv.begin(), s.dv.end(), 0.0f);
     std::uniform_int_distribution<int> delay_us(0, options_.max_delay_us);
     for (int step = 0; step < job.num_steps; ++step) {
-      const int v = q_tile_at(plan, job, step);
-      const QTileCoord qc = p_.q_coord(job.head, v);
+      const Visit visit = visit_at(p_, plan, job, step);
+      const QTileCoord qc = p_.q_coord(job.head, visit.q_tile);
       const int row0 = qc.q_tile * p_.block_q;
       const int rows = std::min(p_.block_q, plan.problem.seqlen_q - row0);
       compute_step(plan.problem.mask(), kv, col0, cols, qc, row0, rows, s);
       // The delay stands for everything that makes CTAs reach their reductions at varying times on
       // the GPU (clock, memory and scheduling jitter).
       if (const int us = delay_us(rng); us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
-      if (!reduce_dq(p_.dq_tile_index(job.head, v), rank_of(plan, job, v), qc, row0, rows, cta, s)) return;
+      if (!reduce_dq(visit.dq_tile, visit.rank, qc, row0, rows, cta, s)) return;
     }
     store_dk_dv(kv, col0, cols, s);
   }

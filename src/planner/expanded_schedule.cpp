@@ -1,15 +1,13 @@
 #include "planner/expanded_schedule.hpp"
 
-#include "schedule/schedule.hpp"
+#include "schedule/job_walk.hpp"
 
 namespace dash {
 
 ExpandedSchedule expand_schedule(const SchedulePlan& plan) {
   return expand_schedule(
       plan, [&](int) { return plan.problem; },
-      [&](int unit, int sub) {
-        return UnitJob{make_job(plan, unit, sub), plan};
-      });
+      [&](int unit, const OnJob& on_job) { for_each_job_of_unit(plan, unit, on_job); });
 }
 
 ExpandedSchedule expand_schedule(const SchedulePlan& plan, const HeadProblem& head_problem, const UnitJobs& unit_jobs) {
@@ -25,16 +23,10 @@ ExpandedSchedule expand_schedule(const SchedulePlan& plan, const HeadProblem& he
   out.unit_first_job.reserve(static_cast<size_t>(plan.num_units) + 1);
   for (int unit = 0; unit < plan.num_units; ++unit) {
     out.unit_first_job.push_back(static_cast<int>(out.jobs.size()));
-    for (int sub = 0; sub < plan.jobs_per_unit; ++sub) {
-      const UnitJob unit_job = unit_jobs(unit, sub);
-      const Job& job = unit_job.job;
-      if (!job.valid) continue;
+    unit_jobs(unit, [&](const Job& job, const SchedulePlan& job_plan) {
       out.jobs.push_back({job, unit, static_cast<int>(out.steps.size())});
-      for (int step = 0; step < job.num_steps; ++step) {
-        const int v = q_tile_at(unit_job.visits, job, step);
-        out.steps.push_back({v, p.dq_tile_index(job.head, v), rank_of(unit_job.visits, job, v)});
-      }
-    }
+      for (int step = 0; step < job.num_steps; ++step) out.steps.push_back(visit_at(p, job_plan, job, step));
+    });
   }
   out.unit_first_job.push_back(static_cast<int>(out.jobs.size()));
   return out;

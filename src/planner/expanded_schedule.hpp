@@ -5,15 +5,13 @@
 #include <functional>
 #include <vector>
 
+#include "schedule/job_walk.hpp"
 #include "schedule/plan.hpp"
 
 namespace dash {
 
-struct Step {
-  int q_tile;   // virtual query tile visited
-  int dq_tile;  // dQ tile (and semaphore) the partial is summed into
-  int rank;     // position in that tile's summation order, or kUnordered
-};
+// A job's visit at one step (schedule/job_walk.hpp).
+using Step = Visit;
 
 struct ExpandedJob {
   Job job;
@@ -38,14 +36,10 @@ ExpandedSchedule expand_schedule(const SchedulePlan& plan);
 // (schedule/varlen.hpp), whose heads are the maximum problem's.
 using HeadProblem = std::function<TiledProblem(int head)>;
 
-// Job `sub` of unit `unit` (valid == false when the unit has none), and the plan whose q_tile_at and rank_of give
-// its visits: make_job and the plan itself for a dense batch; for a varlen batch make_varlen_job and the plan
-// fitted to the unit's sequence.
-struct UnitJob {
-  Job job;
-  SchedulePlan visits;
-};
-using UnitJobs = std::function<UnitJob(int unit, int sub)>;
+// Calls on_job(job, job_plan) for each valid job of unit `unit`, job_plan the plan whose q_tile_at and rank_of give its
+// visits: for_each_job_of_unit for a dense batch, for_each_varlen_job_of_unit for a varlen one (job_walk.hpp).
+using OnJob = std::function<void(const Job& job, const SchedulePlan& job_plan)>;
+using UnitJobs = std::function<void(int unit, const OnJob& on_job)>;
 
 // The expansion both kinds of batch share: the plan's units, with their jobs from `unit_jobs` and each dQ tile's
 // contributions from its head's problem.

@@ -147,9 +147,8 @@ std::string check_varlen_lengths(const VarlenPlan& plan, const std::vector<Seque
 
 ExpandedSchedule expand_varlen_schedule(const VarlenPlan& varlen, const std::vector<SequenceLengths>& lengths) {
   const SchedulePlan& plan = varlen.plan;
-  return expand_schedule(plan, sequence_of_head(plan.problem, lengths), [&](int unit, int sub) {
-    const SequenceLengths len = lengths[varlen_sequence_of_unit(plan, unit)];
-    return UnitJob{make_varlen_job(plan, unit, sub, len), sequence_plan(plan, len)};
+  return expand_schedule(plan, sequence_of_head(plan.problem, lengths), [&](int unit, const OnJob& on_job) {
+    for_each_varlen_job_of_unit(plan, unit, lengths[varlen_sequence_of_unit(plan, unit)], on_job);
   });
 }
 

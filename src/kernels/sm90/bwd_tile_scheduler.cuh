@@ -1,17 +1,16 @@
 // Backward tile scheduler: the CTA's walk over the schedule, which the loader runs (bwd_loader.cuh). It takes the
 // CTA's work units in dispatch order (from the global counter under dynamic dispatch; c, c + S, c + 2S, ... under
 // static), and hands the loader each valid job of each unit with the plan its steps follow, then each step's record
-// and query tile. The schedule's functions (schedule/schedule.hpp: make_job, q_tile_at, rank_of) stay the one
-// definition of the order; this is their caller in the kernels, and the loader does no schedule arithmetic of its own.
+// and query tile. A unit's jobs and a job's visits are the plan's walk (schedule/job_walk.hpp), which the emulator and
+// the planner's expansion share; the dispatch of units is the kernels' own, and the loader does no schedule arithmetic.
 //
 // The varlen kernels walk the maximum plan's units in the same order and fit each unit's jobs to its sequence
-// (schedule/varlen.hpp): make_varlen_job, and q_tile_at and rank_of of the sequence's plan; dQ tiles, and the LSE and
-// dpsum rows of the workspace, keep the maximum problem's numbering. The sequence's rows come from cu_seqlens,
-// clamped (packed_sequence).
+// (for_each_varlen_job_of_unit); dQ tiles, and the LSE and dpsum rows of the workspace, keep the maximum problem's
+// numbering. The sequence's rows come from cu_seqlens, clamped (packed_sequence).
 #pragma once
 
 #include "kernels/sm90/bwd_config.cuh"
-#include "schedule/schedule.hpp"
+#include "schedule/job_walk.hpp"
 #include "schedule/varlen.hpp"
 
 namespace dash::sm90 {
@@ -40,16 +39,11 @@ struct BackwardTileScheduler {
       if (unit >= plan.num_units) break;
       if constexpr (Config::kVarlen) {
         const PackedSequence sequence = packed_sequence(p.packed, varlen_sequence_of_unit(plan, unit));
-        const SchedulePlan fitted = sequence_plan(plan, sequence.lengths);
-        for (int sub = 0; sub < plan.jobs_per_unit; ++sub) {
-          const Job job = make_varlen_job(plan, unit, sub, sequence.lengths);
-          if (job.valid) on_job(job, sequence, fitted);
-        }
+        for_each_varlen_job_of_unit(plan, unit, sequence.lengths,
+                                    [&](const Job& job, const SchedulePlan& fitted) { on_job(job, sequence, fitted); });
       } else {
-        for (int sub = 0; sub < plan.jobs_per_unit; ++sub) {
-          const Job job = make_job(plan, unit, sub);
-          if (job.valid) on_job(job, WholeBatch{}, plan);
-        }
+        for_each_job_of_unit(
+            plan, unit, [&](const Job& job, const SchedulePlan& job_plan) { on_job(job, WholeBatch{}, job_plan); });
       }
     }
   }
@@ -58,9 +52,9 @@ struct BackwardTileScheduler {
   // tile's coordinates and numbering from the plan's problem (the maximum problem in the varlen kernels).
   __device__ static Step step(const Params& p, const SchedulePlan& job_plan, const Job& job, int step) {
     const TiledProblem& problem = p.plan.problem;
-    const int v = q_tile_at(job_plan, job, step);
-    const QTileCoord q = problem.q_coord(job.head, v);
-    return Step{StepRecord{q.q_tile, problem.dq_tile_index(job.head, v), rank_of(job_plan, job, v)}, q};
+    const Visit visit = visit_at(problem, job_plan, job, step);
+    const QTileCoord q = problem.q_coord(job.head, visit.q_tile);
+    return Step{StepRecord{q.q_tile, visit.dq_tile, visit.rank}, q};
   }
 
   // The first row of query tile `q` in the workspace's LSE and dpsum, numbered in the plan's problem.
