@@ -23,6 +23,8 @@ enum class StatusCode : int {
                        // are NaN); reported once
   kRowIndexInvalid,    // an earlier merge_partial on the device had a row_index outside its accumulators or naming a
                        // row twice (its accumulators are NaN); reported once
+  kCuSeqlensInvalid,   // an earlier varlen call on the device had cu_seqlens not starting at 0, decreasing or ending
+                       // past the total (all its outputs are NaN); reported once
 };
 
 // Short stable name of a code, e.g. "invalid-argument".

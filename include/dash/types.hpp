@@ -107,9 +107,11 @@ struct MutableTensorRef {
 // starting at 0, non-decreasing, each sequence within the maxima, the last offsets at most total_q and total_k, and,
 // with keys_within_queries, seqlen_k <= seqlen_q per sequence. A sequence longer than a maximum, or with more keys
 // than queries under keys_within_queries, is caught on the device: every row of it in the call's outputs (out and the LSE, or dq, dk and dv) is NaN, and the next call on the
-// device returns kSeqlenExceedsMax naming it. Offsets that break the rest of the contract give the sequences
-// concerned unspecified results, but no kernel reads or writes outside the tensors or hangs: each sequence is
-// clamped to the totals and the maxima first (schedule/varlen.hpp, packed_sequence).
+// device returns kSeqlenExceedsMax naming it. Offsets out of order (not starting at 0, decreasing, or ending past
+// total_q or total_k), whose sequences would leave rows unwritten or overlap, are caught on the device too: every row
+// of the call's outputs is NaN, and the next call returns kCuSeqlensInvalid naming the entry. Either way no kernel
+// reads or writes outside the tensors or hangs: each sequence is clamped to the totals and the maxima first
+// (schedule/varlen.hpp, packed_sequence).
 struct VarlenBatch {
   const int32_t* cu_seqlens_q = nullptr;  // device memory; both null: not a varlen call
   const int32_t* cu_seqlens_k = nullptr;

@@ -36,7 +36,7 @@ LIBRARY_FILE = "libdash_attn_c.so"
 LIBRARY_ENV = "DASH_ATTN_LIBRARY"
 
 # DASH_C_ABI_VERSION of the dash_c.h these structs mirror; a library of another version is refused.
-ABI_VERSION = 13
+ABI_VERSION = 14
 
 # The canonical schedule names, in dash::kAllSchedules order. Kept here so names can be checked before the
 # library is loaded; load() verifies that the library agrees.
@@ -207,9 +207,9 @@ class ArgumentRefusedError(LibraryError, ValueError):
 
 class ResultPoisonedError(LibraryError):
     """An earlier call on the device could not vouch for its result: its rows were filled with NaN on the device
-    (a bounded wait that gave up, a sequence longer than the max_seqlen it was planned for), and the library says
-    which at the next call. A RuntimeError, not a ValueError: the arguments of the call that raises it are not at
-    fault."""
+    (a bounded wait that gave up, a sequence longer than the max_seqlen it was planned for, varlen offsets out of
+    order, a merge's row index outside its accumulators), and the library says which at the next call. A
+    RuntimeError, not a ValueError: the arguments of the call that raises it are not at fault."""
 
 
 # The statuses whose refusals are argument errors (dash_c.h's codes), and those that report a poisoned result.
@@ -221,6 +221,7 @@ STATUS_SCHEDULE_REJECTED = 7
 STATUS_WAIT_TIMEOUT = 9
 STATUS_SEQLEN_EXCEEDS_MAX = 10
 STATUS_ROW_INDEX_INVALID = 11
+STATUS_CU_SEQLENS_INVALID = 12
 _ERROR_CLASSES: dict[int, type[LibraryError]] = {
     STATUS_INVALID_ARGUMENT: ArgumentRefusedError,
     STATUS_NOT_SUPPORTED: ArgumentRefusedError,
@@ -230,6 +231,7 @@ _ERROR_CLASSES: dict[int, type[LibraryError]] = {
     # A library that never returns this code loses nothing by the entry.
     STATUS_SEQLEN_EXCEEDS_MAX: ResultPoisonedError,
     STATUS_ROW_INDEX_INVALID: ResultPoisonedError,
+    STATUS_CU_SEQLENS_INVALID: ResultPoisonedError,
 }
 
 

@@ -553,36 +553,41 @@ def test_gpu_nan_and_inf_inputs_give_nan_where_expected_and_no_crash(gpu_case) -
     """)
 
 
-def test_gpu_broken_cu_seqlens_neither_hang_nor_crash(gpu_case) -> None:
+def test_gpu_offsets_out_of_order_poison_every_row_and_are_reported(gpu_case, library) -> None:
+    """cu_seqlens that do not start at 0, decrease or end past the rows: no hang, no crash, every element of the
+    call's out NaN, and the next call raises ResultPoisonedError naming the entry. The negative controls: a last offset
+    below the rows (the rest is padding) and empty sequences are in order, finite and not reported."""
+    if library.load().dash_status_name(library.STATUS_CU_SEQLENS_INVALID).decode() == "unknown-status":
+        pytest.skip("this library does not report cu_seqlens out of order (C ABI 14)")
     gpu_case("""
         q = torch.randn(300, 4, 128, device=device, dtype=torch.bfloat16)
-
-        def varlen(*args):
-            # A broken batch may leave a sequence past the maxima, which the library reports at the next call
-            # (ResultPoisonedError): that is a correct answer here, not a failure.
-            try:
-                return dash_attn.flash_attn_varlen_func(*args)
-            except dash_attn.ResultPoisonedError:
-                return None
-
+        in_order = torch.tensor([0, 100, 200, 300], dtype=torch.int32, device=device)
         broken = {
-            "non-monotone": [0, 200, 100, 300],
-            "wrong last value": [0, 100, 200, 250],
-            "past the rows": [0, 100, 200, 4000],
+            "decreasing": ([0, 200, 100, 300], "cu_seqlens_q[2] = 100 < cu_seqlens_q[1] = 200"),
+            "past the rows": ([0, 100, 200, 4000], "cu_seqlens_q[3] = 4000 > total_q = 300"),
+            "not from 0": ([7, 100, 200, 300], "cu_seqlens_q[0] = 7, where the offsets start at 0"),
         }
-        for name, offsets in broken.items():
+        for name, (offsets, words) in broken.items():
             cu = torch.tensor(offsets, dtype=torch.int32, device=device)
-            out = varlen(q, q, q, cu, cu, 300, 300)
+            out = dash_attn.flash_attn_varlen_func(q, q, q, cu, cu, 300, 300)
             torch.cuda.synchronize()
-            assert out is None or out.shape == q.shape, name
+            assert out.shape == q.shape and torch.isnan(out).all(), name
+            try:
+                dash_attn.flash_attn_varlen_func(q, q, q, in_order, in_order, 100, 100)
+            except dash_attn.ResultPoisonedError as error:
+                assert error.status == "cu-seqlens-invalid" and words in error.message, (name, str(error))
+            else:
+                raise AssertionError(f"{name}: the next call did not report the offsets")
+        # A last offset below the rows is in order: the rows after it are padding, 0.
+        short = torch.tensor([0, 100, 200, 250], dtype=torch.int32, device=device)
+        out = dash_attn.flash_attn_varlen_func(q, q, q, short, short, 100, 100)
+        assert torch.isfinite(out).all() and not out[250:].any()
+        # Empty sequences are in order: their rows are nobody's, the others match their own dense call.
         cu = torch.tensor([0, 0, 100, 100, 300], dtype=torch.int32, device=device)
-        varlen(q, q, q, cu, cu, 200, 200)  # takes a report the last broken batch may have left
-        # Empty sequences are valid: their rows are nobody's, the others match their own dense call.
         out = dash_attn.flash_attn_varlen_func(q, q, q, cu, cu, 200, 200)
         dense = dash_attn.flash_attn_func(q[None, 100:300], q[None, 100:300], q[None, 100:300])[0]
         assert (out[100:300].float() - dense.float()).abs().max() < 2e-2
-        # The device is still usable after the broken calls.
-        assert torch.isfinite(dash_attn.flash_attn_func(q[None], q[None], q[None])).all()
+        assert torch.isfinite(dash_attn.flash_attn_func(q[None], q[None], q[None])).all(), "nothing left to report"
     """)
 
 

@@ -131,6 +131,31 @@ std::string row_index_message(const kernels::FaultRecord& record, int device) {
          "NaN; recompute the merge with distinct rows in [0, seqlen)";
 }
 
+std::string offsets_message(const kernels::FaultRecord& record, int device) {
+  const bool forward = record.pass == kernels::FaultPass::kForward;
+  const std::string name = record.offsets_of_keys != 0 ? "cu_seqlens_k" : "cu_seqlens_q";
+  const int i = record.offsets_index;
+  const auto entry = [&](int at) { return name + "[" + std::to_string(at) + "]"; };
+  std::string rule;
+  if (i == 0) {
+    rule = entry(0) + " = " + std::to_string(record.offsets_value) + ", where the offsets start at 0";
+  } else if (record.offsets_value < record.offsets_previous) {
+    rule = entry(i) + " = " + std::to_string(record.offsets_value) + " < " + entry(i - 1) + " = " +
+           std::to_string(record.offsets_previous) + ", where the offsets never decrease";
+  } else {
+    rule = entry(i) + " = " + std::to_string(record.offsets_value) + " > " +
+           (record.offsets_of_keys != 0 ? "total_k" : "total_q") + " = " + std::to_string(record.offsets_total) +
+           ", where the offsets end within the packed rows";
+  }
+  return std::string("a varlen ") + (forward ? "forward" : "backward") + " on device " + std::to_string(device) +
+         " was given offsets out of order: " + rule +
+         ". Its sequences' rows were no partition of the packed rows (some never written, or written by two "
+         "sequences), so every row of " +
+         (forward ? "out and lse" : "dq, dk and dv") +
+         " was filled with NaN; recompute that call with cu_seqlens that start at 0, never decrease and end at most "
+         "at the totals";
+}
+
 }  // namespace
 
 Status take_fault(kernels::FaultRecord& record, int device) {
@@ -149,6 +174,9 @@ Status take_fault(kernels::FaultRecord& record, int device) {
       break;
     case kernels::FaultKind::kRowIndexInvalid:
       status = {StatusCode::kRowIndexInvalid, row_index_message(record, device)};
+      break;
+    case kernels::FaultKind::kCuSeqlensInvalid:
+      status = {StatusCode::kCuSeqlensInvalid, offsets_message(record, device)};
       break;
   }
   // Calls on two threads may read the record at once; the one that clears it reports it.

@@ -1,9 +1,9 @@
 // Faults the kernels detect and report through the device (kernels/kernel_params.hpp, FaultRecord): a dQ ordering
-// wait that gave up, a varlen sequence longer than the call's maximum, and a merge's row_index outside its
-// accumulators or naming a row twice. None can be seen on the host when the call is made (the wait happens on the
-// device; cu_seqlens and row_index stay there), so the kernels poison the outputs they cannot vouch for with NaN and
-// fill their device's record, and the host reports the record at the start of the next call on the device, from any
-// thread: kWaitTimeout, kSeqlenExceedsMax or kRowIndexInvalid, once.
+// wait that gave up, a varlen sequence longer than the call's maximum, varlen offsets out of order, and a merge's
+// row_index outside its accumulators or naming a row twice. None can be seen on the host when the call is made (the
+// wait happens on the device; cu_seqlens and row_index stay there), so the kernels poison the outputs they cannot
+// vouch for with NaN and fill their device's record, and the host reports the record at the start of the next call
+// on the device, from any thread: kWaitTimeout, kSeqlenExceedsMax, kCuSeqlensInvalid or kRowIndexInvalid, once.
 //
 // The bound of a dQ ordering wait: a backward's dQ writer waits for other CTAs' contributions to each dQ tile; a wait
 // that outlives its bound (CTAs of a static schedule kept off their SMs by other kernels) gives up the order for the
@@ -30,9 +30,9 @@ Status parse_wait_timeout(const char* text, long long* bound_ns);
 // The process's bound: parse_wait_timeout of the variable as it was at the first call.
 Status wait_bound_ns(long long* bound_ns);
 
-// The status describing what `record` holds, which it then clears: kWaitTimeout, kSeqlenExceedsMax or kRowIndexInvalid
-// with a message naming what happened and what to do; kOk if it holds nothing. `device` names the device in the
-// message.
+// The status describing what `record` holds, which it then clears: kWaitTimeout, kSeqlenExceedsMax, kCuSeqlensInvalid
+// or kRowIndexInvalid with a message naming what happened and what to do; kOk if it holds nothing. `device` names the
+// device in the message.
 Status take_fault(kernels::FaultRecord& record, int device);
 
 // *record: `device`'s record, made on the first call for the device (a CUDA call, hence kCudaError if it fails). The

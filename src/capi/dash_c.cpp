@@ -37,6 +37,7 @@ static_assert(DASH_STATUS_CUDA_ERROR == static_cast<int>(dash::StatusCode::kCuda
 static_assert(DASH_STATUS_WAIT_TIMEOUT == static_cast<int>(dash::StatusCode::kWaitTimeout));
 static_assert(DASH_STATUS_SEQLEN_EXCEEDS_MAX == static_cast<int>(dash::StatusCode::kSeqlenExceedsMax));
 static_assert(DASH_STATUS_ROW_INDEX_INVALID == static_cast<int>(dash::StatusCode::kRowIndexInvalid));
+static_assert(DASH_STATUS_CU_SEQLENS_INVALID == static_cast<int>(dash::StatusCode::kCuSeqlensInvalid));
 static_assert(DASH_DTYPE_BF16 == static_cast<int>(dash::DType::kBF16));
 static_assert(DASH_DTYPE_FP16 == static_cast<int>(dash::DType::kFP16));
 static_assert(DASH_DTYPE_FP32 != DASH_DTYPE_BF16 && DASH_DTYPE_FP32 != DASH_DTYPE_FP16,

@@ -54,8 +54,11 @@ extern "C" {
  *      dash_merge_partial and dash_merge_kernel_available merge one block's partial result into accumulators.
  *  13: DASH_STATUS_ROW_INDEX_INVALID, which every call that runs on a device returns when an earlier
  *      dash_merge_partial there had a row_index outside its accumulators or naming a row twice
- *      (dash::StatusCode::kRowIndexInvalid); that merge's accumulators were filled with NaN. */
-#define DASH_C_ABI_VERSION 13
+ *      (dash::StatusCode::kRowIndexInvalid); that merge's accumulators were filled with NaN.
+ *  14: DASH_STATUS_CU_SEQLENS_INVALID, which every call that runs on a device returns when an earlier varlen call
+ *      there had cu_seqlens_q or cu_seqlens_k not starting at 0, decreasing or ending past its total
+ *      (dash::StatusCode::kCuSeqlensInvalid); all that call's outputs were filled with NaN. */
+#define DASH_C_ABI_VERSION 14
 
 /* dash::StatusCode values, plus one code of the C layer alone. */
 enum dash_status_code {
@@ -71,6 +74,7 @@ enum dash_status_code {
   DASH_STATUS_WAIT_TIMEOUT = 9,
   DASH_STATUS_SEQLEN_EXCEEDS_MAX = 10,
   DASH_STATUS_ROW_INDEX_INVALID = 11,
+  DASH_STATUS_CU_SEQLENS_INVALID = 12,
   /* A C++ exception (in practice: host memory exhausted) stopped the call before it could return a Status. */
   DASH_STATUS_HOST_ERROR = -1,
 };
@@ -116,8 +120,8 @@ typedef struct dash_tensor {
  * those of cu_seqlens_k in the (total_k, heads_kv, head_dim) k, v, dk and dv; every packed dash_tensor has
  * strides[0] == 0 (no batch dimension), and the LSE is (heads_q, total_q) fp32. cu_seqlens_q and cu_seqlens_k are
  * batch + 1 int32 offsets in device memory, never read on the host (a call is CUDA-graph capturable); their contract
- * and what the kernels do when it is broken (clamp, never hang or touch memory outside the tensors) are those of
- * include/dash/types.hpp. keys_within_queries = 1 promises seqlen_k <= seqlen_q for every sequence (true when
+ * and what the kernels do when it is broken (clamp, never hang or touch memory outside the tensors; poison and report
+ * a sequence over a maximum or offsets out of order) are those of include/dash/types.hpp. keys_within_queries = 1 promises seqlen_k <= seqlen_q for every sequence (true when
  * cu_seqlens_k is cu_seqlens_q), under which the backward may plan shift and symmetric shift. */
 typedef struct dash_varlen {
   const int32_t* cu_seqlens_q;

@@ -32,6 +32,8 @@ const char* status_code_name(StatusCode code) {
       return "seqlen-exceeds-max";
     case StatusCode::kRowIndexInvalid:
       return "row-index-invalid";
+    case StatusCode::kCuSeqlensInvalid:
+      return "cu-seqlens-invalid";
   }
   return "unknown-status";
 }

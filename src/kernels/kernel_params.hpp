@@ -34,9 +34,13 @@ enum class FaultKind : int {
   // A merge's row_index named a row outside its accumulators, or one row twice (merge_partial.cu); its acc_out and
   // acc_lse were filled with NaN.
   kRowIndexInvalid = 3,
+  // A varlen call's cu_seqlens_q or cu_seqlens_k did not start at 0, decreased, or ended past its total
+  // (kernels/sm90/varlen_padding.cuh): the sequences' rows are no partition of the packed rows, so every row of the
+  // call's outputs was filled with NaN.
+  kCuSeqlensInvalid = 4,
 };
 
-// Which pass a seqlen fault came from.
+// Which pass a varlen fault (kSeqlenExceedsMax, kCuSeqlensInvalid) came from.
 enum class FaultPass : int { kForward = 0, kBackward = 1 };
 
 struct FaultRecord {
@@ -62,6 +66,13 @@ struct FaultRecord {
   int merge_row_index;
   int merge_seqlen;
   int merge_row_repeated;  // nonzero: the index is within the accumulators but named twice
+  // kCuSeqlensInvalid (and `pass`): the first entry, lowest index first and cu_seqlens_q before cu_seqlens_k, that
+  // breaks the offsets' order, with the entry before it and the array's total.
+  int offsets_of_keys;   // nonzero: cu_seqlens_k, else cu_seqlens_q
+  int offsets_index;     // i, the entry cu_seqlens[i]
+  int offsets_value;     // cu_seqlens[i]
+  int offsets_previous;  // cu_seqlens[i - 1]; unused for i = 0, where the rule is cu_seqlens[0] = 0
+  int offsets_total;     // total_q or total_k, which the last offset may not pass
 };
 
 // What a forward launch needs beyond the caller's (validated) arguments.

@@ -180,5 +180,39 @@ TEST(FaultReport, AMergeIndexNamingARowTwiceSaysSo) {
   EXPECT_EQ(s.message().find("outside"), std::string::npos) << "within the accumulators: " << s.message();
 }
 
+kernels::FaultRecord offsets_fault(kernels::FaultPass pass, bool keys, int index, int value, int previous) {
+  kernels::FaultRecord record{};
+  record.pass = pass;
+  record.offsets_of_keys = keys ? 1 : 0;
+  record.offsets_index = index;
+  record.offsets_value = value;
+  record.offsets_previous = previous;
+  record.offsets_total = 300;
+  record.kind = kernels::FaultKind::kCuSeqlensInvalid;
+  return record;
+}
+
+TEST(FaultReport, OffsetsOutOfOrderAreReportedOnceNamingTheEntryAndTheRule) {
+  kernels::FaultRecord decreasing = offsets_fault(kernels::FaultPass::kForward, false, 2, 100, 200);
+  Status s = take_fault(decreasing, 3);
+  EXPECT_EQ(s.code(), StatusCode::kCuSeqlensInvalid);
+  EXPECT_EQ(std::string(status_code_name(s.code())), "cu-seqlens-invalid");
+  for (const char* words : {"varlen forward on device 3", "cu_seqlens_q[2] = 100 < cu_seqlens_q[1] = 200",
+                            "never decrease", "every row of out and lse was filled with NaN"}) {
+    EXPECT_NE(s.message().find(words), std::string::npos) << words << " missing from: " << s.message();
+  }
+  EXPECT_EQ(decreasing.kind, kernels::FaultKind::kNone);
+  EXPECT_TRUE(take_fault(decreasing, 3).ok()) << "reported once";
+
+  kernels::FaultRecord first = offsets_fault(kernels::FaultPass::kBackward, true, 0, -40, 0);
+  s = take_fault(first, 0);
+  EXPECT_NE(s.message().find("cu_seqlens_k[0] = -40, where the offsets start at 0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("every row of dq, dk and dv"), std::string::npos) << s.message();
+
+  kernels::FaultRecord past = offsets_fault(kernels::FaultPass::kForward, false, 3, 301, 250);
+  s = take_fault(past, 0);
+  EXPECT_NE(s.message().find("cu_seqlens_q[3] = 301 > total_q = 300"), std::string::npos) << s.message();
+}
+
 }  // namespace
 }  // namespace dash

@@ -892,11 +892,12 @@ TEST(CFlags, AFlagOtherThanZeroOrOneIsRefusedNamingIt) {
 
 // --- packed varlen batches (dash_varlen, ABI 6) ------------------------------------------------------------
 
-TEST(CAbi, TheVersionIsThirteenAndItsStatusesAreNamed) {
-  EXPECT_EQ(dash_abi_version(), 13);
+TEST(CAbi, TheVersionIsFourteenAndItsStatusesAreNamed) {
+  EXPECT_EQ(dash_abi_version(), 14);
   EXPECT_STREQ(dash_status_name(DASH_STATUS_WAIT_TIMEOUT), "wait-timeout");
   EXPECT_STREQ(dash_status_name(DASH_STATUS_SEQLEN_EXCEEDS_MAX), "seqlen-exceeds-max");
   EXPECT_STREQ(dash_status_name(DASH_STATUS_ROW_INDEX_INVALID), "row-index-invalid");
+  EXPECT_STREQ(dash_status_name(DASH_STATUS_CU_SEQLENS_INVALID), "cu-seqlens-invalid");
 }
 
 // Varlen kernels are an instance's (DASH_VARLEN_KERNELS): none without the instance, plain or softcap.

@@ -7,6 +7,10 @@
 //   naming the sequence, its length and the maximum, and runs nothing; the call after it runs (the record was
 //   cleared). A sequence with more keys than queries under keys_within_queries is poisoned and reported the same way.
 //   The negative control: the same batch with maxima that hold it leaves no NaN and no report.
+// - Sm90OffsetsGuard: cu_seqlens out of order (decreasing, not starting at 0, ending past the total), with every
+//   length within the maxima: every element of the call's outputs is NaN, the padding rows too; the next call,
+//   from another thread, returns kCuSeqlensInvalid naming the entry and the rule; with the offsets in order again
+//   the call after it runs, matches the reference and is not reported (the negative control).
 // - Sm90TmaDescriptor: the launchers' geometry check (first_tma_refusal) and cuTensorMapEncodeTiled agree on a valid
 //   tensor, a row stride that is no multiple of 16 bytes, an address off 16-byte alignment and batch strides just
 //   below and at 2^40 bytes; the check names "q" for each the driver refuses (tma_probe.cu).
@@ -241,6 +245,86 @@ TEST(Sm90SeqlenGuard, WithinTheMaximaNothingIsNanAndNothingIsReported) {
     const Status next = forward_on(p);
     EXPECT_TRUE(next.ok()) << "nothing to report: " << next.to_string();
     wait_or_die(nullptr, "varlen forward");
+  }
+}
+
+// --- offsets out of order ---------------------------------------------------------------------------------
+
+// Uploads `offsets` as the call's cu_seqlens_q (`keys` false) or cu_seqlens_k.
+void upload_offsets(VarlenProblem& p, bool keys, const std::vector<int32_t>& offsets) {
+  (keys ? p.d_cu_seqlens_k : p.d_cu_seqlens_q).upload(offsets.data(), offsets.size() * sizeof(int32_t));
+}
+
+void expect_offsets_reported(const Status& s, const std::vector<std::string>& words) {
+  EXPECT_EQ(s.code(), StatusCode::kCuSeqlensInvalid) << s.to_string();
+  for (const std::string& w : words)
+    EXPECT_NE(s.message().find(w), std::string::npos) << w << " missing: " << s.message();
+}
+
+TEST(Sm90OffsetsGuard, AForwardWithDecreasingOffsetsIsNanEverywhereAndTheNextCallOnAnyThreadSaysSo) {
+  if (const std::string why = guard_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  VarlenProblem p = make_guard_problem(/*long_queries=*/true, /*within=*/true);
+  std::vector<int32_t> decreasing = p.cu_seqlens_q;
+  decreasing[2] = decreasing[1] - 40;  // sequence 1 ends before it starts; sequence 2 overlaps sequence 0
+  upload_offsets(p, /*keys=*/false, decreasing);
+  zero(p.d_out);
+  zero(p.d_lse);
+  ASSERT_TRUE(forward_on(p).ok()) << "the call itself cannot know";
+  wait_or_die(nullptr, "varlen forward with decreasing offsets");
+  const int total_q = static_cast<int>(p.total_q);
+  EXPECT_EQ(rows_not_nan(p.d_out, p.total_q, p.shape.heads_q, 0, total_q, &p.d_lse), 0u)
+      << "every row of out and lse, the padding rows too, must be NaN";
+
+  expect_offsets_reported(
+      next_call_from_another_thread(p),
+      {"varlen forward",
+       "cu_seqlens_q[2] = " + std::to_string(decreasing[2]) + " < cu_seqlens_q[1] = " + std::to_string(decreasing[1]),
+       "never decrease", "every row of out and lse was filled with NaN"});
+  wait_or_die(nullptr, "the reporting call");
+
+  upload_offsets(p, /*keys=*/false, p.cu_seqlens_q);
+  const Status after = forward_on(p);
+  EXPECT_TRUE(after.ok()) << "reported once: " << after.to_string();
+  wait_or_die(nullptr, "varlen forward with its offsets in order");
+  EXPECT_TRUE(matches_except_poisoned("O after", p.d_out, p.out, 0, harness::tolerance_for(p.shape)));
+  EXPECT_TRUE(forward_on(p).ok()) << "offsets in order are not reported";
+  wait_or_die(nullptr, "varlen forward");
+}
+
+TEST(Sm90OffsetsGuard, ABackwardWhoseKeyOffsetsDoNotStartAtZeroOrEndPastTheTotalIsNanEverywhere) {
+  if (const std::string why = guard_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  VarlenProblem p = make_guard_problem(/*long_queries=*/false, /*within=*/true);
+  const std::vector<int32_t> in_order = p.cu_seqlens_k;
+  std::vector<int32_t> late_start = in_order;
+  late_start[0] = 5;  // rows 0..4 of dk and dv would never be written
+  std::vector<int32_t> past_total = in_order;
+  past_total.back() = static_cast<int32_t>(p.total_k) + 1;
+  const struct {
+    std::vector<int32_t> offsets;
+    std::string words;
+  } cases[] = {
+      {late_start, "cu_seqlens_k[0] = 5, where the offsets start at 0"},
+      {past_total, "cu_seqlens_k[3] = " + std::to_string(p.total_k + 1) + " > total_k = " + std::to_string(p.total_k)}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.words);
+    upload_offsets(p, /*keys=*/true, c.offsets);
+    BackwardPlan plan;
+    ASSERT_TRUE(harness::plan_backward_for(p, Schedule::kAscending, /*sm_margin=*/0, &plan).ok());
+    if (p.workspace.bytes() < plan.workspace_bytes()) p.workspace = DeviceBuffer(plan.workspace_bytes());
+    zero(p.d_dq);
+    zero(p.d_dk);
+    zero(p.d_dv);
+    const Status s = backward(harness::backward_args(p, Schedule::kAscending), plan, p.workspace.get(),
+                              p.workspace.bytes(), nullptr);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    wait_or_die(nullptr, "varlen backward with key offsets out of order");
+    EXPECT_EQ(rows_not_nan(p.d_dq, p.total_q, p.shape.heads_q, 0, static_cast<int>(p.total_q)), 0u) << "dq";
+    EXPECT_EQ(rows_not_nan(p.d_dk, p.total_k, p.shape.heads_kv, 0, static_cast<int>(p.total_k)), 0u) << "dk";
+    EXPECT_EQ(rows_not_nan(p.d_dv, p.total_k, p.shape.heads_kv, 0, static_cast<int>(p.total_k)), 0u) << "dv";
+    upload_offsets(p, /*keys=*/true, in_order);
+    expect_offsets_reported(next_call_from_another_thread(p),
+                            {"varlen backward", c.words, "every row of dq, dk and dv was filled with NaN"});
+    wait_or_die(nullptr, "the reporting call");
   }
 }
 

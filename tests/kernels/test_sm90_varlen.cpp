@@ -14,8 +14,8 @@
 //   seqlen_k <= seqlen_q, symmetric shift not at 192 and 256), each on poisoned gradients: every element of every
 //   sequence written and matching the reference, padding rows cleared to 0.
 // - Sm90VarlenContract: offsets that break cu_seqlens' contract neither hang a kernel nor take it outside the
-//   tensors (the kernels clamp each sequence; memcheck runs it in scripts/dev/gpu_run.sh); the sequences they make longer
-//   than the maxima are reported at the next call (kSeqlenExceedsMax; test_sm90_faults.cpp tests that report).
+//   tensors (the kernels clamp each sequence; memcheck runs it in scripts/dev/gpu_run.sh); offsets out of order are
+//   reported at the next call (kCuSeqlensInvalid; test_sm90_faults.cpp tests the poisoning and the report).
 // - Sm90VarlenDeterminism: every deterministic schedule's backward 100 times on adversarial lengths, bit for bit,
 //   with a forward competing for the SMs every other run (one case with softcap), and the negative control
 //   (Sm90VarlenDeterminismControl: the nondeterministic schedule must differ at least once in the same comparison).
@@ -253,8 +253,9 @@ TEST_P(Sm90Varlen, BackwardOfEveryScheduleThePlanAdmitsMatchesEverySequencesRefe
 // Offsets that break the contract (decreasing, negative, past the totals, lengths past the maxima, keys past the
 // queries under the promise): the kernels clamp every sequence (packed_sequence), so the forward and every
 // schedule's backward finish (the watchdog turns a hang into a failure) and write nothing outside the tensors
-// (compute-sanitizer's memcheck runs this test in scripts/dev/gpu_run.sh). Each call leaves sequences over the maxima,
-// which the call after it reports instead of running; the test then makes the call again.
+// (compute-sanitizer's memcheck runs this test in scripts/dev/gpu_run.sh). Each call leaves offsets out of order,
+// which the call after it reports instead of running (test_sm90_faults.cpp tests the poisoning and the report); the
+// test then makes the call again.
 TEST(Sm90VarlenContract, OffsetsThatBreakItNeitherHangNorLeaveTheTensors) {
   const Instance inst{128, DType::kBF16};
   const VarlenCase c{"lying", {{300, 300}, {129, 129}, {200, 200}}, 4, 2, true, -1, -1, {1, 1}, 0.0f, 1.0f};
@@ -276,7 +277,7 @@ TEST(Sm90VarlenContract, OffsetsThatBreakItNeitherHangNorLeaveTheTensors) {
     if (p.workspace.bytes() < plan.workspace_bytes()) p.workspace = DeviceBuffer(plan.workspace_bytes());
     const BackwardArgs args = harness::backward_args(p, schedule);
     const Status reported = backward(args, plan, p.workspace.get(), p.workspace.bytes(), nullptr);
-    EXPECT_EQ(reported.code(), StatusCode::kSeqlenExceedsMax) << "the previous call's: " << reported.to_string();
+    EXPECT_EQ(reported.code(), StatusCode::kCuSeqlensInvalid) << "the previous call's: " << reported.to_string();
     const Status s = backward(args, plan, p.workspace.get(), p.workspace.bytes(), nullptr);
     ASSERT_TRUE(s.ok()) << s.to_string();
     wait_or_die(nullptr, "varlen backward with schedule " + std::string(schedule_name(schedule)));
@@ -285,7 +286,7 @@ TEST(Sm90VarlenContract, OffsetsThatBreakItNeitherHangNorLeaveTheTensors) {
   size_t bytes = 0;
   ASSERT_TRUE(forward_workspace_size(p.shape, &bytes).ok());
   EXPECT_EQ(forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr).code(),
-            StatusCode::kSeqlenExceedsMax);
+            StatusCode::kCuSeqlensInvalid);
 }
 
 std::string varlen_name(const ::testing::TestParamInfo<std::tuple<Instance, VarlenCase>>& info) {

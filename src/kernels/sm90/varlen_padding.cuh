@@ -9,14 +9,19 @@
 //    such sequence is written to the device's fault record (kernels::FaultRecord), which the host reports at its
 //    next call on the device. cu_seqlens stay on the device: the host could not check them without a copy and a
 //    synchronization per call, and the call would no longer be CUDA-graph capturable.
+//  - Offsets out of order: cu_seqlens_q or cu_seqlens_k not starting at 0, decreasing, or ending past its total. The
+//    sequences' rows are then no partition of the packed rows: rows before the first offset are never written, and
+//    the rows of overlapping sequences are written by both. Every row of every output tensor of the call becomes NaN
+//    (the LSE too), and the first entry out of order is recorded (kCuSeqlensInvalid); the checks above are skipped.
 //
-// Cost: no launch of its own (the padding rows needed this one), and per 256 sequences 4 loads of cu_seqlens per
-// thread and one __syncthreads_or; the NaN fill runs only for a batch that breaks the contract.
+// Cost: no launch of its own (the padding rows needed this one), and per 256 sequences 8 loads of cu_seqlens per
+// thread and two __syncthreads_or; the NaN fills run only for a batch that breaks the contract.
 //
 // Invariants: each offset read is clamped to [0, total] and each end to [offset, total], as packed_sequence clamps
 // them, so the kernel never leaves the tensors whatever cu_seqlens hold; every block checks every sequence, so each
 // fills its share of a long sequence's rows without waiting on another block; one thread of the grid (block (0, 0),
-// thread 0) writes the record, for the lowest-numbered sequence over a maximum. Dim stride 1 (the API checks it).
+// thread 0) writes the record: the first entry out of order, or else the lowest-numbered sequence over a maximum.
+// Dim stride 1 (the API checks it).
 #pragma once
 
 #include <cmath>
@@ -102,6 +107,45 @@ __device__ void fill_rows(const PaddingRows<Element>& rows, int first, int last,
   }
 }
 
+// Whether offsets[i], the entry after `previous` (i > 0) of an array whose rows end at `total`, breaks the order:
+// offsets[0] = 0, never decreasing, at most total.
+__device__ __forceinline__ bool offset_out_of_order(int i, int32_t value, int32_t previous, int total) {
+  return i == 0 ? value != 0 : value < previous || value > total;
+}
+
+// Whether the entries of sequence b's end, cu_seqlens_q[b + 1] and cu_seqlens_k[b + 1], or for b = 0 also the
+// arrays' first entries, break the order.
+__device__ __forceinline__ bool sequence_out_of_order(const SequenceGuard& g, int b) {
+  const int32_t* q = g.cu_seqlens_q;
+  const int32_t* k = g.cu_seqlens_k;
+  return (b == 0 && (q[0] != 0 || k[0] != 0)) || offset_out_of_order(b + 1, q[b + 1], q[b], g.total_q) ||
+         offset_out_of_order(b + 1, k[b + 1], k[b], g.total_k);
+}
+
+// Fills the device's record with the first entry out of order, unless it holds an unreported fault. One thread; it
+// runs only for a batch that breaks the order.
+__device__ void record_offsets_out_of_order(const SequenceGuard& g) {
+  volatile kernels::FaultRecord* record = g.fault;
+  if (record->kind != kernels::FaultKind::kNone) return;
+  for (int i = 0; i <= g.batch; ++i) {
+    for (int keys = 0; keys < 2; ++keys) {
+      const int32_t* offsets = keys ? g.cu_seqlens_k : g.cu_seqlens_q;
+      const int total = keys ? g.total_k : g.total_q;
+      const int32_t previous = i > 0 ? offsets[i - 1] : 0;
+      if (!offset_out_of_order(i, offsets[i], previous, total)) continue;
+      record->pass = g.pass;
+      record->offsets_of_keys = keys;
+      record->offsets_index = i;
+      record->offsets_value = offsets[i];
+      record->offsets_previous = previous;
+      record->offsets_total = total;
+      __threadfence_system();
+      record->kind = kernels::FaultKind::kCuSeqlensInvalid;
+      return;
+    }
+  }
+}
+
 // Fills the device's record with sequence b, unless it holds an unreported fault.
 __device__ __forceinline__ void record_sequence_over_maximum(const SequenceGuard& g, int b, const SequenceRows& s) {
   volatile kernels::FaultRecord* record = g.fault;
@@ -121,10 +165,22 @@ template <class Element>
 __global__ void __launch_bounds__(kPaddingThreads)
     finish_varlen_rows_kernel(const PaddingRowsSet<Element> set, const SequenceGuard guard) {
   const PaddingRows<Element>& rows = set.tensors[blockIdx.y];
+  const bool reports = blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0;
+  // Uniform over the grid: every block checks every sequence.
+  bool out_of_order = false;
+  for (int first = 0; first < guard.batch && !out_of_order; first += kPaddingThreads) {
+    const int b = first + static_cast<int>(threadIdx.x);
+    out_of_order = __syncthreads_or(b < guard.batch && sequence_out_of_order(guard, b));
+  }
+  if (out_of_order) {
+    fill_rows(rows, 0, rows.total, Element(NAN), NAN);
+    if (reports) record_offsets_out_of_order(guard);
+    return;
+  }
+
   const int32_t* cu_seqlens = rows.keys ? guard.cu_seqlens_k : guard.cu_seqlens_q;
   fill_rows(rows, clamp_row(cu_seqlens[guard.batch], 0, rows.total), rows.total, Element(0.0f), -INFINITY);
 
-  const bool reports = blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0;
   bool reported = false;
   for (int first = 0; first < guard.batch; first += kPaddingThreads) {
     const int b = first + static_cast<int>(threadIdx.x);
