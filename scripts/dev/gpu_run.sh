@@ -35,7 +35,7 @@ for step in "${steps[@]}"; do
       # The tests that hold SMs, time a wait or watch the first call want the GPU to themselves and run first, in
       # series; the others run in $shards gtest shards at once, which share the GPU and the CPU's float64 references
       # (about 4.5 minutes on the H200's 16 cores, where one process takes about 20).
-      alone='*SmMargin*:*WaitBound*:*WaitTimeout*:*CaptureFirstCall*:*Sm90SeqlenGuard*:*Sm90TmaDescriptor*'
+      alone='*SmMargin*:*WaitBound*:*WaitTimeout*:*CaptureFirstCall*:*Sm90SeqlenGuard*:*Sm90OffsetsGuard*:*Sm90TmaDescriptor*'
       shards=${DASH_TEST_SHARDS:-8}
       timeout 600 "$bin/test_sm90" --gtest_filter="$alone" > "$out/test_sm90_alone.log" 2>&1
       echo "== test_sm90 (alone) rc=$?"
