@@ -51,9 +51,16 @@ IFS=';' read -ra dims <<< "$head_dims"
 for d in "${dims[@]}"; do default_filter+="*Backward*hdim${d}_*:*Determinism*hdim${d}_*:*RaggedSweep*hdim${d}_*:"; done
 filter=${6:-"$default_filter"}
 if [[ "$filter" != "-" ]]; then
-  timeout 540 "$out/b/test_sm90" --gtest_filter="$filter" > "$out/test_b.log" 2>&1
-  echo "== B's test_sm90 ($filter) rc=$?"
-  grep -E '^\[  (PASSED|FAILED) |differed|HANG' "$out/test_b.log" | head -20
+  # In gtest shards at once, which share the GPU and the CPU's float64 references (gpu_run.sh's tests step).
+  shards=${AB_TEST_SHARDS:-8}
+  failed=0
+  for ((i = 0; i < shards; i++)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${AB_TEST_TIMEOUT:-300}" "$out/b/test_sm90" \
+      --gtest_filter="$filter" > "$out/test_b_shard$i.log" 2>&1 &
+  done
+  for job in $(jobs -p); do wait "$job" || failed=$((failed + 1)); done
+  echo "== B's test_sm90 ($filter) in $shards shards: $failed failed"
+  cat "$out"/test_b_shard*.log | grep -E '^\[  (PASSED|FAILED) |differed|HANG' | head -20
 fi
 
 IFS=',' read -ra scheds <<< "$schedules"
