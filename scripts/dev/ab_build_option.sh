@@ -70,8 +70,15 @@ for ((r = 1; r <= rounds; r++)); do
   for v in a b; do
     for d in "${dims[@]}"; do
       for s in "${scheds[@]}"; do
-        "$out/$v/dash-attn" bench --head-dim "$d" --schedule "$s" --iters 20 --csv "$out/bench_${v}_r${r}_d${d}_${s}.csv" \
-          > /dev/null 2>> "$out/bench_errors.log"
+        # The paper's grid at head dim d, one shape per call (`bench` runs the grid only without shape flags, and
+        # then at its own head dims): 16384 tokens, hidden 2048, full and causal.
+        for seqlen in 512 1024 2048 4096 8192 16384; do
+          for mask in full causal; do
+            "$out/$v/dash-attn" bench --head-dim "$d" --batch $((16384 / seqlen)) --heads $((2048 / d)) \
+              --seqlen "$seqlen" $([[ $mask == causal ]] && echo --causal) --schedule "$s" --iters 20 \
+              --csv "$out/bench_${v}_r${r}_d${d}_${s}_${mask}${seqlen}.csv" > /dev/null 2>> "$out/bench_errors.log"
+          done
+        done
         for mask in full causal; do
           "$out/$v/dash-attn" bench --head-dim "$d" --schedule "$s" --iters 20 --cu-seqlens "$varlen_offsets" \
             $([[ $mask == causal ]] && echo --causal) --csv "$out/varlen_${v}_r${r}_d${d}_${s}_${mask}.csv" \
@@ -89,7 +96,7 @@ out, rounds = sys.argv[1], int(sys.argv[2])
 times = defaultdict(list)  # (variant, hdim, schedule, mask, seqlen) -> ms per round
 for path in glob.glob(os.path.join(out, "bench_*.csv")) + glob.glob(os.path.join(out, "varlen_*.csv")):
     kind, name = os.path.basename(path)[: -len(".csv")].split("_", 1)
-    variant, _, d, schedule = name.split("_", 3)[:4] if kind == "bench" else name.split("_", 4)[:4]
+    variant, _, d, schedule = name.split("_")[:4]
     d = d[1:]  # "d128"
     for row in csv.DictReader(open(path)):
         seqlen = int(row["seqlen"]) if kind == "bench" else "varlen"

@@ -124,7 +124,7 @@ __device__ __forceinline__ bool sequence_out_of_order(const SequenceGuard& g, in
 
 // Fills the device's record with the first entry out of order, unless it holds an unreported fault. One thread; it
 // runs only for a batch that breaks the order.
-__device__ void record_offsets_out_of_order(const SequenceGuard& g) {
+__device__ inline void record_offsets_out_of_order(const SequenceGuard& g) {
   volatile kernels::FaultRecord* record = g.fault;
   if (record->kind != kernels::FaultKind::kNone) return;
   for (int i = 0; i <= g.batch; ++i) {
