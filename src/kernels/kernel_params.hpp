@@ -78,7 +78,7 @@ struct FaultRecord {
 // What a forward launch needs beyond the caller's (validated) arguments.
 struct ForwardParams {
   ForwardArgs args;
-  int* tile_counter;  // workspace: dynamic tile dispatch, zeroed before the launch
+  int* tile_counter;  // workspace: the tile counter of the kernels that take tiles from it, zeroed by the launch
   int num_sms;
   FaultRecord* fault;  // host-mapped, the device's: where a varlen sequence over a maximum says so
 };

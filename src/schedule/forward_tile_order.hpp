@@ -13,9 +13,21 @@
 // head's K and V shared by the CTAs that run its tiles at once (grouping lost 1-7% there at d = 128, 512-2048
 // tokens).
 //
+// The dense kernels without a left window bound take no counter: the CTAs deal the tiles among themselves in turns
+// (dealt_tiles), so that no launch needs the counter zeroed first and each CTA's tile indices follow from blockIdx.x
+// and gridDim.x alone. Under a full mask every tile is equally long and the turns are round robin over tile_at's
+// order. Where the tiles' lengths differ, a CTA's turn takes two tiles of one head group, the q-th from its front
+// and the q-th from its back, whose key/value counts sum to about the same for every q (the group's tiles fall in
+// length, or under a right-only window rise): round robin over the single tiles lost 6-18% on causal rows at
+// d = 128, each CTA's turns landing at different depths of the falling order (same-run A/B on the H200,
+// docs/HISTORY.md). A list-scheduling model of the paper grid's causal rows puts the pairs 1-5% behind the counter,
+// the share of a last, partial turn; the counter stays with the varlen and left-bounded kernels, whose tiles'
+// lengths the order does not predict.
+//
 // Invariants: tile_at is a bijection from [0, num_tiles()) onto (batch, head, query tile); groups come in
 // order; within a group, kv_tiles never increases (without a sliding window; under one the order is still a
-// bijection, but a band's length need not fall monotonically). A query tile visits the key/value tiles from the
+// bijection, but a band's length need not fall monotonically). The turns of all CTAs deal every tile index exactly
+// once; a CTA's turns begin at rising indices, and once one is past num_tiles() so is every later one. A query tile visits the key/value tiles from the
 // one holding its first seeing row's first visible key (0 without a left window bound) to the one holding its last
 // row's last visible key (none for a tile whose rows see no key).
 #pragma once
@@ -55,6 +67,13 @@ DASH_HOST_DEVICE constexpr int forward_heads_per_group(bool causal, int64_t seql
   return static_cast<int>((fitting < all ? fitting : all) * (heads_q / heads_kv));
 }
 
+// The tiles of one CTA's turn (ForwardTileOrder::dealt_tiles): indices into tile_at's order, first before second;
+// second == first where the turn has one tile, and first >= num_tiles() once the CTA has none left.
+struct DealtTiles {
+  int first;
+  int second;
+};
+
 struct ForwardTileOrder {
   MaskShape mask;
   int block_q;
@@ -84,6 +103,28 @@ struct ForwardTileOrder {
     return mask.first_visible_key(row) / block_kv;
   }
   DASH_HOST_DEVICE int kv_tiles_of(int q_tile) const { return kv_end_of(q_tile) - kv_first_of(q_tile); }
+
+  // Whether every tile visits as many key/value tiles: no causal diagonal and no window bound.
+  DASH_HOST_DEVICE bool tiles_equally_long() const {
+    return mask.right_bound() == kNoWindowBound && mask.left_bound() == kNoWindowBound;
+  }
+
+  // The tiles CTA `cta` of `ctas` takes in its turn `turn` (0, 1, ...) without the counter: turn r gives CTA c the
+  // deal's unit r * ctas + c. A unit is a tile where all are equally long, and otherwise the q-th pair of a head
+  // group (the file comment says why): its q-th tile from the front and its q-th from the back, or its middle tile
+  // alone where the group's count is odd. The last group may hold fewer heads than the others.
+  DASH_HOST_DEVICE DealtTiles dealt_tiles(int cta, int ctas, int turn) const {
+    const int tiles = num_tiles();
+    const int unit = turn * ctas + cta;
+    if (tiles_equally_long()) return {unit, unit};
+    const int group_tiles = heads_per_group * q_tiles();
+    const int units_per_group = (group_tiles + 1) / 2;
+    const int group_start = unit / units_per_group * group_tiles;
+    const int pair = unit % units_per_group;
+    const int in_group = tiles - group_start < group_tiles ? tiles - group_start : group_tiles;
+    if (group_start >= tiles || pair >= (in_group + 1) / 2) return {tiles, tiles};
+    return {group_start + pair, group_start + in_group - 1 - pair};
+  }
 
   DASH_HOST_DEVICE ForwardTile tile_at(int t) const {
     const int tiles_per_head = q_tiles();

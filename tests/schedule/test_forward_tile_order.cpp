@@ -1,8 +1,10 @@
 // The forward's tile order (schedule/forward_tile_order.hpp), which the GPU loader runs: every (batch,
 // head, query tile) exactly once; groups of heads_per_group heads in order, the longest tiles of a group
 // first across its heads; each tile's key/value count equal to a brute-force count over its rows from the
-// mask; and the group size the launch derives from the shape (forward_heads_per_group).
+// mask; the group size the launch derives from the shape (forward_heads_per_group); and the deal by which the dense
+// kernels' CTAs share the tiles without a counter (dealt_tiles).
 #include <algorithm>
+#include <numeric>
 #include <random>
 #include <set>
 #include <tuple>
@@ -103,6 +105,114 @@ TEST(ForwardTileOrder, VisitsTheKeyValueTilesOfEachQueryTilesBandUnderASlidingWi
   }
   EXPECT_GT(empty_tiles, 0) << "some tiles see no key";
   EXPECT_GT(offset_tiles, 0) << "some tiles start past key 0";
+}
+
+// Each CTA's tile indices as the dense loader takes them without the counter (fwd_loader.cuh): turn by turn, a turn's
+// first tile then its second where it has two, until the first turn past the tiles.
+std::vector<std::vector<int>> deal(const ForwardTileOrder& order, int ctas) {
+  std::vector<std::vector<int>> taken(ctas);
+  for (int cta = 0; cta < ctas; ++cta) {
+    for (int turn = 0;; ++turn) {
+      const DealtTiles dealt = order.dealt_tiles(cta, ctas, turn);
+      if (dealt.first >= order.num_tiles()) break;
+      taken[cta].push_back(dealt.first);
+      if (dealt.second != dealt.first) taken[cta].push_back(dealt.second);
+    }
+  }
+  return taken;
+}
+
+// The deal gives every tile to exactly one CTA, and each CTA's turns begin at rising tiles, and once a turn is past
+// the tiles every later one is (so a CTA's first turn past the tiles is its last, as the loader assumes), under full
+// and causal masks, right-only windows (whose tiles rise in length), groups of one head, of some, and of more than
+// there are (the last group short), odd tile counts per group, and more CTAs than turns.
+TEST(ForwardTileOrder, TheDealGivesEveryTileToOneCtaAndEachCtasTurnsEndAtItsFirstEmptyOne) {
+  std::mt19937 rng(20261205);
+  int pairs = 0, lone_middles = 0;
+  for (int trial = 0; trial < 500; ++trial) {
+    const int seqlen_q = std::uniform_int_distribution<int>(1, 2000)(rng);
+    const int seqlen_k = std::uniform_int_distribution<int>(1, 2000)(rng);
+    const int kind = trial % 3;  // full, causal, right-only window
+    const int right = kind == 2 ? std::uniform_int_distribution<int>(0, 500)(rng) : -1;
+    const MaskShape mask = canonical_mask(seqlen_q, seqlen_k, kind == 1, -1, right);
+    const TileShape shape =
+        trial % 2 == 0 ? TileShape{kForwardBlockQ, kForwardBlockKv} : TileShape{kForwardTallBlockQ, kForwardBlockKv};
+    const int heads_q = std::uniform_int_distribution<int>(1, 6)(rng);
+    const int batch = std::uniform_int_distribution<int>(1, 4)(rng);
+    const int heads_per_group = std::uniform_int_distribution<int>(1, heads_q * batch + 1)(rng);
+    const ForwardTileOrder order{mask, shape.block_q, shape.block_kv, heads_q, batch, heads_per_group};
+    const int ctas = std::uniform_int_distribution<int>(1, 300)(rng);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ", " + std::to_string(ctas) + " CTAs");
+    std::vector<int> owner(order.num_tiles(), -1);
+    for (int cta = 0; cta < ctas; ++cta) {
+      int turns = 0;
+      for (int previous_first = -1;; ++turns) {
+        const DealtTiles dealt = order.dealt_tiles(cta, ctas, turns);
+        if (dealt.first >= order.num_tiles()) break;
+        ASSERT_GT(dealt.first, previous_first) << "CTA " << cta << "'s turns begin at rising tiles";
+        ASSERT_TRUE(dealt.second >= dealt.first && dealt.second < order.num_tiles()) << dealt.second;
+        previous_first = dealt.first;
+        const std::vector<int> turn_tiles =
+            dealt.second == dealt.first ? std::vector<int>{dealt.first} : std::vector<int>{dealt.first, dealt.second};
+        for (const int t : turn_tiles) {
+          ASSERT_EQ(owner[t], -1) << "tile " << t << " dealt twice";
+          owner[t] = cta;
+        }
+        if (dealt.second != dealt.first) ++pairs;
+        if (!order.tiles_equally_long() && dealt.second == dealt.first) ++lone_middles;
+      }
+      for (int later = turns + 1; later < turns + 4; ++later) {
+        ASSERT_GE(order.dealt_tiles(cta, ctas, later).first, order.num_tiles()) << "CTA " << cta << ", turn " << later;
+      }
+    }
+    ASSERT_EQ(std::count(owner.begin(), owner.end(), -1), 0) << "a tile no CTA takes";
+  }
+  EXPECT_GT(pairs, 0) << "some turns take two tiles";
+  EXPECT_GT(lone_middles, 0) << "some groups have an odd tile count";
+}
+
+// Under the causal mask a turn's two tiles sum to the same key/value count, one more than the query tiles, where the
+// tiles are square and the lengths whole tiles; so each CTA's load is at most one turn over the mean, and round robin
+// over the single tiles (the deal under a full mask, applied here to causal tiles) is not: the bound this test checks
+// fails for it.
+TEST(ForwardTileOrder, TheCausalDealPairsLongTilesWithShortOnesSoNoCtaIsATurnOverTheMean) {
+  const auto loads = [](const ForwardTileOrder& order, const std::vector<std::vector<int>>& taken) {
+    std::vector<int64_t> load;
+    for (const std::vector<int>& tiles : taken) {
+      int64_t sum = 0;
+      for (int t : tiles) sum += order.tile_at(t).kv_tiles;
+      load.push_back(sum);
+    }
+    return load;
+  };
+  for (const auto& [seqlen, heads, batch, ctas] : std::vector<std::tuple<int, int, int, int>>{
+           {512, 16, 32, 132}, {4096, 16, 4, 132}, {16384, 16, 1, 132}, {2048, 32, 8, 114}, {1024, 7, 3, 50}}) {
+    const MaskShape mask = canonical_mask(seqlen, seqlen, true, -1, -1);
+    const int group = forward_heads_per_group(true, seqlen, 128, 2, heads, heads, batch);
+    const ForwardTileOrder order{mask, kForwardBlockQ, kForwardBlockKv, heads, batch, group};
+    SCOPED_TRACE(std::to_string(seqlen) + " tokens, " + std::to_string(heads * batch) + " heads, group " +
+                 std::to_string(group) + ", " + std::to_string(ctas) + " CTAs");
+    const int turn_work = order.q_tiles() + 1;
+    for (int cta = 0; cta < ctas; ++cta) {
+      for (int turn = 0;; ++turn) {
+        const DealtTiles dealt = order.dealt_tiles(cta, ctas, turn);
+        if (dealt.first >= order.num_tiles()) break;
+        ASSERT_NE(dealt.second, dealt.first) << "an even tile count per group: every turn a pair";
+        ASSERT_EQ(order.tile_at(dealt.first).kv_tiles + order.tile_at(dealt.second).kv_tiles, turn_work);
+      }
+    }
+    const std::vector<int64_t> dealt = loads(order, deal(order, ctas));
+    const int64_t total = std::accumulate(dealt.begin(), dealt.end(), int64_t{0});
+    const int64_t bound = (total + ctas - 1) / ctas + turn_work;
+    EXPECT_LE(*std::max_element(dealt.begin(), dealt.end()), bound);
+    // The negative control: the same tiles dealt one by one, round robin.
+    std::vector<std::vector<int>> round_robin(ctas);
+    for (int t = 0; t < order.num_tiles(); ++t) round_robin[t % ctas].push_back(t);
+    const std::vector<int64_t> unpaired = loads(order, round_robin);
+    if (seqlen >= 4096) {
+      EXPECT_GT(*std::max_element(unpaired.begin(), unpaired.end()), bound);
+    }
+  }
 }
 
 TEST(ForwardTileOrder, CausalHeadGroupsHoldWholeKeyValueHeadsWithinTheL2BudgetAndFullMasksGoHeadByHead) {

@@ -1,6 +1,6 @@
 // Host side of the forward pass for one (head dim, element type): the tile shape for the problem's shape
-// (schedule/tile_config.hpp), TMA descriptors, parameters, and the launch (the tile counter is zeroed on
-// the stream first; a varlen batch's padding rows are cleared and its sequences over the maxima poisoned after,
+// (schedule/tile_config.hpp), TMA descriptors, parameters, and the launch (for the kernels that take their tiles from
+// the counter, the counter is zeroed on the stream first; a varlen batch's padding rows are cleared and its sequences over the maxima poisoned after,
 // varlen_padding.cuh, in out's element type: float32 with args.out_fp32, which takes no TMA descriptor). Returns the
 // launches' cudaError_t value, or the tensor whose TMA descriptor the driver would refuse and the rule it breaks
 // (kernels::LaunchResult), found from the tensors' geometry before any descriptor is encoded, in which case nothing is
@@ -59,7 +59,7 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   p.out_f32 = a.out_fp32 ? static_cast<float*>(a.out.data) : nullptr;
   copy_strides(p.out_strides, a.out.strides);
   p.lse = a.lse;
-  p.tile_counter = params.tile_counter;
+  p.tile_counter = Config::kDealsTiles ? nullptr : params.tile_counter;
   // The planner's canonical mask (mask.hpp), so the forward and the backward run one mask.
   const MaskShape mask = canonical_mask(static_cast<int>(shape.seqlen_q), static_cast<int>(shape.seqlen_k),
                                         shape.causal, shape.window_left, shape.window_right);
@@ -78,10 +78,12 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
     p.softcap_in = shape.softmax_scale / shape.softcap;
   }
 
-  cudaError_t err = cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream);
-  if (err != cudaSuccess) return launched(err);
+  if constexpr (!Config::kDealsTiles) {
+    const cudaError_t err = cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return launched(err);
+  }
   auto kernel = forward_kernel<Config>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes);
   if (err != cudaSuccess) return launched(err);
   const int tiles = p.tiles.num_tiles();
   const int resident = params.num_sms * Config::kCtasPerSm;  // CTAs that run at once on the SMs the call may use

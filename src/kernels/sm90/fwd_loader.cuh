@@ -1,8 +1,9 @@
-// Forward producer, warp 0 (one lane): takes query tiles from the global counter in the order of
-// schedule/forward_tile_order.hpp, announces each to the MMA warpgroups through the tile ring, loads
-// its Q once and streams the K and V tiles it visits ([kv_first, kv_first + kv_tiles)) through their two rings,
-// all with TMA. The varlen kernels (run_packed) take the tiles of the maximum problem in the same order, skip those
-// past their sequence's query tiles, and fit each to its sequence: its mask, its key/value tiles, its rows.
+// Forward producer, warp 0 (one lane): takes query tiles in the order of schedule/forward_tile_order.hpp, announces
+// each to the MMA warpgroups through the tile ring, loads its Q once and streams the K and V tiles it visits
+// ([kv_first, kv_first + kv_tiles)) through their two rings, all with TMA. The dense kernels without a left window
+// bound deal the tiles among the CTAs (ForwardTileOrder::dealt_tiles, Config::kDealsTiles), the others take them from
+// the global counter. The varlen kernels (run_packed) take the tiles of the maximum problem in the same order, skip
+// those past their sequence's query tiles, and fit each to its sequence: its mask, its key/value tiles, its rows.
 #pragma once
 
 #include "kernels/sm90/fwd_config.cuh"
@@ -39,7 +40,7 @@ struct ForwardLoader {
     const auto kv_extent = make_shape(order.mask.seqlen_k, int{Config::kHeadDim}, p.heads_kv, order.batch);
     int tiles = 0;
     int kv_loads = 0;
-    for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1), ++tiles) {
+    const auto load = [&](int t) {
       const ForwardTileRecord tile = order.tile_at(t);
       smem.tiles.publish(tile, tiles);
       smem.q_stages.producer_acquire(tiles, "q_empty");
@@ -54,6 +55,21 @@ struct ForwardLoader {
         tma_load_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, kv_first + j,
                       smem.v_stages.producer_expect(kv_loads, Config::kKVTileBytes), sV(_, _, v_stage));
       }
+      ++tiles;
+    };
+    if constexpr (Config::kDealsTiles) {
+      for (int turn = 0;; ++turn) {
+        const DealtTiles dealt = order.dealt_tiles(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), turn);
+        if (dealt.first >= num_tiles) break;
+        // One call site of load for both tiles of the turn: two inlined copies grew the kernel by 600-700
+        // instructions.
+        for (int t = dealt.first;; t = dealt.second) {
+          load(t);
+          if (t == dealt.second) break;
+        }
+      }
+    } else {
+      for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1)) load(t);
     }
     smem.tiles.publish(ForwardTileRecord{kEndOfTiles, 0, 0, 0, 0}, tiles);
   }
