@@ -20,9 +20,8 @@
 // and the q-th from its back, whose key/value counts sum to about the same for every q (the group's tiles fall in
 // length, or under a right-only window rise): round robin over the single tiles lost 6-18% on causal rows at
 // d = 128, each CTA's turns landing at different depths of the falling order (same-run A/B on the H200,
-// docs/HISTORY.md). A list-scheduling model of the paper grid's causal rows puts the pairs 1-5% behind the counter,
-// the share of a last, partial turn; the counter stays with the varlen and left-bounded kernels, whose tiles'
-// lengths the order does not predict.
+// docs/HISTORY.md); the last, partial turn deals single tiles (dealt_tiles says how). The counter stays with the
+// varlen and left-bounded kernels, whose tiles' lengths the order does not predict.
 //
 // Invariants: tile_at is a bijection from [0, num_tiles()) onto (batch, head, query tile); groups come in
 // order; within a group, kv_tiles never increases (without a sliding window; under one the order is still a
@@ -67,8 +66,8 @@ DASH_HOST_DEVICE constexpr int forward_heads_per_group(bool causal, int64_t seql
   return static_cast<int>((fitting < all ? fitting : all) * (heads_q / heads_kv));
 }
 
-// The tiles of one CTA's turn (ForwardTileOrder::dealt_tiles): indices into tile_at's order, first before second;
-// second == first where the turn has one tile, and first >= num_tiles() once the CTA has none left.
+// The tiles of one CTA's turn (ForwardTileOrder::dealt_tiles), or of a pair unit (pair_unit): indices into tile_at's
+// order, taken first then second; second == first where there is one tile, and first >= num_tiles() where none.
 struct DealtTiles {
   int first;
   int second;
@@ -109,21 +108,54 @@ struct ForwardTileOrder {
     return mask.right_bound() == kNoWindowBound && mask.left_bound() == kNoWindowBound;
   }
 
-  // The tiles CTA `cta` of `ctas` takes in its turn `turn` (0, 1, ...) without the counter: turn r gives CTA c the
-  // deal's unit r * ctas + c. A unit is a tile where all are equally long, and otherwise the q-th pair of a head
-  // group (the file comment says why): its q-th tile from the front and its q-th from the back, or its middle tile
-  // alone where the group's count is odd. The last group may hold fewer heads than the others.
-  DASH_HOST_DEVICE DealtTiles dealt_tiles(int cta, int ctas, int turn) const {
-    const int tiles = num_tiles();
-    const int unit = turn * ctas + cta;
-    if (tiles_equally_long()) return {unit, unit};
+  // Where the tiles differ in length, the deal's units: the q-th is a head group's q-th tile from the front and its
+  // q-th from the back (second == first for the middle tile of a group with an odd count). The last group may hold
+  // fewer heads than the others. Valid for q in [0, pair_units()).
+  DASH_HOST_DEVICE int pair_units() const {
+    const int heads = heads_q * batch;
+    const int units_per_group = (heads_per_group * q_tiles() + 1) / 2;
+    return heads / heads_per_group * units_per_group + (heads % heads_per_group * q_tiles() + 1) / 2;
+  }
+  DASH_HOST_DEVICE DealtTiles pair_unit(int unit) const {
     const int group_tiles = heads_per_group * q_tiles();
     const int units_per_group = (group_tiles + 1) / 2;
     const int group_start = unit / units_per_group * group_tiles;
     const int pair = unit % units_per_group;
-    const int in_group = tiles - group_start < group_tiles ? tiles - group_start : group_tiles;
-    if (group_start >= tiles || pair >= (in_group + 1) / 2) return {tiles, tiles};
+    const int in_group = num_tiles() - group_start < group_tiles ? num_tiles() - group_start : group_tiles;
     return {group_start + pair, group_start + in_group - 1 - pair};
+  }
+
+  // The tiles CTA `cta` of `ctas` takes in its turn `turn` (0, 1, ...) without the counter. Where all tiles are
+  // equally long, turn r gives CTA c tile r * ctas + c. Otherwise the whole turns give CTA c pair unit r * ctas + c
+  // (the file comment says why), and the last, partial turn deals the rest of the units' tiles one by one, longest
+  // first: their fronts, then their backs in reverse, CTA c taking the c-th and the (2 ctas - 1 - c)-th, so that
+  // the CTAs that take a long front take a short back. In a list-scheduling model of the paper grid's causal rows and
+  // GQA rows the whole turns alone came 1-5% behind the counter's balance, with the last turn dealt this way -1 to
+  // +2.6%.
+  DASH_HOST_DEVICE DealtTiles dealt_tiles(int cta, int ctas, int turn) const {
+    const int tiles = num_tiles();
+    if (tiles_equally_long()) {
+      const int t = turn * ctas + cta;
+      return {t, t};
+    }
+    const int units = pair_units();
+    const int whole_turns = units / ctas;
+    if (turn < whole_turns) return pair_unit(turn * ctas + cta);
+    const int first_left = whole_turns * ctas;
+    const int left = units - first_left;
+    if (turn > whole_turns || left == 0) return {tiles, tiles};
+    // The j-th tile of the last turn's deal, or `tiles` for none: j < left the fronts, then the backs in reverse (a
+    // group's lone middle tile is dealt as its unit's front).
+    const auto last_turn_tile = [&](int j) {
+      if (j >= 2 * left) return tiles;
+      if (j < left) return pair_unit(first_left + j).first;
+      const DealtTiles unit = pair_unit(first_left + 2 * left - 1 - j);
+      return unit.second != unit.first ? unit.second : tiles;
+    };
+    const int first = last_turn_tile(cta);
+    const int second = last_turn_tile(2 * ctas - 1 - cta);
+    if (first == tiles) return {second, second};
+    return {first, second == tiles ? first : second};
   }
 
   DASH_HOST_DEVICE ForwardTile tile_at(int t) const {

@@ -150,7 +150,7 @@ TEST(ForwardTileOrder, TheDealGivesEveryTileToOneCtaAndEachCtasTurnsEndAtItsFirs
         const DealtTiles dealt = order.dealt_tiles(cta, ctas, turns);
         if (dealt.first >= order.num_tiles()) break;
         ASSERT_GT(dealt.first, previous_first) << "CTA " << cta << "'s turns begin at rising tiles";
-        ASSERT_TRUE(dealt.second >= dealt.first && dealt.second < order.num_tiles()) << dealt.second;
+        ASSERT_TRUE(dealt.second >= 0 && dealt.second < order.num_tiles()) << dealt.second;
         previous_first = dealt.first;
         const std::vector<int> turn_tiles =
             dealt.second == dealt.first ? std::vector<int>{dealt.first} : std::vector<int>{dealt.first, dealt.second};
@@ -171,11 +171,12 @@ TEST(ForwardTileOrder, TheDealGivesEveryTileToOneCtaAndEachCtasTurnsEndAtItsFirs
   EXPECT_GT(lone_middles, 0) << "some groups have an odd tile count";
 }
 
-// Under the causal mask a turn's two tiles sum to the same key/value count, one more than the query tiles, where the
-// tiles are square and the lengths whole tiles; so each CTA's load is at most one turn over the mean, and round robin
-// over the single tiles (the deal under a full mask, applied here to causal tiles) is not: the bound this test checks
-// fails for it.
-TEST(ForwardTileOrder, TheCausalDealPairsLongTilesWithShortOnesSoNoCtaIsATurnOverTheMean) {
+// Under the causal mask a pair unit's two tiles sum to the same key/value count, one more than the query tiles, where
+// the tiles are square and the lengths whole tiles; so each CTA's load is at most one unit over the mean, and round
+// robin over the single tiles (the deal under a full mask, applied here to causal tiles) is not: the bound this test
+// checks fails for it. With the last turn's tiles dealt longest to the CTAs that take the shortest, the load of the
+// paper grid's 512-token rows stays within half a unit of the mean.
+TEST(ForwardTileOrder, TheCausalDealPairsLongTilesWithShortOnesSoNoCtaIsAUnitOverTheMean) {
   const auto loads = [](const ForwardTileOrder& order, const std::vector<std::vector<int>>& taken) {
     std::vector<int64_t> load;
     for (const std::vector<int>& tiles : taken) {
@@ -192,25 +193,27 @@ TEST(ForwardTileOrder, TheCausalDealPairsLongTilesWithShortOnesSoNoCtaIsATurnOve
     const ForwardTileOrder order{mask, kForwardBlockQ, kForwardBlockKv, heads, batch, group};
     SCOPED_TRACE(std::to_string(seqlen) + " tokens, " + std::to_string(heads * batch) + " heads, group " +
                  std::to_string(group) + ", " + std::to_string(ctas) + " CTAs");
-    const int turn_work = order.q_tiles() + 1;
-    for (int cta = 0; cta < ctas; ++cta) {
-      for (int turn = 0;; ++turn) {
-        const DealtTiles dealt = order.dealt_tiles(cta, ctas, turn);
-        if (dealt.first >= order.num_tiles()) break;
-        ASSERT_NE(dealt.second, dealt.first) << "an even tile count per group: every turn a pair";
-        ASSERT_EQ(order.tile_at(dealt.first).kv_tiles + order.tile_at(dealt.second).kv_tiles, turn_work);
-      }
+    const int unit_work = order.q_tiles() + 1;
+    ASSERT_EQ(order.pair_units() * 2, order.num_tiles()) << "an even tile count per group";
+    for (int unit = 0; unit < order.pair_units(); ++unit) {
+      const DealtTiles pair = order.pair_unit(unit);
+      ASSERT_NE(pair.second, pair.first);
+      ASSERT_EQ(order.tile_at(pair.first).kv_tiles + order.tile_at(pair.second).kv_tiles, unit_work) << unit;
     }
     const std::vector<int64_t> dealt = loads(order, deal(order, ctas));
     const int64_t total = std::accumulate(dealt.begin(), dealt.end(), int64_t{0});
-    const int64_t bound = (total + ctas - 1) / ctas + turn_work;
-    EXPECT_LE(*std::max_element(dealt.begin(), dealt.end()), bound);
+    const int64_t mean = (total + ctas - 1) / ctas;
+    const int64_t most = *std::max_element(dealt.begin(), dealt.end());
+    EXPECT_LE(most, mean + unit_work);
+    if (seqlen == 512) {
+      EXPECT_LE(most, mean + unit_work / 2);
+    }
     // The negative control: the same tiles dealt one by one, round robin.
     std::vector<std::vector<int>> round_robin(ctas);
     for (int t = 0; t < order.num_tiles(); ++t) round_robin[t % ctas].push_back(t);
     const std::vector<int64_t> unpaired = loads(order, round_robin);
     if (seqlen >= 4096) {
-      EXPECT_GT(*std::max_element(unpaired.begin(), unpaired.end()), bound);
+      EXPECT_GT(*std::max_element(unpaired.begin(), unpaired.end()), mean + unit_work);
     }
   }
 }
