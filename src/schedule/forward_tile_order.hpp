@@ -66,6 +66,10 @@ DASH_HOST_DEVICE constexpr int forward_heads_per_group(bool causal, int64_t seql
   return static_cast<int>((fitting < all ? fitting : all) * (heads_q / heads_kv));
 }
 
+// Whether a forward kernel's CTAs deal its tiles among themselves (ForwardTileOrder::dealt_tiles) rather than take
+// them from the global counter: the dense kernels without a left window bound (the file comment says why).
+DASH_HOST_DEVICE constexpr bool forward_deals_tiles(bool varlen, bool left_bounded) { return !varlen && !left_bounded; }
+
 // The tiles of one CTA's turn (ForwardTileOrder::dealt_tiles), or of a pair unit (pair_unit): indices into tile_at's
 // order, taken first then second; second == first where there is one tile, and first >= num_tiles() where none.
 struct DealtTiles {

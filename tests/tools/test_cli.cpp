@@ -390,25 +390,31 @@ TEST(Cli, PlanFullMaskRecommendsShift) {
 }
 
 // plan names the forward kernel the library runs (forward_kernel_choice): the short, tall and wide tiles from the
-// measured lengths on a dense batch, the base tiles under a window and on a varlen batch at any length.
+// measured lengths on a dense batch, the base tiles under a window and on a varlen batch at any length; and how its
+// CTAs share the tiles: dealt round robin (equally long), dealt in pairs (causal, a right-only window) or taken from
+// a counter (varlen, a left-bounded window).
 TEST(Cli, PlanNamesTheForwardTiles) {
   struct Case {
     const char* flags;
     const char* tiles;
     int block_kv;
+    const char* dispatch;  // how the CTAs share the tiles (schedule/forward_tile_order.hpp)
   };
   const Case cases[] = {
-      {"--batch 2 --seqlen 4096 --head-dim 128", "forward: 128x176 tiles (wide key tiles", 176},
-      {"--batch 2 --seqlen 1024 --head-dim 128", "forward: 128x128 tiles (the head dim's base tiles at this", 128},
-      {"--batch 2 --seqlen 4096 --head-dim 64", "forward: 192x128 tiles (tall query tiles", 128},
-      {"--batch 2 --seqlen 512 --head-dim 64", "forward: 64x128 tiles (short query tiles", 128},
+      {"--batch 2 --seqlen 4096 --head-dim 128", "forward: 128x176 tiles (wide key tiles", 176, "round-robin"},
+      {"--batch 2 --seqlen 1024 --head-dim 128", "forward: 128x128 tiles (the head dim's base tiles at this", 128,
+       "round-robin"},
+      {"--batch 2 --seqlen 4096 --head-dim 64", "forward: 192x128 tiles (tall query tiles", 128, "round-robin"},
+      {"--batch 2 --seqlen 512 --head-dim 64", "forward: 64x128 tiles (short query tiles", 128, "round-robin"},
       {"--batch 2 --seqlen 4096 --head-dim 128 --window 256,0",
        "forward: 128x128 tiles (the head dim's base tiles, a "
        "left-bounded window's kernel",
-       128},
+       128, "counter"},
       {"--cu-seqlens 0,4096,8192 --head-dim 128", "forward: 128x128 tiles (the head dim's base tiles, which varlen",
-       128},
-      {"--batch 1 --seqlen 4096 --head-dim 256", "forward: 128x80 tiles", 80},
+       128, "counter"},
+      {"--batch 1 --seqlen 4096 --head-dim 256", "forward: 128x80 tiles", 80, "round-robin"},
+      {"--batch 2 --seqlen 4096 --head-dim 128 --causal", "forward: 128x128 tiles", 128, "pairs"},
+      {"--batch 2 --seqlen 4096 --head-dim 128 --window -1,64", "forward: 128x128 tiles", 128, "pairs"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.flags);
@@ -418,6 +424,11 @@ TEST(Cli, PlanNamesTheForwardTiles) {
     const Output json = run(std::string("plan --heads 8 --json ") + c.flags);
     ASSERT_EQ(json.status, 0) << json.text;
     EXPECT_EQ(parse_json(json.text)["forward_tile"]["block_kv"].number, c.block_kv);
+    EXPECT_EQ(parse_json(json.text)["forward_tile"]["dispatch"].string, c.dispatch);
+    const std::string dispatch_words = std::string(c.dispatch) == "counter" ? "from a counter"
+                                       : std::string(c.dispatch) == "pairs" ? "dealt to the CTAs in pairs"
+                                                                            : "dealt to the CTAs round robin";
+    EXPECT_NE(text.text.find(dispatch_words), std::string::npos) << text.text;
   }
 }
 

@@ -29,6 +29,7 @@
 #include "planner/simulator.hpp"
 #include "planner/validator.hpp"
 #include "planner/varlen_plan.hpp"
+#include "schedule/forward_tile_order.hpp"
 #include "schedule/schedule.hpp"
 #include "schedule/tile_config.hpp"
 #include "varlen.hpp"
@@ -255,6 +256,25 @@ ForwardKernelChoice forward_choice(const Point& point) {
                                point.shape.seqlen_q, point.shape.seqlen_k);
 }
 
+// How the forward's CTAs share the tiles (schedule/forward_tile_order.hpp): "round-robin" or "pairs" where they deal
+// them among themselves, "counter" where they take them from a global counter.
+std::string forward_dispatch(const Point& point, const ForwardKernelChoice& choice) {
+  if (!forward_deals_tiles(point.varlen.has_value(), choice.left_bounded)) return "counter";
+  const ForwardTileOrder order{point.problem.mask(),
+                               choice.tile.block_q,
+                               choice.tile.block_kv,
+                               static_cast<int>(point.shape.heads_q),
+                               static_cast<int>(point.shape.batch),
+                               1};
+  return order.tiles_equally_long() ? "round-robin" : "pairs";
+}
+
+std::string describe_forward_dispatch(const std::string& dispatch) {
+  if (dispatch == "round-robin") return "dealt to the CTAs round robin";
+  if (dispatch == "pairs") return "dealt to the CTAs in pairs, each a head group's long tile with a short one";
+  return "taken by the CTAs from a counter";
+}
+
 std::string describe_forward(const Point& point) {
   const ForwardKernelChoice choice = forward_choice(point);
   const TileShape base = forward_base_tile_shape(static_cast<int>(point.shape.head_dim));
@@ -273,7 +293,8 @@ std::string describe_forward(const Point& point) {
           : point.problem.windowed() ? "the head dim's base tiles, which sliding windows keep"
                                      : "the head dim's base tiles at this length";
   }
-  return std::to_string(choice.tile.block_q) + "x" + std::to_string(choice.tile.block_kv) + " tiles (" + why + ")";
+  return std::to_string(choice.tile.block_q) + "x" + std::to_string(choice.tile.block_kv) + " tiles (" + why + "), " +
+         describe_forward_dispatch(forward_dispatch(point, choice));
 }
 
 std::string point_json(const Point& point, const CostModel& costs, std::optional<Schedule> only, const std::string& svg,
@@ -319,6 +340,7 @@ std::string point_json(const Point& point, const CostModel& costs, std::optional
                             .add("block_q", json_number(forward.tile.block_q))
                             .add("block_kv", json_number(forward.tile.block_kv))
                             .add("left_bounded", json_bool(forward.left_bounded))
+                            .add("dispatch", json_string(forward_dispatch(point, forward)))
                             .str());
   if (point.varlen) o.add("varlen", varlen_json(point.varlen->batch));
   if (!svg.empty()) o.add("svg", json_string(svg));

@@ -69,12 +69,11 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   static constexpr bool kLeftBounded = kLeftBounded_;
   static constexpr bool kVarlen = kVarlen_;
   using TileRecord = std::conditional_t<kVarlen, PackedForwardTileRecord, ForwardTileRecord>;
-  // Whether the CTAs deal the tiles among themselves (ForwardTileOrder::dealt_tiles) rather than take them from the
-  // global counter, which the launch must zero first: the dense kernels without a left window bound, whose tiles'
-  // lengths the order predicts. A compile-time choice: the dealt indices follow from blockIdx.x and gridDim.x, which
-  // the compiler keeps in uniform registers with all that derives from them, where one path shared with the counter's
-  // atomic result would keep them in vector registers (docs/HISTORY.md).
-  static constexpr bool kDealsTiles = !kVarlen && !kLeftBounded;
+  // Whether the CTAs deal the tiles among themselves rather than take them from the global counter, which the launch
+  // must zero first (forward_deals_tiles). A compile-time choice: the dealt indices follow from blockIdx.x and
+  // gridDim.x, which the compiler keeps in uniform registers with all that derives from them, where one path shared
+  // with the counter's atomic result would keep them in vector registers (docs/HISTORY.md).
+  static constexpr bool kDealsTiles = forward_deals_tiles(kVarlen, kLeftBounded);
   static constexpr int kBlockM = kBlockQ_;
   static constexpr int kBlockN = kBlockKv_;
   static constexpr int kStages = 2;  // key/value pipeline depth
