@@ -247,6 +247,32 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");
 
+  // The shared storage's tiles as both mainloops read them: Q, dO, K and V as TMA writes them (K-major), their
+  // transposed views (the MN-major operands) and dS (P and dS in the key split), as dQ's A operand and transposed.
+  template <class Layout>
+  using SmemTensor = decltype(make_tensor(make_smem_ptr(static_cast<Element*>(nullptr)), Layout{}));
+  struct SharedTensors {
+    __device__ explicit SharedTensors(SharedStorage& smem)
+        : q(make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{})),
+          dout(make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutdO{})),
+          k(make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{})),
+          v(make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{})),
+          qt(make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQt{})),
+          doutt(make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutdOt{})),
+          kt(make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKt{})),
+          ds(make_tensor(make_smem_ptr(smem.ds.data()), SmemLayoutdS{})),
+          dst(make_tensor(make_smem_ptr(smem.ds.data()), SmemLayoutdSt{})) {}
+    SmemTensor<SmemLayoutQ> q;
+    SmemTensor<SmemLayoutdO> dout;
+    SmemTensor<SmemLayoutKV> k;
+    SmemTensor<SmemLayoutKV> v;
+    SmemTensor<SmemLayoutQt> qt;
+    SmemTensor<SmemLayoutdOt> doutt;
+    SmemTensor<SmemLayoutKt> kt;
+    SmemTensor<SmemLayoutdS> ds;
+    SmemTensor<SmemLayoutdSt> dst;
+  };
+
   // Each ring's stage: a 64-row tile and one float per row (the LSE, dpsum).
   static constexpr uint32_t kQStageBytes = kBlockM * kHeadDim * sizeof(Element) + kBlockM * sizeof(float);
   static constexpr uint32_t kdOStageBytes = kQStageBytes;

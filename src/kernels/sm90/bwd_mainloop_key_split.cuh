@@ -59,37 +59,29 @@ struct KeySplitMainloop {
     auto wg_dkv = warpgroup_operand_slice(mma_dkv, warp_group, Config::kWarpGroupThreads);
     auto wg_dq = warpgroup_operand_slice(mma_dq, warp_group, Config::kWarpGroupThreads);
 
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
-    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
-    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdOt{});
-    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
-    // P and dS: (query, key, buffer) as dQ's MN-major A operand and as stmatrix's destination, (key, query, buffer)
-    // as the K-major B operands of dV^T and dK^T.
-    Tensor sPdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
-    Tensor sPdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
+    // P and dS share shared.ds: (query, key, buffer) as dQ's MN-major A operand and as stmatrix's destination, and shared.dst,
+    // (key, query, buffer), as the K-major B operands of dV^T and dK^T.
+    const typename Config::SharedTensors shared(smem);
 
     // S and dP: all 64 query rows (A), the warpgroup's keys (B).
-    Tensor tSrQ = wg_sdp.partition_fragment_A(sQ);
-    Tensor tSrdO = wg_sdp.partition_fragment_A(sdO);
-    Tensor tSrK = wg_sdp.partition_fragment_B(sK);
-    Tensor tSrV = wg_sdp.partition_fragment_B(sV);
+    Tensor tSrQ = wg_sdp.partition_fragment_A(shared.q);
+    Tensor tSrdO = wg_sdp.partition_fragment_A(shared.dout);
+    Tensor tSrK = wg_sdp.partition_fragment_B(shared.k);
+    Tensor tSrV = wg_sdp.partition_fragment_B(shared.v);
     // dV^T and dK^T: dO^T or Q^T over all of head_dim (A), P or dS of the warpgroup's keys (B).
-    Tensor tdVrdOt = wg_dkv.partition_fragment_A(sdOt);
-    Tensor tdKrQt = wg_dkv.partition_fragment_A(sQt);
-    Tensor tdKVrPdS = wg_dkv.partition_fragment_B(sPdSt);
+    Tensor tdVrdOt = wg_dkv.partition_fragment_A(shared.doutt);
+    Tensor tdKrQt = wg_dkv.partition_fragment_A(shared.qt);
+    Tensor tdKVrPdS = wg_dkv.partition_fragment_B(shared.dst);
     // dQ: dS over all keys (A), the warpgroup's half of head_dim (B).
-    Tensor tdQrdS = wg_dq.partition_fragment_A(sPdS);
-    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
+    Tensor tdQrdS = wg_dq.partition_fragment_A(shared.ds);
+    Tensor tdQrKt = wg_dq.partition_fragment_B(shared.kt);
     // P and dS go to shared memory with the transposing stmatrix: the accumulator's rows are queries, which are
     // contiguous there; each 8 x 8 block becomes 8 rows of 16 bytes, one per key. Four blocks (16 x 16) per
     // instruction where the warpgroup's keys are whole 16-key blocks (48 at d = 192), two (16 x 8) where not (40).
     using PdSStore = std::conditional_t<Config::kKeyColumns % 16 == 0, SM90_U16x8_STSM_T, SM90_U16x4_STSM_T>;
     auto pds_store = make_tiled_copy_C(Copy_Atom<PdSStore, Element>{}, mma_sdp);
     auto thr_pds_store = pds_store.get_thread_slice(thread);
-    Tensor tPdSsPdS = thr_pds_store.partition_D(sPdS);
+    Tensor tPdSsPdS = thr_pds_store.partition_D(shared.ds);
     // (query row, key) of each S element this thread holds: its warpgroup's keys.
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
 

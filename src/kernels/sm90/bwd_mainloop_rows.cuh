@@ -50,30 +50,22 @@ struct RowsMainloop {
     // its keys through dq_keys instead).
     auto wg_dq = warpgroup_operand_slice(mma_dq, Config::kChainsDq ? 0 : warp_group, Config::kWarpGroupThreads);
 
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
-    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
-    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdOt{});
-    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
-    Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
-    Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
+    const typename Config::SharedTensors shared(smem);
 
-    Tensor tSrK = wg_sdp.partition_fragment_A(sK);
-    Tensor tSrV = wg_sdp.partition_fragment_A(sV);
-    Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);
-    Tensor tSrdO = wg_sdp.partition_fragment_B(sdO);
-    Tensor tdVrdOt = wg_dkv.partition_fragment_B(sdOt);
-    Tensor tdKrQt = wg_dkv.partition_fragment_B(sQt);
+    Tensor tSrK = wg_sdp.partition_fragment_A(shared.k);
+    Tensor tSrV = wg_sdp.partition_fragment_A(shared.v);
+    Tensor tSrQ = wg_sdp.partition_fragment_B(shared.q);
+    Tensor tSrdO = wg_sdp.partition_fragment_B(shared.dout);
+    Tensor tdVrdOt = wg_dkv.partition_fragment_B(shared.doutt);
+    Tensor tdKrQt = wg_dkv.partition_fragment_B(shared.qt);
     // dQ = dS K over both warpgroups' keys, or in the chained layout over the warpgroup's own (dq_keys).
-    Tensor tdQrdS = wg_dq.partition_fragment_A(dq_keys(sdS, warp_group));
-    Tensor tdQrKt = wg_dq.partition_fragment_B(dq_keys(sKt, warp_group));
+    Tensor tdQrdS = wg_dq.partition_fragment_A(dq_keys(shared.ds, warp_group));
+    Tensor tdQrKt = wg_dq.partition_fragment_B(dq_keys(shared.kt, warp_group));
     // dS^T goes to shared memory with stmatrix: each 8 x 8 block of the accumulator is a row of 16
     // contiguous bytes there (queries are contiguous in dS^T), four blocks per instruction.
     auto ds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
     auto thr_ds_store = ds_store.get_thread_slice(thread);
-    Tensor tdSsdSt = thr_ds_store.partition_D(sdSt);
+    Tensor tdSsdSt = thr_ds_store.partition_D(shared.dst);
     // (key row, query column) of each S^T element this thread holds.
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
 
