@@ -26,9 +26,9 @@
 // Invariants: tile_at is a bijection from [0, num_tiles()) onto (batch, head, query tile); groups come in
 // order; within a group, kv_tiles never increases (without a sliding window; under one the order is still a
 // bijection, but a band's length need not fall monotonically). The turns of all CTAs deal every tile index exactly
-// once; a CTA's turns begin at rising indices, and once one is past num_tiles() so is every later one. A query tile visits the key/value tiles from the
-// one holding its first seeing row's first visible key (0 without a left window bound) to the one holding its last
-// row's last visible key (none for a tile whose rows see no key).
+// once; a CTA's turns begin at rising indices, and once one is past num_tiles() so is every later one. A query tile
+// visits the key/value tiles from the one holding its first seeing row's first visible key (0 without a left window
+// bound) to the one holding its last row's last visible key (none for a tile whose rows see no key).
 #pragma once
 
 #include <cstdint>

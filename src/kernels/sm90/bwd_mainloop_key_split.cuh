@@ -59,8 +59,8 @@ struct KeySplitMainloop {
     auto wg_dkv = warpgroup_operand_slice(mma_dkv, warp_group, Config::kWarpGroupThreads);
     auto wg_dq = warpgroup_operand_slice(mma_dq, warp_group, Config::kWarpGroupThreads);
 
-    // P and dS share shared.ds: (query, key, buffer) as dQ's MN-major A operand and as stmatrix's destination, and shared.dst,
-    // (key, query, buffer), as the K-major B operands of dV^T and dK^T.
+    // P and dS share shared.ds, (query, key, buffer), as dQ's MN-major A operand and as stmatrix's destination, and
+    // shared.dst, (key, query, buffer), as the K-major B operands of dV^T and dK^T.
     const typename Config::SharedTensors shared(smem);
 
     // S and dP: all 64 query rows (A), the warpgroup's keys (B).

@@ -1,10 +1,10 @@
 // Host side of the forward pass for one (head dim, element type): the tile shape for the problem's shape
 // (schedule/tile_config.hpp), TMA descriptors, parameters, and the launch (for the kernels that take their tiles from
-// the counter, the counter is zeroed on the stream first; a varlen batch's padding rows are cleared and its sequences over the maxima poisoned after,
-// varlen_padding.cuh, in out's element type: float32 with args.out_fp32, which takes no TMA descriptor). Returns the
-// launches' cudaError_t value, or the tensor whose TMA descriptor the driver would refuse and the rule it breaks
-// (kernels::LaunchResult), found from the tensors' geometry before any descriptor is encoded, in which case nothing is
-// encoded or launched.
+// the counter, the counter is zeroed on the stream first; a varlen batch's padding rows are cleared and its sequences
+// over the maxima poisoned after, varlen_padding.cuh, in out's element type: float32 with args.out_fp32, which takes
+// no TMA descriptor). Returns the launches' cudaError_t value, or the tensor whose TMA descriptor the driver would
+// refuse and the rule it breaks (kernels::LaunchResult), found from the tensors' geometry before any descriptor is
+// encoded, in which case nothing is encoded or launched.
 #pragma once
 
 #include <cuda_runtime.h>
