@@ -60,12 +60,15 @@ inline void wait_or_die(cudaStream_t stream, const std::string& what) {
   }
 }
 
-// The forward on `p`, its O and LSE poisoned first (so that an element it does not write reads as NaN), and
-// waited for under the watchdog.
+// The forward on `p`, its O and LSE poisoned first (so that an element it does not write reads as NaN) and its
+// workspace too, waited for under the watchdog.
 inline void run_forward(harness::Problem& p) {
   size_t bytes = 0;
   ASSERT_TRUE(forward_workspace_size(p.shape, &bytes).ok());
   if (p.workspace.bytes() < bytes) p.workspace = harness::DeviceBuffer(bytes);
+  // The workspace too: the kernels that take their tiles from its counter need the launch to zero it (the others
+  // never read it), and a fresh allocation often holds zeros anyway.
+  p.workspace.poison();
   p.d_out.poison();
   p.d_lse.poison();
   const Status s = forward(harness::forward_args(p), p.workspace.get(), p.workspace.bytes(), nullptr);
