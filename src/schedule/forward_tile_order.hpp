@@ -19,7 +19,7 @@
 // order. Where the tiles' lengths differ, a CTA's turn takes two tiles of one head group, the q-th from its front
 // and the q-th from its back, whose key/value counts sum to about the same for every q (the group's tiles fall in
 // length, or under a right-only window rise): round robin over the single tiles lost 6-18% on causal rows at
-// d = 128, each CTA's turns landing at different depths of the falling order (same-run A/B on the H200,
+// d = 128, each CTA's turns landing at different depths of the falling order (same-run A/Bs on the H200,
 // docs/HISTORY.md); the last, partial turn deals single tiles (dealt_tiles says how). The counter stays with the
 // varlen and left-bounded kernels, whose tiles' lengths the order does not predict.
 //
@@ -133,9 +133,8 @@ struct ForwardTileOrder {
   // equally long, turn r gives CTA c tile r * ctas + c. Otherwise the whole turns give CTA c pair unit r * ctas + c
   // (the file comment says why), and the last, partial turn deals the rest of the units' tiles one by one, longest
   // first: their fronts, then their backs in reverse, CTA c taking the c-th and the (2 ctas - 1 - c)-th, so that
-  // the CTAs that take a long front take a short back. In a list-scheduling model of the paper grid's causal rows and
-  // GQA rows the whole turns alone came 1-5% behind the counter's balance, with the last turn dealt this way -1 to
-  // +2.6%.
+  // the CTAs that take a long front take a short back. Dealt whole, the last turn's pairs would leave some CTAs a
+  // pair over the others; its CPU test bounds each CTA's load by the mean and one unit.
   DASH_HOST_DEVICE DealtTiles dealt_tiles(int cta, int ctas, int turn) const {
     const int tiles = num_tiles();
     if (tiles_equally_long()) {
