@@ -12,6 +12,8 @@
 #     ROUNDS     alternating rounds (default 3); FILTER a gtest filter for B's test_sm90 (default: the backward
 #                tests, the determinism tests with their negative controls and the ragged sweep of those head dims;
 #                "-" skips the tests)
+# With AB_FORWARD=1 it times the forward instead (`bench --fwd`; SCHEDULES is then ignored), and the default FILTER is
+# the forward tests of those head dims.
 # Needs DASH_CUTLASS_DIR (CUTLASS headers; the GPU machine cannot download them). Both builds are bf16, softcap
 # kernels off, varlen kernels on. Logs, CSVs and the summary go to OUT_DIR.
 set -uo pipefail
@@ -48,7 +50,15 @@ cat "$out/build_a.txt" "$out/build_b.txt"
 
 default_filter=""
 IFS=';' read -ra dims <<< "$head_dims"
-for d in "${dims[@]}"; do default_filter+="*Backward*hdim${d}_*:*Determinism*hdim${d}_*:*RaggedSweep*hdim${d}_*:"; done
+for d in "${dims[@]}"; do
+  if [[ -n "${AB_FORWARD:-}" ]]; then
+    default_filter+="*Forward*hdim${d}_*:*forward*hdim${d}_*:*RaggedSweep*hdim${d}_*:"
+  else
+    default_filter+="*Backward*hdim${d}_*:*Determinism*hdim${d}_*:*RaggedSweep*hdim${d}_*:"
+  fi
+done
+# The forward has one kernel per shape, whatever the schedule: one pass, labelled "forward".
+[[ -n "${AB_FORWARD:-}" ]] && schedules=forward
 filter=${6:-"$default_filter"}
 if [[ "$filter" != "-" ]]; then
   # In gtest shards at once, which share the GPU and the CPU's float64 references (gpu_run.sh's tests step).
@@ -64,6 +74,9 @@ if [[ "$filter" != "-" ]]; then
 fi
 
 IFS=',' read -ra scheds <<< "$schedules"
+pass_flags() {  # the bench flags of pass $1: a backward schedule, or the forward
+  if [[ "$1" == forward ]]; then echo --fwd; else echo --schedule "$1"; fi
+}
 # Ragged lengths: 1700, 2000, 1700, 2000, 2000, 1700, 2000, 2000 (no sequence a whole number of tiles).
 varlen_offsets=0,1700,3700,5400,7400,9400,11100,13100,15100
 for ((r = 1; r <= rounds; r++)); do
@@ -75,12 +88,12 @@ for ((r = 1; r <= rounds; r++)); do
         for seqlen in 512 1024 2048 4096 8192 16384; do
           for mask in full causal; do
             "$out/$v/dash-attn" bench --head-dim "$d" --batch $((16384 / seqlen)) --heads $((2048 / d)) \
-              --seqlen "$seqlen" $([[ $mask == causal ]] && echo --causal) --schedule "$s" --iters 20 \
+              --seqlen "$seqlen" $([[ $mask == causal ]] && echo --causal) $(pass_flags "$s") --iters 20 \
               --csv "$out/bench_${v}_r${r}_d${d}_${s}_${mask}${seqlen}.csv" > /dev/null 2>> "$out/bench_errors.log"
           done
         done
         for mask in full causal; do
-          "$out/$v/dash-attn" bench --head-dim "$d" --schedule "$s" --iters 20 --cu-seqlens "$varlen_offsets" \
+          "$out/$v/dash-attn" bench --head-dim "$d" $(pass_flags "$s") --iters 20 --cu-seqlens "$varlen_offsets" \
             $([[ $mask == causal ]] && echo --causal) --csv "$out/varlen_${v}_r${r}_d${d}_${s}_${mask}.csv" \
             > /dev/null 2>> "$out/bench_errors.log"
         done

@@ -41,6 +41,8 @@ struct HeadDimSettings {
   bool forward_short_tiles;
   bool forward_tall_tiles;
   bool forward_wide_tiles;
+  // Whether its full-mask forward may run in CTA pairs that share each key/value tile (forward_may_pair says why).
+  bool forward_pairs_ctas;
 };
 
 inline constexpr int kForwardBlockKv = 128;
@@ -52,12 +54,12 @@ inline constexpr int kForwardBlockKvD256 = 80;
 // may not read a host array, and the kernels' configurations read these settings.
 DASH_HOST_DEVICE constexpr HeadDimSettings head_dim_settings(int head_dim) {
   // clang-format off
-  //                          d    backward tile  splits keys  dQ blocks  P, dS shared  forward keys         short  tall   wide
-  if (head_dim <= 64)  return {64,  {128, 128},    false,       1,         false,        kForwardBlockKv,     true,  true,  false};
-  if (head_dim <= 96)  return {96,  {64, 128},     false,       1,         false,        kForwardBlockKv,     false, false, false};
-  if (head_dim <= 128) return {128, {64, 128},     false,       1,         false,        kForwardBlockKv,     false, false, true};
-  if (head_dim <= 192) return {192, {64, 96},      true,        1,         false,        kForwardBlockKvD192, false, false, false};
-  return                      {256, {64, 80},      true,        4,         true,         kForwardBlockKvD256, false, false, false};
+  //                          d    backward tile  splits keys  dQ blocks  P, dS shared  forward keys         short  tall   wide   pairs
+  if (head_dim <= 64)  return {64,  {128, 128},    false,       1,         false,        kForwardBlockKv,     true,  true,  false, false};
+  if (head_dim <= 96)  return {96,  {64, 128},     false,       1,         false,        kForwardBlockKv,     false, false, false, false};
+  if (head_dim <= 128) return {128, {64, 128},     false,       1,         false,        kForwardBlockKv,     false, false, true,  true};
+  if (head_dim <= 192) return {192, {64, 96},      true,        1,         false,        kForwardBlockKvD192, false, false, false, true};
+  return                      {256, {64, 80},      true,        4,         true,         kForwardBlockKvD256, false, false, false, true};
   // clang-format on
 }
 
@@ -171,11 +173,43 @@ DASH_HOST_DEVICE constexpr TileShape forward_tile_shape(int head_dim, bool causa
   return TileShape{tall ? kForwardTallBlockQ : base.block_q, wide ? kForwardWideBlockKv : base.block_kv};
 }
 
-// The forward kernel a call runs: its tile and whether it is one of a left-bounded window's kernels
-// (kernels/sm90/fwd_config.cuh). kernels/sm90/fwd_launch.cuh launches it and `dash-attn plan` prints it.
+// CTA pairs (an A/B candidate, built only with the CMake option DASH_FORWARD_PAIRED_CTAS, which defines this macro
+// for every target, so that the planner's view and the kernels' agree): under a full mask at d >= 128, two CTAs of a
+// thread-block cluster take neighbouring query tiles of one head, which visit the same key/value tiles, and each
+// loads half of every K and V tile into both CTAs' shared memory with one TMA multicast. A 128-row query tile reads
+// 2 * block_kv * d * 2 bytes of K and V per 4 * 128 * block_kv * d FLOPs, one byte per 128 FLOPs whatever the tile's
+// width or head dim: 5.5 TB/s out of L2 at 700 TFLOPS. The pairs halve it. FA3 runs its full-mask forward at d >= 128
+// in such clusters (hopper/flash_fwd_launch_template.h), and the forward's rows below FA3's are full-mask rows at
+// d = 128, 192 and 256 (docs/PERF.md). The deal (ForwardTileOrder::dealt_tiles, round robin under a full mask)
+// gives CTAs 2c and 2c + 1, the pair, tiles 2u and 2u + 1 in every turn: one head's neighbouring query tiles wherever
+// a head has an even number of them, the pairs' condition. Not the tall or short tiles, the softcap kernels (instance
+// count), or the causal mask and windows, whose tiles differ in length.
+#ifndef DASH_FORWARD_PAIRED_CTAS
+#define DASH_FORWARD_PAIRED_CTAS 0
+#endif
+inline constexpr bool kForwardPairedCtasBuilt = DASH_FORWARD_PAIRED_CTAS != 0;
+inline constexpr int kForwardPairCtas = 2;  // CTAs of a pair: the thread-block cluster's size
+
+DASH_HOST_DEVICE constexpr bool forward_has_paired_ctas(int head_dim) {
+  return head_dim_settings(head_dim).forward_pairs_ctas;
+}
+
+// Whether the forward with `tile` may run in CTA pairs (above) for a dense batch: full mask, no softcap, 128-row
+// query tiles, and an even number of query tiles per head.
+DASH_HOST_DEVICE constexpr bool forward_may_pair(int head_dim, TileShape tile, bool causal, bool windowed, bool softcap,
+                                                 bool varlen, int64_t seqlen_q) {
+  const int64_t q_tiles = (seqlen_q + tile.block_q - 1) / tile.block_q;
+  return forward_has_paired_ctas(head_dim) && tile.block_q == kForwardBlockQ && !causal && !windowed && !softcap &&
+         !varlen && q_tiles % kForwardPairCtas == 0;
+}
+
+// The forward kernel a call runs: its tile, whether it is one of a left-bounded window's kernels
+// (kernels/sm90/fwd_config.cuh) and whether its CTAs run in pairs. kernels/sm90/fwd_launch.cuh launches it and
+// `dash-attn plan` prints it.
 struct ForwardKernelChoice {
   TileShape tile;
   bool left_bounded;
+  bool paired;
 };
 
 // `causal`, `left_bounded` and `right_bounded` are the mask after canonical_mask (schedule/mask.hpp): a window bound
@@ -190,10 +224,13 @@ DASH_HOST_DEVICE constexpr ForwardKernelChoice forward_kernel_choice(int head_di
                                                                      bool right_bounded, bool softcap, bool varlen,
                                                                      int64_t seqlen_q, int64_t seqlen_k) {
   const TileShape base = forward_base_tile_shape(head_dim);
-  if (left_bounded || right_bounded || varlen) return {base, left_bounded};
+  if (left_bounded || right_bounded || varlen) return {base, left_bounded, false};
   const TileShape tile = forward_tile_shape(head_dim, causal, seqlen_q, seqlen_k);
-  if (tile.block_q == kForwardShortBlockQ) return {softcap ? base : tile, false};
-  return {TileShape{tile.block_q, softcap ? base.block_kv : tile.block_kv}, false};
+  if (tile.block_q == kForwardShortBlockQ) return {softcap ? base : tile, false, false};
+  const TileShape chosen{tile.block_q, softcap ? base.block_kv : tile.block_kv};
+  const bool paired = kForwardPairedCtasBuilt &&
+                      forward_may_pair(head_dim, chosen, causal, /*windowed=*/false, softcap, varlen, seqlen_q);
+  return {chosen, false, paired};
 }
 
 DASH_HOST_DEVICE constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }

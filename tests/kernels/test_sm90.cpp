@@ -345,6 +345,51 @@ INSTANTIATE_TEST_SUITE_P(Remainders, Sm90WideForwardTiles,
 static_assert(forward_has_tall_tiles(64) && forward_has_wide_tiles(128),
               "the remainder tests above run the d = 64 and d = 128 instances");
 
+// The CTA pairs (forward_may_pair, in builds with DASH_FORWARD_PAIRED_CTAS): two CTAs of a cluster load half of
+// each K and V tile into both, and a pair that loaded different tiles, or different counts of them, would compute
+// from the other's keys or wait forever. Under a full mask at d = 128, 192 and 256: every remainder of seqlen_q
+// within four query tiles (the pairs need an even count), and at d = 128 every remainder of seqlen_k mod the wide
+// tiles' 176 keys, under the watchdog; every element written, samples against the float64 reference. The shapes'
+// 8 query heads on 2 key/value heads put both tiles of a pair on one key/value head of a GQA group.
+class Sm90PairedForwardTiles : public ::testing::TestWithParam<std::tuple<Instance, bool>> {};
+
+TEST_P(Sm90PairedForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatchesReferenceOnSamples) {
+  const auto& [inst, query_remainders] = GetParam();
+  if (!kForwardPairedCtasBuilt) GTEST_SKIP() << "this build has no paired forward kernels (DASH_FORWARD_PAIRED_CTAS)";
+  if (const std::string why = skip_reason(inst); !why.empty()) GTEST_SKIP() << why;
+  constexpr int kPairedQueryTiles = 2 * kForwardPairCtas;
+  constexpr int64_t kLongestQueries = int64_t{kPairedQueryTiles} * kForwardBlockQ;
+  const TileShape tile =
+      query_remainders ? forward_base_tile_shape(inst.head_dim) : TileShape{kForwardBlockQ, kForwardWideBlockKv};
+  const int count = query_remainders ? kForwardBlockQ : kForwardWideBlockKv;
+  const auto shape_for = [&](int remainder, int64_t heads_q, int64_t heads_kv) {
+    return query_remainders ? ShapeCase{2, kLongestQueries - remainder, kShortKeys, heads_q, heads_kv, false}
+                            : ShapeCase{2, kLongestQueries, kForwardWideFromKeys + remainder, heads_q, heads_kv, false};
+  };
+  for (const int remainder : {0, count - 1}) {
+    const ShapeCase c = shape_for(remainder, 8, 2);
+    ASSERT_TRUE(forward_kernel_choice(inst.head_dim, false, false, false, false, false, c.seqlen_q, c.seqlen_k).paired)
+        << shape_name(c) << ": the shape no longer runs the CTA pairs this test is for";
+  }
+  sweep_forward_remainders(inst, count, /*reference_every=*/count / 4, tile.block_q, tile.block_kv, shape_for);
+}
+
+std::string paired_tiles_name(const ::testing::TestParamInfo<std::tuple<Instance, bool>>& info) {
+  const auto& [inst, query_remainders] = info.param;
+  return "hdim" + std::to_string(inst.head_dim) + "_" + std::string(dtype_name(inst.dtype)) +
+         (query_remainders ? "_query_remainders" : "_wide_key_remainders");
+}
+
+INSTANTIATE_TEST_SUITE_P(Remainders, Sm90PairedForwardTiles,
+                         ::testing::Values(std::tuple{Instance{128, DType::kBF16}, true},
+                                           std::tuple{Instance{128, DType::kFP16}, false},
+                                           std::tuple{Instance{192, DType::kFP16}, true},
+                                           std::tuple{Instance{256, DType::kBF16}, true}),
+                         paired_tiles_name);
+static_assert(forward_has_paired_ctas(128) && forward_has_paired_ctas(192) && forward_has_paired_ctas(256) &&
+                  forward_has_wide_tiles(128),
+              "the paired remainder tests run the d = 128, 192 and 256 instances, and d = 128's wide tiles");
+
 // The narrower key/value tiles of d = 192 (128x112) and d = 256 (128x80), which also store O without a staging
 // tile: every remainder of seqlen_k mod block_kv, under the full and the causal mask (which also takes them).
 class Sm90NarrowForwardTiles : public ::testing::TestWithParam<std::tuple<Instance, bool>> {};

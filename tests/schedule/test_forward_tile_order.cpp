@@ -1,8 +1,8 @@
 // The forward's tile order (schedule/forward_tile_order.hpp), which the GPU loader runs: every (batch,
 // head, query tile) exactly once; groups of heads_per_group heads in order, the longest tiles of a group
 // first across its heads; each tile's key/value count equal to a brute-force count over its rows from the
-// mask; the group size the launch derives from the shape (forward_heads_per_group); and the deal by which the dense
-// kernels' CTAs share the tiles without a counter (dealt_tiles).
+// mask; the group size the launch derives from the shape (forward_heads_per_group); the deal by which the dense
+// kernels' CTAs share the tiles without a counter (dealt_tiles), and the CTA pairs it allows (forward_may_pair).
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -216,6 +216,73 @@ TEST(ForwardTileOrder, TheCausalDealPairsLongTilesWithShortOnesSoNoCtaIsAUnitOve
       EXPECT_GT(*std::max_element(unpaired.begin(), unpaired.end()), mean + unit_work);
     }
   }
+}
+
+// The forward's CTA pairs (forward_may_pair, kernels/sm90/fwd_loader.cuh) rest on the full-mask deal: with an even
+// count of CTAs and an even count of query tiles per head, CTAs 2c and 2c + 1 take in each turn two neighbouring
+// query tiles of one head, which visit the same key/value tiles, and their turns end together, so the pair loads the
+// same key/value tiles in one order. The negative control: with an odd count of query tiles some pair's two tiles
+// belong to two heads (two different K and V), which is why forward_may_pair asks for an even count.
+TEST(ForwardTileOrder, UnderAFullMaskTheDealGivesEachCtaPairOneHeadsNeighbouringTilesWhereTheHeadsTilesAreEven) {
+  // Whether every pair (2c, 2c + 1) of `ctas` takes, turn by turn, tiles of one (batch, head) with equal key/value
+  // ranges, and no turn for one CTA of a pair that the other lacks.
+  const auto pairs_share_key_value_tiles = [](const ForwardTileOrder& order, int ctas) {
+    for (int pair = 0; pair < ctas / kForwardPairCtas; ++pair) {
+      for (int turn = 0;; ++turn) {
+        const DealtTiles first = order.dealt_tiles(kForwardPairCtas * pair, ctas, turn);
+        const DealtTiles second = order.dealt_tiles(kForwardPairCtas * pair + 1, ctas, turn);
+        const bool first_done = first.first >= order.num_tiles();
+        if (first_done != (second.first >= order.num_tiles())) return false;
+        if (first_done) break;
+        EXPECT_TRUE(first.second == first.first && second.second == second.first) << "one tile per turn";
+        const ForwardTile a = order.tile_at(first.first);
+        const ForwardTile b = order.tile_at(second.first);
+        if (a.batch != b.batch || a.head != b.head || a.kv_first != b.kv_first || a.kv_tiles != b.kv_tiles ||
+            b.q_tile != a.q_tile + 1) {
+          return false;
+        }
+      }
+    }
+    return true;
+  };
+  std::mt19937 rng(20261206);
+  int odd_counterexamples = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int head_dim = trial % 3 == 0 ? 128 : trial % 3 == 1 ? 192 : 256;
+    const int seqlen_q = std::uniform_int_distribution<int>(1, 3000)(rng);
+    const int seqlen_k = std::uniform_int_distribution<int>(1, 3000)(rng);
+    const MaskShape mask = canonical_mask(seqlen_q, seqlen_k, /*causal=*/false, -1, -1);
+    const TileShape tile = forward_tile_shape(head_dim, /*causal=*/false, seqlen_q, seqlen_k);
+    const int heads_q = std::uniform_int_distribution<int>(1, 6)(rng);
+    const int batch = std::uniform_int_distribution<int>(1, 4)(rng);
+    const ForwardTileOrder order{mask, tile.block_q, tile.block_kv, heads_q, batch, 1};
+    const int ctas = kForwardPairCtas * std::uniform_int_distribution<int>(1, 150)(rng);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ", " + std::to_string(ctas) + " CTAs, " +
+                 std::to_string(order.q_tiles()) + " query tiles a head");
+    ASSERT_TRUE(order.tiles_equally_long());
+    const bool may_pair = forward_may_pair(head_dim, tile, false, false, false, false, seqlen_q);
+    EXPECT_EQ(may_pair, order.q_tiles() % kForwardPairCtas == 0);
+    if (may_pair) {
+      EXPECT_TRUE(pairs_share_key_value_tiles(order, ctas));
+    } else if (!pairs_share_key_value_tiles(order, ctas)) {
+      ++odd_counterexamples;
+    }
+  }
+  EXPECT_GT(odd_counterexamples, 0) << "the negative control: odd query tile counts split some pair across heads";
+  // Only the full mask, without softcap, on dense batches, at the head dims whose row pairs, on 128-row tiles.
+  const TileShape base128 = forward_base_tile_shape(128);
+  EXPECT_TRUE(forward_may_pair(128, base128, false, false, false, false, 2048));
+  EXPECT_FALSE(forward_may_pair(128, base128, true, false, false, false, 2048));
+  EXPECT_FALSE(forward_may_pair(128, base128, false, true, false, false, 2048));
+  EXPECT_FALSE(forward_may_pair(128, base128, false, false, true, false, 2048));
+  EXPECT_FALSE(forward_may_pair(128, base128, false, false, false, true, 2048));
+  EXPECT_FALSE(forward_may_pair(128, base128, false, false, false, false, 2048 + 1));
+  EXPECT_FALSE(forward_may_pair(64, forward_base_tile_shape(64), false, false, false, false, 2048));
+  EXPECT_FALSE(forward_may_pair(96, forward_base_tile_shape(96), false, false, false, false, 2048));
+  EXPECT_FALSE(forward_may_pair(64, TileShape{kForwardTallBlockQ, kForwardBlockKv}, false, false, false, false, 3840));
+  // The choice takes them only in builds that have the paired kernels.
+  const ForwardKernelChoice choice = forward_kernel_choice(256, false, false, false, false, false, 4096, 4096);
+  EXPECT_EQ(choice.paired, kForwardPairedCtasBuilt);
 }
 
 TEST(ForwardTileOrder, CausalHeadGroupsHoldWholeKeyValueHeadsWithinTheL2BudgetAndFullMasksGoHeadByHead) {

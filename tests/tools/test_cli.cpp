@@ -17,6 +17,8 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include "schedule/tile_config.hpp"
+
 namespace {
 
 // --- a minimal JSON reader: enough to check the structure and values dash-attn prints -------------
@@ -399,22 +401,24 @@ TEST(Cli, PlanNamesTheForwardTiles) {
     const char* tiles;
     int block_kv;
     const char* dispatch;  // how the CTAs share the tiles (schedule/forward_tile_order.hpp)
+    bool may_pair;         // forward_may_pair: CTA pairs in builds that have them (DASH_FORWARD_PAIRED_CTAS)
   };
   const Case cases[] = {
-      {"--batch 2 --seqlen 4096 --head-dim 128", "forward: 128x176 tiles (wide key tiles", 176, "round-robin"},
+      {"--batch 2 --seqlen 4096 --head-dim 128", "forward: 128x176 tiles (wide key tiles", 176, "round-robin", true},
       {"--batch 2 --seqlen 1024 --head-dim 128", "forward: 128x128 tiles (the head dim's base tiles at this", 128,
-       "round-robin"},
-      {"--batch 2 --seqlen 4096 --head-dim 64", "forward: 192x128 tiles (tall query tiles", 128, "round-robin"},
-      {"--batch 2 --seqlen 512 --head-dim 64", "forward: 64x128 tiles (short query tiles", 128, "round-robin"},
+       "round-robin", true},
+      {"--batch 2 --seqlen 300 --head-dim 128", "forward: 128x128 tiles", 128, "round-robin", false},
+      {"--batch 2 --seqlen 4096 --head-dim 64", "forward: 192x128 tiles (tall query tiles", 128, "round-robin", false},
+      {"--batch 2 --seqlen 512 --head-dim 64", "forward: 64x128 tiles (short query tiles", 128, "round-robin", false},
       {"--batch 2 --seqlen 4096 --head-dim 128 --window 256,0",
        "forward: 128x128 tiles (the head dim's base tiles, a "
        "left-bounded window's kernel",
-       128, "counter"},
+       128, "counter", false},
       {"--cu-seqlens 0,4096,8192 --head-dim 128", "forward: 128x128 tiles (the head dim's base tiles, which varlen",
-       128, "counter"},
-      {"--batch 1 --seqlen 4096 --head-dim 256", "forward: 128x80 tiles", 80, "round-robin"},
-      {"--batch 2 --seqlen 4096 --head-dim 128 --causal", "forward: 128x128 tiles", 128, "pairs"},
-      {"--batch 2 --seqlen 4096 --head-dim 128 --window -1,64", "forward: 128x128 tiles", 128, "pairs"},
+       128, "counter", false},
+      {"--batch 1 --seqlen 4096 --head-dim 256", "forward: 128x80 tiles", 80, "round-robin", true},
+      {"--batch 2 --seqlen 4096 --head-dim 128 --causal", "forward: 128x128 tiles", 128, "pairs", false},
+      {"--batch 2 --seqlen 4096 --head-dim 128 --window -1,64", "forward: 128x128 tiles", 128, "pairs", false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.flags);
@@ -425,6 +429,9 @@ TEST(Cli, PlanNamesTheForwardTiles) {
     ASSERT_EQ(json.status, 0) << json.text;
     EXPECT_EQ(parse_json(json.text)["forward_tile"]["block_kv"].number, c.block_kv);
     EXPECT_EQ(parse_json(json.text)["forward_tile"]["dispatch"].string, c.dispatch);
+    const bool paired = dash::kForwardPairedCtasBuilt && c.may_pair;
+    EXPECT_EQ(parse_json(json.text)["forward_tile"]["paired"].boolean, paired);
+    EXPECT_EQ(text.text.find("in CTA pairs") != std::string::npos, paired) << text.text;
     const std::string dispatch_words = std::string(c.dispatch) == "counter" ? "from a counter"
                                        : std::string(c.dispatch) == "pairs" ? "dealt to the CTAs in pairs"
                                                                             : "dealt to the CTAs round robin";

@@ -294,7 +294,8 @@ std::string describe_forward(const Point& point) {
                                      : "the head dim's base tiles at this length";
   }
   return std::to_string(choice.tile.block_q) + "x" + std::to_string(choice.tile.block_kv) + " tiles (" + why + "), " +
-         describe_forward_dispatch(forward_dispatch(point, choice));
+         describe_forward_dispatch(forward_dispatch(point, choice)) +
+         (choice.paired ? ", in CTA pairs that share each K and V tile (TMA multicast)" : "");
 }
 
 std::string point_json(const Point& point, const CostModel& costs, std::optional<Schedule> only, const std::string& svg,
@@ -340,6 +341,7 @@ std::string point_json(const Point& point, const CostModel& costs, std::optional
                             .add("block_q", json_number(forward.tile.block_q))
                             .add("block_kv", json_number(forward.tile.block_kv))
                             .add("left_bounded", json_bool(forward.left_bounded))
+                            .add("paired", json_bool(forward.paired))
                             .add("dispatch", json_string(forward_dispatch(point, forward)))
                             .str());
   if (point.varlen) o.add("varlen", varlen_json(point.varlen->batch));

@@ -53,8 +53,12 @@ using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows, forward_ctas_per
 // stores a warpgroup's O rows with TMA where they all lie in the sequence, and the sequence's last, partial rows
 // with predicated stores (a TMA store clips only at the tensor's end, and the next sequence's rows follow). The
 // dense kernels compile as before.
+// kPaired_: the CTA pairs (schedule/tile_config.hpp, forward_may_pair): thread-block clusters of two CTAs, each loading
+// half of every K and V tile into both by TMA multicast, so their K and V rings are MulticastRings; the launch runs
+// them only on dense full-mask problems with an even number of query tiles per head, which the round-robin deal
+// gives each pair as one head's neighbouring tiles, so that both CTAs load the same key/value tiles in one order.
 template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoftcap_ = false,
-          bool kLeftBounded_ = false, bool kVarlen_ = false>
+          bool kLeftBounded_ = false, bool kVarlen_ = false, bool kPaired_ = false>
 struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   // The counts this configuration's own layouts use (names of a dependent base need declaring).
   using Roles = ForwardWarpRoles<kBlockQ_>;
@@ -74,6 +78,11 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   // gridDim.x, which the compiler keeps in uniform registers with all that derives from them, where one path shared
   // with the counter's atomic result would keep them in vector registers (docs/HISTORY.md).
   static constexpr bool kDealsTiles = forward_deals_tiles(kVarlen, kLeftBounded);
+  static constexpr bool kPaired = kPaired_;
+  static constexpr int kClusterCtas = kPaired ? kForwardPairCtas : 1;
+  static_assert(!kPaired ||
+                    (kDealsTiles && !kSoftcap && forward_has_paired_ctas(kHeadDim_) && kBlockQ_ == kForwardBlockQ),
+                "CTA pairs only where forward_may_pair allows them, on tiles the CTAs deal among themselves");
   static constexpr int kBlockM = kBlockQ_;
   static constexpr int kBlockN = kBlockKv_;
   static constexpr int kStages = 2;  // key/value pipeline depth
@@ -111,6 +120,12 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
       decltype(tile_to_shape(SwizzleAtom{}, Shape<Int<kMmaWarpGroupRows>, HeadDim, Int<kMmaWarpGroups>>{}));
   struct NoStaging {};
 
+  // The K and V rings, and the arrivals that release one of their stages: every MMA thread's, or in a pair each MMA
+  // warpgroup's of both CTAs (MulticastRing).
+  using KvRing =
+      std::conditional_t<kPaired, MulticastRing<kStages, kClusterCtas, kWarpGroupThreads>, PipelineRing<kStages>>;
+  static constexpr int kKvReleaseArrivals = kPaired ? kMmaWarpGroups * kClusterCtas : kMmaThreads;
+
   template <bool kStaged>
   struct Storage {
     alignas(1024) array_aligned<Element, cosize_v<SmemLayoutQ>> q;
@@ -121,8 +136,8 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
     PipelineRing<1> q_stages;                  // loader -> MMA warpgroups: Q (per query tile)
     // K and V of each key/value tile visited, in rings of their own: K_j is free once S_j is done, while
     // V_j is read until O += P_j V_j, which the mainloop issues one tile later (fwd_mainloop.cuh).
-    PipelineRing<kStages> k_stages;  // loader -> MMA warpgroups
-    PipelineRing<kStages> v_stages;  // loader -> MMA warpgroups
+    KvRing k_stages;  // loader -> MMA warpgroups (of both CTAs of a pair)
+    KvRing v_stages;  // loader -> MMA warpgroups (of both CTAs of a pair)
   };
   static constexpr bool kStagedO = fits_shared_memory(sizeof(Storage<true>), kCtasPerSm);
   using SharedStorage = Storage<kStagedO>;
@@ -133,7 +148,10 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   static constexpr uint32_t kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);  // one K or V tile
 
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, SmemLayoutQ{}));
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor<Element>{}, take<0, 2>(SmemLayoutKV{})));
+  // K and V: in a pair, each CTA's TMA loads its half of the tile (CuTe splits the box) into both CTAs.
+  using TmaKVLoad = std::conditional_t<kPaired, SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
+  using TmaKV =
+      decltype(make_tma_copy(TmaKVLoad{}, GmemTensor<Element>{}, take<0, 2>(SmemLayoutKV{}), Int<kClusterCtas>{}));
   // One MMA warpgroup's 64 rows of O, from its staging tile; none without staging.
   using TmaO = std::conditional_t<
       kStagedO, decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor<Element>{}, take<0, 2>(SmemLayoutO{}))), NoStaging>;

@@ -1,7 +1,8 @@
 // The forward kernel: persistent CTAs, a loader warp (fwd_loader.cuh) and the MMA warpgroups that run the
 // online softmax (fwd_mainloop.cuh) and write O and LSE (fwd_epilogue.cuh), in the tile order of
-// schedule/forward_tile_order.hpp. Reads top to bottom: set up barriers, give registers to the MMA
-// warpgroups, run each role until the tiles run out.
+// schedule/forward_tile_order.hpp; in the paired kernels (Config::kPaired) clusters of two CTAs that share their K and
+// V loads. Reads top to bottom: set up barriers, give registers to the MMA warpgroups, run each role until the tiles
+// run out.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -17,8 +18,8 @@ template <class Config>
 __device__ void init_forward_barriers(typename Config::SharedStorage& smem) {
   constexpr int kLoaderThreads = 1;
   smem.q_stages.init(kLoaderThreads, Config::kMmaThreads);
-  smem.k_stages.init(kLoaderThreads, Config::kMmaThreads);
-  smem.v_stages.init(kLoaderThreads, Config::kMmaThreads);
+  smem.k_stages.init(kLoaderThreads, Config::kKvReleaseArrivals);
+  smem.v_stages.init(kLoaderThreads, Config::kKvReleaseArrivals);
   smem.tiles.init(Config::kMmaThreads);
   cutlass::arch::fence_barrier_init();
 }
@@ -29,7 +30,13 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
   extern __shared__ __align__(1024) char shared_bytes[];
   auto& smem = *reinterpret_cast<typename Config::SharedStorage*>(shared_bytes);
   if (threadIdx.x == 0) init_forward_barriers<Config>(smem);
-  __syncthreads();
+  if constexpr (Config::kPaired) {
+    // The other CTA of the pair multicasts into this one's K and V stages and releases them from afar: its barriers
+    // must be initialized before either CTA loads.
+    cute::cluster_sync();
+  } else {
+    __syncthreads();
+  }
   run_warp_roles<Config>(
       [&] {
         if (threadIdx.x == 0) ForwardLoader<Config>::run(params, smem);

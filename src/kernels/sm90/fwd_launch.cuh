@@ -17,11 +17,42 @@
 
 namespace dash::sm90 {
 
+// The paired kernels' launch (Config::kPaired): clusters of two CTAs, as many as run at once on the SMs the call
+// may use (a cluster takes two SMs of one GPC, so fewer may fit than half the SMs), and no more than the pairs of
+// tiles. The deal needs both CTAs of a pair to load the same key/value tiles: every tile equally long (a full mask)
+// and an even number of query tiles per head, which forward_may_pair ensured; a problem without them is refused
+// rather than launched into a wait that never ends.
+template <class Config>
+cudaError_t launch_pairs(const typename Config::Params& p, int tiles, int resident, cudaStream_t stream) {
+  constexpr int kPair = Config::kClusterCtas;
+  if (!p.tiles.tiles_equally_long() || p.tiles.q_tiles() % kPair != 0) return cudaErrorInvalidValue;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kPair;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(Config::kThreads);
+  config.dynamicSmemBytes = Config::kSharedBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  config.gridDim = dim3(static_cast<unsigned>(kPair));  // the query reads the cluster's shape, not the grid's size
+  cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, forward_kernel<Config>, &config);
+  if (err != cudaSuccess) return err;
+  if (clusters * kPair > resident) clusters = resident / kPair;
+  if (clusters * kPair > tiles) clusters = tiles / kPair;
+  if (clusters < 1) return cudaErrorInvalidConfiguration;
+  config.gridDim = dim3(static_cast<unsigned>(clusters * kPair));
+  return cudaLaunchKernelEx(&config, forward_kernel<Config>, p);
+}
+
 template <int kHeadDim, class Element, bool kSoftcap, int kBlockQ, int kBlockKv, bool kLeftBounded = false,
-          bool kVarlen = false>
+          bool kVarlen = false, bool kPaired = false>
 kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stream) {
   const ForwardArgs& a = params.args;
-  using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap, kLeftBounded, kVarlen>;
+  using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap, kLeftBounded, kVarlen, kPaired>;
   const AttentionShape& shape = a.shape;
   typename Config::Params p{};
   const auto gmem = [&](const void* data, int64_t seqlen, int64_t total_rows, int64_t heads, const Strides& strides) {
@@ -40,8 +71,8 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   if (refusal.tensor != nullptr) return refused(refusal);
   const auto kv_tile_layout = take<0, 2>(typename Config::SmemLayoutKV{});
   p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, typename Config::SmemLayoutQ{});
-  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, kv_tile_layout);
-  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, kv_tile_layout);
+  p.tma_k = make_tma_copy(typename Config::TmaKVLoad{}, k, kv_tile_layout, Int<Config::kClusterCtas>{});
+  p.tma_v = make_tma_copy(typename Config::TmaKVLoad{}, v, kv_tile_layout, Int<Config::kClusterCtas>{});
   if constexpr (Config::kStagedO) {
     if (!a.out_fp32) p.tma_o = make_tma_copy(SM90_TMA_STORE{}, o, take<0, 2>(typename Config::SmemLayoutO{}));
   }
@@ -87,8 +118,13 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   if (err != cudaSuccess) return launched(err);
   const int tiles = p.tiles.num_tiles();
   const int resident = params.num_sms * Config::kCtasPerSm;  // CTAs that run at once on the SMs the call may use
-  const int grid = tiles < resident ? tiles : resident;
-  kernel<<<grid, Config::kThreads, Config::kSharedBytes, stream>>>(p);
+  if constexpr (Config::kPaired) {
+    err = launch_pairs<Config>(p, tiles, resident, stream);
+    if (err != cudaSuccess) return launched(err);
+  } else {
+    const int grid = tiles < resident ? tiles : resident;
+    kernel<<<grid, Config::kThreads, Config::kSharedBytes, stream>>>(p);
+  }
   if constexpr (kVarlen) {
     err = cudaGetLastError();
     if (err != cudaSuccess) return launched(err);
@@ -111,7 +147,8 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
 // choice can pick for this instance: no short, tall or wide varlen kernel, no short or wide softcap kernel. A left
 // bound takes kernels of their own (fwd_config.cuh): testing it at run time in the others' masked steps cost 3-4% at
 // 512-1024 causal tokens (same-run A/B on the H200, docs/HISTORY.md), and branching between two sets of step loops in
-// one kernel made the d = 128 kernels spill.
+// one kernel made the d = 128 kernels spill. The paired kernels (forward_may_pair) are compiled only in builds with
+// DASH_FORWARD_PAIRED_CTAS.
 template <int kHeadDim, class Element, bool kSoftcap, bool kVarlen = false>
 kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaStream_t stream) {
   const AttentionShape& shape = params.args.shape;
@@ -134,6 +171,20 @@ kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaS
   if constexpr (forward_has_tall_tiles(kHeadDim) && !kVarlen) {
     if (choice.tile.block_q == kForwardTallBlockQ) {
       return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kBase.block_kv>(params, stream);
+    }
+  }
+  if constexpr (kForwardPairedCtasBuilt && forward_has_paired_ctas(kHeadDim) && !kSoftcap && !kVarlen) {
+    // A pair takes two SMs: with an sm_margin that leaves one, the unpaired kernel runs.
+    if (choice.paired && params.num_sms >= kForwardPairCtas) {
+      constexpr bool kPaired = true;
+      if constexpr (forward_has_wide_tiles(kHeadDim)) {
+        if (choice.tile.block_kv == kForwardWideBlockKv) {
+          return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv, false, false,
+                                      kPaired>(params, stream);
+        }
+      }
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, false, false, kPaired>(
+          params, stream);
     }
   }
   if constexpr (forward_has_wide_tiles(kHeadDim) && !kSoftcap && !kVarlen) {

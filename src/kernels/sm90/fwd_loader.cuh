@@ -2,8 +2,10 @@
 // each to the MMA warpgroups through the tile ring, loads its Q once and streams the K and V tiles it visits
 // ([kv_first, kv_first + kv_tiles)) through their two rings, all with TMA. The dense kernels without a left window
 // bound deal the tiles among the CTAs (ForwardTileOrder::dealt_tiles, Config::kDealsTiles), the others take them from
-// the global counter. The varlen kernels (run_packed) take the tiles of the maximum problem in the same order, skip
-// those past their sequence's query tiles, and fit each to its sequence: its mask, its key/value tiles, its rows.
+// the global counter. In the paired kernels (Config::kPaired) the two CTAs of a cluster, dealt one head's
+// neighbouring query tiles in every turn, each load half of every K and V tile into both. The varlen kernels
+// (run_packed) take the tiles of the maximum problem in the same order, skip those past their sequence's query tiles,
+// and fit each to its sequence: its mask, its key/value tiles, its rows.
 #pragma once
 
 #include "kernels/sm90/fwd_config.cuh"
@@ -38,6 +40,8 @@ struct ForwardLoader {
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
     const auto q_extent = make_shape(order.mask.seqlen_q, int{Config::kHeadDim}, order.heads_q, order.batch);
     const auto kv_extent = make_shape(order.mask.seqlen_k, int{Config::kHeadDim}, p.heads_kv, order.batch);
+    // In a pair this CTA loads its share of each K and V tile into both CTAs (tma_load_tile's multicast form).
+    const int cta_rank = Config::kPaired ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
     int tiles = 0;
     int kv_loads = 0;
     const auto load = [&](int t) {
@@ -49,11 +53,13 @@ struct ForwardLoader {
       const int kv_first = Config::kLeftBounded ? tile.kv_first : 0;  // 0 without a left bound
       for (int j = 0; j < tile.kv_tiles; ++j, ++kv_loads) {
         const int k_stage = smem.k_stages.producer_acquire(kv_loads, "k_empty");
-        tma_load_tile(p.tma_k, kv_extent, tile.head / group, tile.batch, kv_first + j,
-                      smem.k_stages.producer_expect(kv_loads, Config::kKVTileBytes), sK(_, _, k_stage));
+        tma_load_tile<Config::kClusterCtas>(p.tma_k, kv_extent, tile.head / group, tile.batch, kv_first + j,
+                                            smem.k_stages.producer_expect(kv_loads, Config::kKVTileBytes),
+                                            sK(_, _, k_stage), cta_rank);
         const int v_stage = smem.v_stages.producer_acquire(kv_loads, "v_empty");
-        tma_load_tile(p.tma_v, kv_extent, tile.head / group, tile.batch, kv_first + j,
-                      smem.v_stages.producer_expect(kv_loads, Config::kKVTileBytes), sV(_, _, v_stage));
+        tma_load_tile<Config::kClusterCtas>(p.tma_v, kv_extent, tile.head / group, tile.batch, kv_first + j,
+                                            smem.v_stages.producer_expect(kv_loads, Config::kKVTileBytes),
+                                            sV(_, _, v_stage), cta_rank);
       }
       ++tiles;
     };
@@ -72,6 +78,15 @@ struct ForwardLoader {
       for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1)) load(t);
     }
     smem.tiles.publish(ForwardTileRecord{kEndOfTiles, 0, 0, 0, 0}, tiles);
+    if constexpr (Config::kPaired) {
+      // The other CTA's MMA warpgroups release this CTA's K and V stages from afar, so this CTA may exit only once
+      // all their releases have arrived: both CTAs load the same positions, and the releases of the last kStages
+      // complete the rings' last phases (which complete in order).
+      for (int position = kv_loads; position < kv_loads + Config::kStages; ++position) {
+        smem.k_stages.producer_acquire(position, "k_empty, the pair's last releases");
+        smem.v_stages.producer_acquire(position, "v_empty, the pair's last releases");
+      }
+    }
   }
 
   // run() for a packed varlen batch. Every sequence's tiles are those of a dense problem of its lengths under the

@@ -55,14 +55,24 @@ GmemTensor<Element> make_gmem_call_tensor(const void* data, int64_t seqlen, int6
 
 // One TMA load of sequence tile `tile` of slice (head, batch) of a tensor of extent (seqlen, head_dim,
 // heads, batch) into the shared-memory tile `dst`, completing on mbarrier `full`. One thread issues it.
-template <class Tma, class Extent, class SmemTensor>
+// With kMulticastCtas > 1 (a TMA built for that many CTAs of the cluster, SM90_TMA_LOAD_MULTICAST) the load is CTA
+// `cta_rank`'s share of the tile, written into `dst` and completing on `full` at the same offsets in every CTA of the
+// cluster: the cluster's CTAs together load the whole tile into each.
+template <int kMulticastCtas = 1, class Tma, class Extent, class SmemTensor>
 __device__ void tma_load_tile(const Tma& tma, const Extent& extent, int head, int batch, int tile, uint64_t& full,
-                              SmemTensor dst) {
+                              SmemTensor dst, int cta_rank = 0) {
   using namespace cute;
   auto m = tma.get_tma_tensor(extent);
   auto g = local_tile(m(_, _, head, batch), product_each(shape(dst)), make_coord(_, _0{}));
-  auto [src_part, dst_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(dst), group_modes<0, 2>(g));
-  copy(tma.with(full), src_part(_, tile), dst_part);
+  if constexpr (kMulticastCtas == 1) {
+    auto [src_part, dst_part] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(dst), group_modes<0, 2>(g));
+    copy(tma.with(full), src_part(_, tile), dst_part);
+  } else {
+    auto [src_part, dst_part] =
+        tma_partition(tma, cta_rank, Layout<Int<kMulticastCtas>>{}, group_modes<0, 2>(dst), group_modes<0, 2>(g));
+    constexpr uint16_t kEveryCta = (1u << kMulticastCtas) - 1;  // cluster ranks 0 .. kMulticastCtas - 1
+    copy(tma.with(full, kEveryCta), src_part(_, tile), dst_part);
+  }
 }
 
 // One TMA load of the rows [row0, row0 + rows of `dst`) of head `head` of a packed tensor of extent (total_rows,

@@ -1,6 +1,7 @@
 // The hand-off between warp roles: a ring of stages, each guarded by a "full" and an "empty" mbarrier
-// in shared memory (PipelineRing; StepRings pairs two for the backward's per-step operands). One type owns the phase arithmetic and the arrival counts, so no kernel spells a
-// parity expression.
+// in shared memory (PipelineRing; StepRings pairs two for the backward's per-step operands; MulticastRing is one
+// that the CTAs of a cluster fill together). One type owns the phase arithmetic and the arrival counts, so no kernel
+// spells a parity expression.
 //
 // Positions count up from 0 over the life of the kernel: position n uses stage n % kStages, and its
 // barriers are in phase (n / kStages) & 1. The producer of position n first waits until the consumers
@@ -64,6 +65,28 @@ struct PipelineRing {
 
  private:
   __device__ static int phase(int position) { return (position / kStages) & 1; }
+};
+
+// A ring whose stages the producers of kCtas CTAs of a thread-block cluster fill together, each multicasting its
+// part of every stage into all of them (the forward's CTA pairs, fwd_config.cuh). A stage may be refilled only once
+// the consumers of every one of those CTAs have released it, so each CTA's empty barrier counts the releases of all
+// of them: init's consumer_arrivals is kCtas times the consuming warpgroups of one CTA.
+// The consumers are whole warpgroups of kWarpGroupThreads that read the stage with wgmma, a warpgroup-wide operation:
+// once one of the warpgroup's threads has waited for it, it has read the stage for all of them. So one thread per
+// warpgroup and CTA releases: lane 0 of the warpgroup's warp c on CTA c's barrier, the same offset in its shared
+// memory.
+template <int kStages, int kCtas, int kWarpGroupThreads>
+struct MulticastRing : PipelineRing<kStages> {
+  static_assert(kCtas * 32 <= kWarpGroupThreads, "one warp of each consuming warpgroup per CTA of the cluster");
+
+  // Each consuming thread: done with position's stage (the threads that release for their warpgroup arrive).
+  __device__ void consumer_release(int position) {
+    const int thread = static_cast<int>(threadIdx.x) % kWarpGroupThreads;
+    const int cta = thread / 32;
+    if (thread % 32 == 0 && cta < kCtas) {
+      cutlass::arch::ClusterBarrier::arrive(&this->empty[this->stage(position)], static_cast<uint32_t>(cta), 1u);
+    }
+  }
 };
 
 // The backward's per-step operands: Q with the LSE, and dO with dpsum. Where both have the same depth they share one
