@@ -120,7 +120,8 @@ DASH_HOST_DEVICE constexpr TileShape backward_tile_shape(int head_dim) {
 // (48 KiB of Q + 2 x 2 x 42 KiB of K and V = 216 KiB) and 128x80 at d = 256 (64 KiB + 2 x 2 x 40 KiB = 224 KiB),
 // FA3's shapes at these head dims. Their O accumulators take 96 and 128 registers per thread, S 56 and 40, which
 // leaves no room for the tall or wide tiles. d = 96 keeps 128x128 (O 48 registers, Q, K, V and the O staging tile
-// 144 KiB); its wide and tall tiles are unmeasured.
+// 144 KiB): its tall tiles (192x128, FA3 runs 192x144 there) spilled 252 bytes with three MMA warpgroups of 160
+// registers (ptxas, nvcc 13.0), and its wide ones are unmeasured.
 //
 // At d = 64, sequences of up to 1024 tokens under a full mask take short tiles instead: 64 query rows on one MMA
 // warpgroup, with two CTAs per SM (forward_ctas_per_sm), so that one CTA's prologue and epilogue run under the
