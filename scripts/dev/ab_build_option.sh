@@ -14,6 +14,9 @@
 #                "-" skips the tests)
 # With AB_FORWARD=1 it times the forward instead (`bench --fwd`; SCHEDULES is then ignored), and the default FILTER is
 # the forward tests of those head dims.
+# AB_STEP=build builds A and B and stops, keeping of each build only the binaries the rest reads (OUT_DIR/a/dash-attn,
+# OUT_DIR/a/tests/test_sm90, and b's), a few MiB: build on the CPU machine, carry OUT_DIR to the GPU machine and run
+# the same command there with AB_STEP=run, which skips the build, so that no device time goes to compiling.
 # Needs DASH_CUTLASS_DIR (CUTLASS headers; the GPU machine cannot download them). Both builds are bf16, softcap
 # kernels off, varlen kernels on. Logs, CSVs and the summary go to OUT_DIR.
 set -uo pipefail
@@ -23,7 +26,9 @@ head_dims=${3:-"64;96;128"}
 schedules=${4:-"auto,nondeterministic"}
 rounds=${5:-3}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-: "${DASH_CUTLASS_DIR:?set DASH_CUTLASS_DIR to the CUTLASS root}"
+step=${AB_STEP:-all}
+case $step in all | build | run) ;; *) echo "AB_STEP must be all, build or run, got '$step'" >&2; exit 2 ;; esac
+[[ "$step" == run ]] || : "${DASH_CUTLASS_DIR:?set DASH_CUTLASS_DIR to the CUTLASS root}"
 mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
 
@@ -36,17 +41,30 @@ build() {  # build SOURCE_TREE BUILD_DIR [CMAKE_ARGS...]
   ninja -C "$dir" -j"$(nproc)" test_sm90 dash-attn > "$dir.build.log" 2>&1 || { grep -E "error" "$dir.build.log" | head -20; return 1; }
   echo "built $dir from $source ($*) in $((SECONDS - t0)) s"
 }
-if [[ "$option" == "-" ]]; then
-  : "${AB_BASE_TREE:?OPTION - needs AB_BASE_TREE, the source tree A is built from}"
-  build "$(realpath "$AB_BASE_TREE")" "$out/a" > "$out/build_a.txt" 2>&1 &
-  build "$repo" "$out/b" > "$out/build_b.txt" 2>&1
-else
-  build "$repo" "$out/a" -D"$option"=OFF > "$out/build_a.txt" 2>&1 &
-  build "$repo" "$out/b" -D"$option"=ON > "$out/build_b.txt" 2>&1
+if [[ "$step" != run ]]; then
+  if [[ "$option" == "-" ]]; then
+    : "${AB_BASE_TREE:?OPTION - needs AB_BASE_TREE, the source tree A is built from}"
+    build "$(realpath "$AB_BASE_TREE")" "$out/a" > "$out/build_a.txt" 2>&1 &
+    build "$repo" "$out/b" > "$out/build_b.txt" 2>&1
+  else
+    build "$repo" "$out/a" -D"$option"=OFF > "$out/build_a.txt" 2>&1 &
+    build "$repo" "$out/b" -D"$option"=ON > "$out/build_b.txt" 2>&1
+  fi
+  wait
+  cat "$out/build_a.txt" "$out/build_b.txt"
 fi
-wait
-cat "$out/build_a.txt" "$out/build_b.txt"
-[[ -x "$out/a/dash-attn" && -x "$out/b/dash-attn" ]] || exit 1
+for v in a b; do
+  [[ -x "$out/$v/dash-attn" && -x "$out/$v/tests/test_sm90" ]] || { echo "no build in $out/$v" >&2; exit 1; }
+done
+if [[ "$step" == build ]]; then
+  # The binaries link the kernels and the CUDA runtime statically: nothing else of the build trees is read.
+  for v in a b; do
+    find "$out/$v" -mindepth 1 -maxdepth 1 ! -name dash-attn ! -name tests -exec rm -rf {} +
+    find "$out/$v/tests" -mindepth 1 -maxdepth 1 ! -name test_sm90 -exec rm -rf {} +
+  done
+  du -sh "$out"
+  exit 0
+fi
 
 default_filter=""
 IFS=';' read -ra dims <<< "$head_dims"
@@ -65,7 +83,7 @@ if [[ "$filter" != "-" ]]; then
   shards=${AB_TEST_SHARDS:-8}
   failed=0
   for ((i = 0; i < shards; i++)); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${AB_TEST_TIMEOUT:-300}" "$out/b/test_sm90" \
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${AB_TEST_TIMEOUT:-300}" "$out/b/tests/test_sm90" \
       --gtest_filter="$filter" > "$out/test_b_shard$i.log" 2>&1 &
   done
   for job in $(jobs -p); do wait "$job" || failed=$((failed + 1)); done
