@@ -15,8 +15,10 @@
 # With AB_FORWARD=1 it times the forward instead (`bench --fwd`; SCHEDULES is then ignored), and the default FILTER is
 # the forward tests of those head dims.
 # AB_STEP=build builds A and B and stops, keeping of each build only the binaries the rest reads (OUT_DIR/a/dash-attn,
-# OUT_DIR/a/tests/test_sm90, and b's), a few MiB: build on the CPU machine, carry OUT_DIR to the GPU machine and run
-# the same command there with AB_STEP=run, which skips the build, so that no device time goes to compiling.
+# OUT_DIR/a/tests/test_sm90, and b's), and packs them into OUT_DIR.tar.xz (the two binaries share their kernels, so
+# xz shrinks them about fourfold): build on the CPU machine, carry OUT_DIR.tar.xz to the GPU machine and run the same
+# command there with AB_STEP=run, which unpacks it when OUT_DIR holds no binaries and skips the build, so that no
+# device time goes to compiling.
 # Needs DASH_CUTLASS_DIR (CUTLASS headers; the GPU machine cannot download them). Both builds are bf16, softcap
 # kernels off, varlen kernels on. Logs, CSVs and the summary go to OUT_DIR.
 set -uo pipefail
@@ -53,6 +55,9 @@ if [[ "$step" != run ]]; then
   wait
   cat "$out/build_a.txt" "$out/build_b.txt"
 fi
+if [[ "$step" == run && ! -x "$out/a/dash-attn" && -f "$out.tar.xz" ]]; then
+  tar -xJf "$out.tar.xz" -C "$out" || exit 1
+fi
 for v in a b; do
   [[ -x "$out/$v/dash-attn" && -x "$out/$v/tests/test_sm90" ]] || { echo "no build in $out/$v" >&2; exit 1; }
 done
@@ -62,7 +67,8 @@ if [[ "$step" == build ]]; then
     find "$out/$v" -mindepth 1 -maxdepth 1 ! -name dash-attn ! -name tests -exec rm -rf {} +
     find "$out/$v/tests" -mindepth 1 -maxdepth 1 ! -name test_sm90 -exec rm -rf {} +
   done
-  du -sh "$out"
+  tar -cf - -C "$out" a b | xz -T0 -6 > "$out.tar.xz" || exit 1
+  du -sh "$out" "$out.tar.xz"
   exit 0
 fi
 

@@ -6,7 +6,9 @@
 # same-run comparison with FlashAttention-3 and cuDNN, and the binary wheel's GPU test.
 #   usage: scripts/dev/gpu_run.sh BIN_DIR OUT_DIR [tests|sanitize|check|bench|profile|python|sweep|compare|wheel ...]
 #          (default: the first seven; compare and wheel only when asked for)
-# BIN_DIR holds test_sm90, dash-attn and libdash_attn_c.so (and, for `wheel`, one dash_attn-*.whl).
+# BIN_DIR holds test_sm90, dash-attn and libdash_attn_c.so (and, for `wheel`, one dash_attn-*.whl); it may also be
+# a .tar.xz of them, made on the CPU machine so that a full build travels in about 5 MiB, e.g.
+#   tar -cf - -C build dash-attn libdash_attn_c.so -C tests test_sm90 | xz -T0 > bin.tar.xz
 # `compare` runs python/benchmarks/compare.py with FA3 from $DASH_PEERS_BUILD/fa3up/hopper (default
 # /tmp/peers); when that is missing and $DASH_PEERS names a copy of ../shared/peers, FA3 is built from it at
 # the start, in the background, while the other steps run (about 2 minutes on the GPU machine's CPUs).
@@ -15,6 +17,10 @@
 set -uo pipefail
 bin=$(realpath "$1")
 out=$(realpath "$2")
+if [[ -f "$bin" && "$bin" == *.tar.xz ]]; then
+  mkdir -p "$out.bin" && tar -xJf "$bin" -C "$out.bin" || exit 1
+  bin=$out.bin
+fi
 shift 2
 steps=("$@")
 ((${#steps[@]})) || steps=(tests sanitize check bench profile python sweep)
