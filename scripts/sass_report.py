@@ -329,8 +329,9 @@ def short_kernel_name(demangled):
     """`backward_kernel<hd128,bf16>` from `void dash::sm90::backward_kernel<...<128, ...bfloat16_t>>(...)`, and
     `forward_kernel<hd128,bf16,128x176>` from `...forward_kernel<...ForwardConfig<128, ...bfloat16_t, 128, 176>>`:
     a configuration's numbers after the head dim are its tile shape, which tells one head dim's kernels apart, and
-    `softcap`, `left-window`, `varlen` and `paired` mark the softcap kernels, the forward's kernels for a left window
-    bound, the kernels of packed varlen batches and the forward's CTA pairs."""
+    `softcap`, `left-window`, `varlen`, `paired` and `dealt` mark the softcap kernels, the forward's kernels for a left
+    window bound, the kernels of packed varlen batches, the forward's CTA pairs and the forward's kernels whose CTAs
+    deal the tiles among themselves."""
     head = demangled.split("(")[0].removeprefix("void ")
     if "<" not in head:
         return head.split("::")[-1]
@@ -340,12 +341,12 @@ def short_kernel_name(demangled):
     parts += [DTYPE_NAMES[word] for word in re.findall(r"\w+", arguments) if word in DTYPE_NAMES]
     if len(numbers) > 1:
         parts.append("x".join(numbers[1:]))
-    # The configurations' flags, in order: ForwardConfig's softcap, left window bound, varlen and CTA pairs
+    # The configurations' flags, in order: ForwardConfig's softcap, left window bound, varlen, CTA pairs and dealt tiles
     # (`<hd64,bf16,128x128,softcap>`, `<hd64,bf16,128x128,left-window,varlen>`), BackwardConfig's softcap and varlen,
     # and the split sum's varlen (`sum_dkv_splits_kernel<bf16,varlen>`).
     flags = re.findall(r"\b(true|false)\b", arguments)
     if "ForwardConfig" in arguments:
-        flag_names = ("softcap", "left-window", "varlen", "paired")
+        flag_names = ("softcap", "left-window", "varlen", "paired", "dealt")
     elif "BackwardConfig" in arguments:
         flag_names = ("softcap", "varlen")
     else:

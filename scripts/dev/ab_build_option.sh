@@ -5,7 +5,7 @@
 # causal and full), and prints, per schedule and head dim, the geometric mean of B's time over A's (below 1: B is
 # faster) and each shape's ratio of medians.
 #   usage: scripts/dev/ab_build_option.sh OPTION OUT_DIR [HEAD_DIMS [SCHEDULES [ROUNDS [FILTER]]]]
-#     OPTION     a CMake option of the kernels, e.g. DASH_BACKWARD_CHAINED_DQ: A with it OFF, B with it ON, both from
+#     OPTION     a CMake option of the kernels, e.g. DASH_FORWARD_PAIRED_CTAS: A with it OFF, B with it ON, both from
 #                this tree; or "-": A from the source tree AB_BASE_TREE (e.g. `git archive` of an earlier commit,
 #                unpacked), B from this tree, both at their defaults
 #     HEAD_DIMS  semicolon-separated (default "64;96;128"); SCHEDULES comma-separated (default "auto,nondeterministic")

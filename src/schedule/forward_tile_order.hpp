@@ -1,5 +1,5 @@
-// The forward's tile order, one definition for the kernel's loader and the CPU tests: the t-th tile a
-// persistent CTA takes from the forward's global counter, and how many key/value tiles it visits.
+// The forward's tile order, one definition for the kernel's loader and the CPU tests: the t-th tile, which a
+// persistent CTA is dealt or takes from the forward's global counter, and how many key/value tiles it visits.
 //
 // Heads are taken in groups of heads_per_group consecutive (batch, head) pairs. Within a group, tiles come
 // longest first across all of the group's heads (under the causal mask the last query tiles see the most
@@ -13,20 +13,19 @@
 // head's K and V shared by the CTAs that run its tiles at once (grouping lost 1-7% there at d = 128, 512-2048
 // tokens).
 //
-// The dense kernels without a left window bound take no counter: the CTAs deal the tiles among themselves in turns
-// (dealt_tiles), so that no launch needs the counter zeroed first and each CTA's tile indices follow from blockIdx.x
-// and gridDim.x alone. Under a full mask every tile is equally long and the turns are round robin over tile_at's
-// order. Where the tiles' lengths differ, a CTA's turn takes two tiles of one head group, the q-th from its front
-// and the q-th from its back, whose key/value counts sum to about the same for every q (the group's tiles fall in
-// length, or under a right-only window rise): round robin over the single tiles lost 6-18% on causal rows at
-// d = 128, each CTA's turns landing at different depths of the falling order (same-run A/Bs on the H200,
-// docs/HISTORY.md); the last, partial turn deals single tiles (dealt_tiles says how). The counter stays with the
-// varlen and left-bounded kernels, whose tiles' lengths the order does not predict.
+// Where every tile is equally long (a full mask, no window; dense, since a varlen batch's tiles are fitted to its
+// sequences) the CTAs take no counter: they deal the tiles round robin over tile_at's order (dealt_tile), so that no
+// launch needs the counter zeroed first and each CTA's tile indices follow from blockIdx.x and gridDim.x alone. Where
+// the tiles' lengths differ (causal, any window, varlen) the CTAs take them from the counter as they free up, which
+// leaves the last wave the shortest tiles. Dealt under the causal mask, round robin over the single tiles lost 6-18%
+// on the causal rows at d = 128 (each CTA's turns landing at different depths of the falling order), and turns that
+// paired a group's long tiles with its short ones still lost 2-6% at d = 64 and 128, 512-8192 tokens, against the
+// counter (same-run A/Bs, docs/HISTORY.md); under a full mask the deal gained 1-3%.
 //
 // Invariants: tile_at is a bijection from [0, num_tiles()) onto (batch, head, query tile); groups come in
 // order; within a group, kv_tiles never increases (without a sliding window; under one the order is still a
 // bijection, but a band's length need not fall monotonically). The turns of all CTAs deal every tile index exactly
-// once; a CTA's turns begin at rising indices, and once one is past num_tiles() so is every later one. A query tile
+// once; a CTA's turns rise, and once one is past num_tiles() so is every later one. A query tile
 // visits the key/value tiles from the one holding its first seeing row's first visible key (0 without a left window
 // bound) to the one holding its last row's last visible key (none for a tile whose rows see no key).
 #pragma once
@@ -66,16 +65,11 @@ DASH_HOST_DEVICE constexpr int forward_heads_per_group(bool causal, int64_t seql
   return static_cast<int>((fitting < all ? fitting : all) * (heads_q / heads_kv));
 }
 
-// Whether a forward kernel's CTAs deal its tiles among themselves (ForwardTileOrder::dealt_tiles) rather than take
-// them from the global counter: the dense kernels without a left window bound (the file comment says why).
-DASH_HOST_DEVICE constexpr bool forward_deals_tiles(bool varlen, bool left_bounded) { return !varlen && !left_bounded; }
-
-// The tiles of one CTA's turn (ForwardTileOrder::dealt_tiles), or of a pair unit (pair_unit): indices into tile_at's
-// order, taken first then second; second == first where there is one tile, and first >= num_tiles() where none.
-struct DealtTiles {
-  int first;
-  int second;
-};
+// Whether a forward kernel may deal its tiles (ForwardTileOrder::dealt_tile; kernels/sm90/fwd_config.cuh's
+// kDealsTiles): the dense kernels without a left window bound, the only ones whose tiles can all be equally long.
+DASH_HOST_DEVICE constexpr bool forward_may_deal_tiles(bool varlen, bool left_bounded) {
+  return !varlen && !left_bounded;
+}
 
 struct ForwardTileOrder {
   MaskShape mask;
@@ -112,54 +106,13 @@ struct ForwardTileOrder {
     return mask.right_bound() == kNoWindowBound && mask.left_bound() == kNoWindowBound;
   }
 
-  // Where the tiles differ in length, the deal's units: the q-th is a head group's q-th tile from the front and its
-  // q-th from the back (second == first for the middle tile of a group with an odd count). The last group may hold
-  // fewer heads than the others. Valid for q in [0, pair_units()).
-  DASH_HOST_DEVICE int pair_units() const {
-    const int heads = heads_q * batch;
-    const int units_per_group = (heads_per_group * q_tiles() + 1) / 2;
-    return heads / heads_per_group * units_per_group + (heads % heads_per_group * q_tiles() + 1) / 2;
-  }
-  DASH_HOST_DEVICE DealtTiles pair_unit(int unit) const {
-    const int group_tiles = heads_per_group * q_tiles();
-    const int units_per_group = (group_tiles + 1) / 2;
-    const int group_start = unit / units_per_group * group_tiles;
-    const int pair = unit % units_per_group;
-    const int in_group = num_tiles() - group_start < group_tiles ? num_tiles() - group_start : group_tiles;
-    return {group_start + pair, group_start + in_group - 1 - pair};
-  }
+  // Whether the CTAs deal the tiles among themselves (dealt_tile) rather than take them from the global counter, which
+  // the launch must then zero: where every tile is equally long (the file comment says why).
+  DASH_HOST_DEVICE bool deals_tiles() const { return tiles_equally_long(); }
 
-  // The tiles CTA `cta` of `ctas` takes in its turn `turn` (0, 1, ...) without the counter. Where all tiles are
-  // equally long, turn r gives CTA c tile r * ctas + c. Otherwise the whole turns give CTA c pair unit r * ctas + c
-  // (the file comment says why), and the last, partial turn deals the rest of the units' tiles one by one, longest
-  // first: their fronts, then their backs in reverse, CTA c taking the c-th and the (2 ctas - 1 - c)-th, so that
-  // the CTAs that take a long front take a short back. Dealt whole, the last turn's pairs would leave some CTAs a
-  // pair over the others; its CPU test bounds each CTA's load by the mean and one unit.
-  DASH_HOST_DEVICE DealtTiles dealt_tiles(int cta, int ctas, int turn) const {
-    const int tiles = num_tiles();
-    if (tiles_equally_long()) {
-      const int t = turn * ctas + cta;
-      return {t, t};
-    }
-    const int units = pair_units();
-    const int whole_turns = units / ctas;
-    if (turn < whole_turns) return pair_unit(turn * ctas + cta);
-    const int first_left = whole_turns * ctas;
-    const int left = units - first_left;
-    if (turn > whole_turns || left == 0) return {tiles, tiles};
-    // The j-th tile of the last turn's deal, or `tiles` for none: j < left the fronts, then the backs in reverse (a
-    // group's lone middle tile is dealt as its unit's front).
-    const auto last_turn_tile = [&](int j) {
-      if (j >= 2 * left) return tiles;
-      if (j < left) return pair_unit(first_left + j).first;
-      const DealtTiles unit = pair_unit(first_left + 2 * left - 1 - j);
-      return unit.second != unit.first ? unit.second : tiles;
-    };
-    const int first = last_turn_tile(cta);
-    const int second = last_turn_tile(2 * ctas - 1 - cta);
-    if (first == tiles) return {second, second};
-    return {first, second == tiles ? first : second};
-  }
+  // The tile CTA `cta` of `ctas` takes in its turn `turn` (0, 1, ...) where the CTAs deal the tiles: round robin,
+  // index turn * ctas + cta; the CTA's first turn at or past num_tiles() is its last.
+  DASH_HOST_DEVICE static int dealt_tile(int cta, int ctas, int turn) { return turn * ctas + cta; }
 
   DASH_HOST_DEVICE ForwardTile tile_at(int t) const {
     const int tiles_per_head = q_tiles();

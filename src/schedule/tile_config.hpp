@@ -181,7 +181,7 @@ DASH_HOST_DEVICE constexpr TileShape forward_tile_shape(int head_dim, bool causa
 // 2 * block_kv * d * 2 bytes of K and V per 4 * 128 * block_kv * d FLOPs, one byte per 128 FLOPs whatever the tile's
 // width or head dim: 5.5 TB/s out of L2 at 700 TFLOPS. The pairs halve it. FA3 runs its full-mask forward at d >= 128
 // in such clusters (hopper/flash_fwd_launch_template.h), and the forward's rows below FA3's are full-mask rows at
-// d = 128, 192 and 256 (docs/PERF.md). The deal (ForwardTileOrder::dealt_tiles, round robin under a full mask)
+// d = 128, 192 and 256 (docs/PERF.md). The deal (ForwardTileOrder::dealt_tile, round robin under a full mask)
 // gives CTAs 2c and 2c + 1, the pair, tiles 2u and 2u + 1 in every turn: one head's neighbouring query tiles wherever
 // a head has an even number of them, the pairs' condition. Not the tall or short tiles, the softcap kernels (instance
 // count), or the causal mask and windows, whose tiles differ in length.

@@ -246,7 +246,8 @@ INSTANTIATE_TEST_SUITE_P(Remainders, Sm90RaggedSweep,
 // see no key, so the tiles that visit no key/value tile run too.
 
 // Runs the forward for remainder 0 .. count - 1 of shape_for(remainder, heads_q, heads_kv) (batch 2, 8 query
-// heads on 2 key/value heads), then on every reference_every-th remainder one head against the reference.
+// heads on 2 key/value heads), then on every reference_every-th remainder one head against the reference. The
+// buffers hold remainder count - 1's shape, so shape_for's lengths must not fall as the remainder rises.
 template <class ShapeFor>
 void sweep_forward_remainders(const Instance& inst, int count, int reference_every, int expected_block_q,
                               int expected_block_kv, ShapeFor shape_for) {
@@ -254,6 +255,8 @@ void sweep_forward_remainders(const Instance& inst, int count, int reference_eve
   const AttentionShape largest = big.shape;
   for (int remainder = 0; remainder < count; ++remainder) {
     const ShapeCase c = shape_for(remainder, 8, 2);
+    ASSERT_TRUE(c.seqlen_q <= largest.seqlen_q && c.seqlen_k <= largest.seqlen_k)
+        << shape_name(c) << ": longer than the buffers, which hold the last remainder's shape";
     const TileShape tile = forward_tile_shape(inst.head_dim, c.causal, c.seqlen_q, c.seqlen_k);
     ASSERT_TRUE(tile.block_q == expected_block_q && tile.block_kv == expected_block_kv)
         << shape_name(c) << ": the shape no longer runs the tiles this test is for";
@@ -363,8 +366,10 @@ TEST_P(Sm90PairedForwardTiles, EveryRemainderTerminatesWritesEveryElementAndMatc
       query_remainders ? forward_base_tile_shape(inst.head_dim) : TileShape{kForwardBlockQ, kForwardWideBlockKv};
   const int count = query_remainders ? kForwardBlockQ : kForwardWideBlockKv;
   const auto shape_for = [&](int remainder, int64_t heads_q, int64_t heads_kv) {
-    return query_remainders ? ShapeCase{2, kLongestQueries - remainder, kShortKeys, heads_q, heads_kv, false}
-                            : ShapeCase{2, kLongestQueries, kForwardWideFromKeys + remainder, heads_q, heads_kv, false};
+    // The query lengths rise to kLongestQueries, the buffers' (sweep_forward_remainders), all in as many tiles.
+    return query_remainders
+               ? ShapeCase{2, kLongestQueries - (count - 1) + remainder, kShortKeys, heads_q, heads_kv, false}
+               : ShapeCase{2, kLongestQueries, kForwardWideFromKeys + remainder, heads_q, heads_kv, false};
   };
   for (const int remainder : {0, count - 1}) {
     const ShapeCase c = shape_for(remainder, 8, 2);

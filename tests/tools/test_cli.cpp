@@ -393,8 +393,8 @@ TEST(Cli, PlanFullMaskRecommendsShift) {
 
 // plan names the forward kernel the library runs (forward_kernel_choice): the short, tall and wide tiles from the
 // measured lengths on a dense batch, the base tiles under a window and on a varlen batch at any length; and how its
-// CTAs share the tiles: dealt round robin (equally long), dealt in pairs (causal, a right-only window) or taken from
-// a counter (varlen, a left-bounded window).
+// CTAs share the tiles: dealt round robin where all are equally long (a dense full mask), else taken from a counter
+// (causal, any window, varlen).
 TEST(Cli, PlanNamesTheForwardTiles) {
   struct Case {
     const char* flags;
@@ -417,8 +417,8 @@ TEST(Cli, PlanNamesTheForwardTiles) {
       {"--cu-seqlens 0,4096,8192 --head-dim 128", "forward: 128x128 tiles (the head dim's base tiles, which varlen",
        128, "counter", false},
       {"--batch 1 --seqlen 4096 --head-dim 256", "forward: 128x80 tiles", 80, "round-robin", true},
-      {"--batch 2 --seqlen 4096 --head-dim 128 --causal", "forward: 128x128 tiles", 128, "pairs", false},
-      {"--batch 2 --seqlen 4096 --head-dim 128 --window -1,64", "forward: 128x128 tiles", 128, "pairs", false},
+      {"--batch 2 --seqlen 4096 --head-dim 128 --causal", "forward: 128x128 tiles", 128, "counter", false},
+      {"--batch 2 --seqlen 4096 --head-dim 128 --window -1,64", "forward: 128x128 tiles", 128, "counter", false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.flags);
@@ -432,9 +432,8 @@ TEST(Cli, PlanNamesTheForwardTiles) {
     const bool paired = dash::kForwardPairedCtasBuilt && c.may_pair;
     EXPECT_EQ(parse_json(json.text)["forward_tile"]["paired"].boolean, paired);
     EXPECT_EQ(text.text.find("in CTA pairs") != std::string::npos, paired) << text.text;
-    const std::string dispatch_words = std::string(c.dispatch) == "counter" ? "from a counter"
-                                       : std::string(c.dispatch) == "pairs" ? "dealt to the CTAs in pairs"
-                                                                            : "dealt to the CTAs round robin";
+    const std::string dispatch_words =
+        std::string(c.dispatch) == "counter" ? "from a counter" : "dealt to the CTAs round robin";
     EXPECT_NE(text.text.find(dispatch_words), std::string::npos) << text.text;
   }
 }

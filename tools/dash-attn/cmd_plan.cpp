@@ -256,22 +256,21 @@ ForwardKernelChoice forward_choice(const Point& point) {
                                point.shape.seqlen_q, point.shape.seqlen_k);
 }
 
-// How the forward's CTAs share the tiles (schedule/forward_tile_order.hpp): "round-robin" or "pairs" where they deal
-// them among themselves, "counter" where they take them from a global counter.
+// How the forward's CTAs share the tiles (schedule/forward_tile_order.hpp): "round-robin" where they deal them among
+// themselves, "counter" where they take them from a global counter.
 std::string forward_dispatch(const Point& point, const ForwardKernelChoice& choice) {
-  if (!forward_deals_tiles(point.varlen.has_value(), choice.left_bounded)) return "counter";
+  if (!forward_may_deal_tiles(point.varlen.has_value(), choice.left_bounded)) return "counter";
   const ForwardTileOrder order{point.problem.mask(),
                                choice.tile.block_q,
                                choice.tile.block_kv,
                                static_cast<int>(point.shape.heads_q),
                                static_cast<int>(point.shape.batch),
                                1};
-  return order.tiles_equally_long() ? "round-robin" : "pairs";
+  return order.deals_tiles() ? "round-robin" : "counter";
 }
 
 std::string describe_forward_dispatch(const std::string& dispatch) {
   if (dispatch == "round-robin") return "dealt to the CTAs round robin";
-  if (dispatch == "pairs") return "dealt to the CTAs in pairs, each a head group's long tile with a short one";
   return "taken by the CTAs from a counter";
 }
 

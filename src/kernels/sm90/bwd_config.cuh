@@ -28,13 +28,6 @@
 #include "schedule/tile_config.hpp"
 #include "schedule/varlen.hpp"
 
-// The chained dQ layout (kChainsDq), built only where DASH_BACKWARD_CHAINED_DQ is set (the CMake option of that name):
-// an A/B candidate against the layout it would replace, kept until a same-run comparison on the GPU decides between
-// them (docs/DESIGN.md, "Backward: the chained dQ layout").
-#ifndef DASH_BACKWARD_CHAINED_DQ
-#define DASH_BACKWARD_CHAINED_DQ 0
-#endif
-
 namespace dash::sm90 {
 
 using namespace cute;
@@ -110,18 +103,6 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
   // Keys per MMA warpgroup in the key split.
   static constexpr int kKeyColumns = kBlockN / kMmaWarpGroups;
-  // The chained dQ layout (up to d = 128): each MMA warpgroup computes the whole kBlockM x head_dim dQ partial over
-  // its own 64 keys, from its own columns of dS, so no step waits on the other warpgroup's dS. Warpgroup 0 leaves its
-  // partial in the dq ring's stage and warpgroup 1 adds its own to it there (dq_chain), in that fixed order: the
-  // step's one partial for the dQ writer. Warpgroup 1 waits on warpgroup 0 at each step, never the reverse but through
-  // the dq ring (a stage per column block), so warpgroup 0 may run up to a step ahead.
-  static constexpr bool kChainsDq = DASH_BACKWARD_CHAINED_DQ != 0 && !kSplitsKeys;
-  // The most registers per thread a column block of a chained partial may take beside dK's and dV's: 48 (96 columns
-  // at d = 96). At d = 128 the whole 128 columns (64 registers) left ptxas short of registers for the wgmma pipeline,
-  // and it serialized every wgmma (C7512), so d = 128 chains two blocks of 64 columns, and d = 64, whose 128 query
-  // rows double the registers per column, two of 32.
-  static constexpr int kChainedDqMaxRegisters = 48;
-  static constexpr int kChainedDqMaxColumns = kChainedDqMaxRegisters * kWarpGroupThreads / kBlockM;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
@@ -161,20 +142,15 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   // columns [32w + 64b, 32w + 64b + 32) for b = 0..3, computed and stored one after the other: beside dK^T's and
   // dV^T's 160 registers, blocks of 64 columns (32 registers) made ptxas spill an accumulator tile and serialize
   // every wgmma, as did all 128 columns at once (64).
-  // In the chained layout (kChainsDq) one warpgroup's GEMM is the whole tile over its 64 keys.
-  static constexpr bool kdQSplitsRows = !kChainsDq && kBlockM == 64 * kMmaWarpGroups;
-  static constexpr int kdQColumnBlocks = kChainsDq ? (kHeadDim + kChainedDqMaxColumns - 1) / kChainedDqMaxColumns
-                                                   : head_dim_settings(kHeadDim).backward_dq_column_blocks;
-  static constexpr int kdQColumns =
-      (kdQSplitsRows || kChainsDq ? kHeadDim : kHeadDim / kMmaWarpGroups) / kdQColumnBlocks;
-  using dQAtomShape = std::conditional_t<kChainsDq, Shape<_64, Int<kdQColumns>, Int<kMmaWarpGroupRows>>,
-                                         Shape<_64, Int<kdQColumns>, BlockN>>;
-  using dQWarpGroups = std::conditional_t<kChainsDq, Layout<Shape<_1, _1, _1>>,
-                                          std::conditional_t<kdQSplitsRows, WarpGroups, WarpGroupsAlongN>>;
+  static constexpr bool kdQSplitsRows = kBlockM == 64 * kMmaWarpGroups;
+  static constexpr int kdQColumnBlocks = head_dim_settings(kHeadDim).backward_dq_column_blocks;
+  static constexpr int kdQColumns = (kdQSplitsRows ? kHeadDim : kHeadDim / kMmaWarpGroups) / kdQColumnBlocks;
+  using dQAtomShape = Shape<_64, Int<kdQColumns>, BlockN>;
+  using dQWarpGroups = std::conditional_t<kdQSplitsRows, WarpGroups, WarpGroupsAlongN>;
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, dQAtomShape, GMMA::Major::MN, GMMA::Major::MN>(), dQWarpGroups{}));
-  // The dQ partials a step hands to the dQ writer: one per warpgroup, or in the chained layout one, the sum.
-  static constexpr int kdQPartials = kChainsDq ? 1 : kMmaWarpGroups;
+  // The dQ partials a step hands to the dQ writer: one per warpgroup.
+  static constexpr int kdQPartials = kMmaWarpGroups;
   static constexpr int kdQPartialFloats = kBlockM * kHeadDim / kdQPartials;  // one partial
   // The hand-off to the dQ writer goes by column blocks (a block of each warpgroup's partial per position of the dq
   // ring), kdQBufferStages blocks in flight: at d = 256 the writer reduces the first blocks while the MMA warpgroups
@@ -238,11 +214,7 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
     StepRings<kStages, kdOStages> step_rings;              // loader -> MMA warpgroups: Q, LSE, dO, dpsum (per step)
     PipelineRing<1> kv_stages;                             // loader -> MMA warpgroups: K, V (per job)
     PipelineRing<kdQBufferStages> dq_stages[kdQPartials];  // MMA warpgroup -> dQ writer: its dQ partial's column
-                                                           // blocks (per step); the chain's sum from warpgroup 1
-    // The chained layout's warpgroup 0 -> warpgroup 1: its block is in the dq ring's stage. Only the full barriers
-    // are used: the dq ring's own guard the stage's reuse (bwd_dq_handoff.cuh, chain_dq).
-    struct NoChain {};
-    std::conditional_t<kChainsDq, PipelineRing<kdQBufferStages>, NoChain> dq_chain;
+                                                           // blocks (per step)
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "shared storage exceeds what one CTA may use");

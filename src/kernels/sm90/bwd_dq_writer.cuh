@@ -2,13 +2,13 @@
 // accumulator in global memory, in the order the schedule fixes. It is the only role that ever waits on another CTA,
 // so the MMA warpgroups stall on an ordering wait only when every stage of the dQ ring is still occupied.
 //
-// Per step: wait until both MMA warpgroups' partials (or their first column blocks, Config::kdQColumnBlocks), or in
-// the chained layout their sum (Config::kChainsDq), are in shared memory; wait until the dQ tile's semaphore equals
-// this contribution's rank; bulk reduce-add the partials (rank 0, the first of the fixed order, stores them instead,
-// so the accumulator needs no zeroing), block by block as they come, each block's copies issued before the previous
-// block's buffers are awaited; free each block's buffer once the copy engine has read it; wait until the writes have
-// completed in global memory; release the semaphore (rank + 1). Nondeterministic contributions (kUnordered) skip the
-// two semaphore steps and add into an accumulator the preprocess zeroed.
+// Per step: wait until both MMA warpgroups' partials (or their first column blocks, Config::kdQColumnBlocks) are in
+// shared memory; wait until the dQ tile's semaphore equals this contribution's rank; bulk reduce-add the partials
+// (rank 0, the first of the fixed order, stores them instead, so the accumulator needs no zeroing), block by block as
+// they come, each block's copies issued before the previous block's buffers are awaited; free each block's buffer once
+// the copy engine has read it; wait until the writes have completed in global memory; release the semaphore
+// (rank + 1). Nondeterministic contributions (kUnordered) skip the two semaphore steps and add into an accumulator
+// the preprocess zeroed.
 //
 // A wait that outlives p.wait_bound_ns (CTAs of a static schedule kept off their SMs by other kernels) gives up the
 // order for the rest of the launch: the first one records what it waited for (FaultRecord, read by the host), and

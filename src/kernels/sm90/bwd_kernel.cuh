@@ -36,7 +36,6 @@ __device__ void init_backward_barriers(typename Config::SharedStorage& smem) {
   smem.kv_stages.init(kLoaderThreads, Config::kMmaThreads);
   smem.jobs.init(Config::kMmaThreads + kWriterThreads);
   for (auto& partial : smem.dq_stages) partial.init(Config::kWarpGroupThreads, kWriterThreads);
-  if constexpr (Config::kChainsDq) smem.dq_chain.init(Config::kWarpGroupThreads, Config::kWarpGroupThreads);
   cutlass::arch::fence_barrier_init();
 }
 

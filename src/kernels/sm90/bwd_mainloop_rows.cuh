@@ -6,9 +6,7 @@
 //   dQ_partial = dS K                   (wgmma, dS^T through shared memory)
 // and the partial to the dQ writer (bwd_dq_handoff.cuh). The job loop around the step and the dK/dV epilogue are
 // those of both layouts (bwd_job_loop.cuh, bwd_epilogue.cuh).
-// The dQ GEMM contracts over both warpgroups' key rows, so they meet at kDsReadyBarrier every step. In the chained
-// layout (Config::kChainsDq) each warpgroup computes the whole partial over its own keys instead, and the two meet in
-// the dq ring (bwd_dq_handoff.cuh, chain_dq).
+// The dQ GEMM contracts over both warpgroups' key rows, so they meet at kDsReadyBarrier every step.
 // Invariants: both warpgroups walk the same jobs and steps, so the named barriers pair up; a dS buffer (one per Q
 // stage) is overwritten only after the dQ GEMMs that read it are complete: each step waits for all its GEMMs before
 // it releases its Q stage, and the loader refills a stage only after both warpgroups released it.
@@ -46,9 +44,7 @@ struct RowsMainloop {
     auto thr_sdp = mma_sdp.get_thread_slice(thread);
     auto wg_sdp = warpgroup_operand_slice(mma_sdp, warp_group, Config::kWarpGroupThreads);
     auto wg_dkv = warpgroup_operand_slice(mma_dkv, warp_group, Config::kWarpGroupThreads);
-    // The chained layout's dQ GEMM is one warpgroup's tiled MMA, whose only slice is the first (each warpgroup picks
-    // its keys through dq_keys instead).
-    auto wg_dq = warpgroup_operand_slice(mma_dq, Config::kChainsDq ? 0 : warp_group, Config::kWarpGroupThreads);
+    auto wg_dq = warpgroup_operand_slice(mma_dq, warp_group, Config::kWarpGroupThreads);
 
     const typename Config::SharedTensors shared(smem);
 
@@ -58,9 +54,9 @@ struct RowsMainloop {
     Tensor tSrdO = wg_sdp.partition_fragment_B(shared.dout);
     Tensor tdVrdOt = wg_dkv.partition_fragment_B(shared.doutt);
     Tensor tdKrQt = wg_dkv.partition_fragment_B(shared.qt);
-    // dQ = dS K over both warpgroups' keys, or in the chained layout over the warpgroup's own (dq_keys).
-    Tensor tdQrdS = wg_dq.partition_fragment_A(dq_keys(shared.ds, warp_group));
-    Tensor tdQrKt = wg_dq.partition_fragment_B(dq_keys(shared.kt, warp_group));
+    // dQ = dS K over both warpgroups' keys.
+    Tensor tdQrdS = wg_dq.partition_fragment_A(shared.ds);
+    Tensor tdQrKt = wg_dq.partition_fragment_B(shared.kt);
     // dS^T goes to shared memory with stmatrix: each 8 x 8 block of the accumulator is a row of 16
     // contiguous bytes there (queries are contiguous in dS^T), four blocks per instruction.
     auto ds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
@@ -107,49 +103,19 @@ struct RowsMainloop {
       copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));
       warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdOt(_, _, _, dout_stage), tdVrdV);
       fence_shared_for_async_proxy();
-      if constexpr (Config::kChainsDq) {
-        // The dQ GEMM reads only this warpgroup's columns of dS: its own threads' stores.
-        cutlass::arch::NamedBarrier::sync(Config::kWarpGroupThreads, Config::kWarpGroupBarrierBase + warp_group);
-      } else {
-        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
-      }
+      cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsReadyBarrier);
 
       Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Config::kHeadDim>>{});
-      if constexpr (Config::kdQColumnBlocks == 1) {
-        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ);
-        warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
-        warpgroup_wait<1>();  // dV and dQ done; dK may still run
-        if constexpr (Config::kChainsDq) {
-          DqHandoff::chain_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
-        } else {
-          DqHandoff::store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
-        }
-      } else {
-        // The chained layout at d = 64 and 128: dQ by column blocks, each chained on its own.
-        static_assert(Config::kChainsDq, "column blocks up to d = 128 only in the chained layout");
-        DqHandoff::dq_by_column_blocks(
-            smem, mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ, warp_group, steps,
-            [&] { warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK); },
-            [&](const auto& block, int position) { DqHandoff::chain_dq(smem, block, warp_group, thread, position); });
-      }
+      static_assert(Config::kdQColumnBlocks == 1, "up to d = 128 the partial is one block");
+      warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrKt, tdQrdQ);
+      warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQt(_, _, _, stage), tdKrdK);
+      warpgroup_wait<1>();  // dV and dQ done; dK may still run
+      DqHandoff::store_dq(smem, tdQrdQ, warp_group, thread, Config::dq_position(steps, 0));
       warpgroup_wait<0>();
       smem.step_rings.release_dout(steps);
       smem.step_rings.release_q(steps);
     };
     BackwardJobLoop<Config>::run(p, smem, mma_dkv, warp_group, thread, run_step);
-  }
-
- private:
-  // The operand of dQ = dS K that `t` holds (dS, or K^T: keys in mode 1): all of it, or in the chained layout only the
-  // keys [64w, 64w + 64) of warpgroup w, every other mode whole.
-  template <class T>
-  __device__ static auto dq_keys(T&& t, int warp_group) {
-    if constexpr (Config::kChainsDq) {
-      const auto tiler = replace<1>(shape(t), Int<kMmaWarpGroupRows>{});
-      return local_tile(t, tiler, replace<1>(repeat_like(shape(t), _0{}), warp_group));
-    } else {
-      return t;
-    }
   }
 };
 

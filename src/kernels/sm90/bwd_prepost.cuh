@@ -161,27 +161,22 @@ __global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kern
   const int thread = threadIdx.x;
   typename Config::TiledMmadQ mma_dq;
   // Each partial is one warpgroup's fragment: thread t converts that of warpgroup t / 128 as its lane t % 128 held
-  // it, or in the chained layout (one partial, one warpgroup's) half of lane t % 128's vectors.
+  // it.
+  static_assert(Config::kdQPartials * Config::kWarpGroupThreads == Config::kMmaThreads, "a partial per warpgroup");
   const int warp_group = thread / Config::kWarpGroupThreads;
   const int lane = thread % Config::kWarpGroupThreads;
-  constexpr int kThreadsPerLane = Config::kMmaThreads / (Config::kdQPartials * Config::kWarpGroupThreads);
-  Tensor coords = mma_dq.get_thread_slice(Config::kChainsDq ? lane : thread)
-                      .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  const float4* partial =
-      reinterpret_cast<const float4*>(p.buffers.dq_accum + dq_tile * kBlockM * kHeadDim +
-                                      (Config::kChainsDq ? 0 : warp_group) * Config::kdQPartialFloats);
+  Tensor coords =
+      mma_dq.get_thread_slice(thread).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  const float4* partial = reinterpret_cast<const float4*>(p.buffers.dq_accum + dq_tile * kBlockM * kHeadDim +
+                                                          warp_group * Config::kdQPartialFloats);
   // An ordered sum never wrote (nor zeroed) a tile no contribution reached; its semaphore is still 0.
   const bool reached = !p.sums_in_order || p.buffers.dq_semaphores[dq_tile] > 0;
   // Only an ordered sum waits, and so can give up its order.
   const bool abandoned = p.sums_in_order && *p.buffers.order_abandoned != 0;
   // Fragment elements (2i, 2i + 1) are adjacent columns of one row.
   constexpr int kFragmentVectors = decltype(size(coords))::value / 4;
-  constexpr int kVectorsPerThread = kFragmentVectors / kThreadsPerLane;
-  // The chained layout's second half of the threads takes the second half of the vectors.
-  const bool second_half = Config::kChainsDq && warp_group == 1;
   CUTE_UNROLL
-  for (int k = 0; k < kVectorsPerThread; ++k) {
-    const int i = second_half ? k + kVectorsPerThread : k;
+  for (int i = 0; i < kFragmentVectors; ++i) {
     const float4 v = reached ? partial[i * Config::kWarpGroupThreads + lane] : make_float4(0, 0, 0, 0);
     const float values[4] = {v.x, v.y, v.z, v.w};
     CUTE_UNROLL
@@ -189,8 +184,7 @@ __global__ void __launch_bounds__(Config::kMmaThreads) backward_postprocess_kern
       ElementPair pair;
       pair[0] = static_cast<Element>(values[j] * p.softmax_scale);
       pair[1] = static_cast<Element>(values[j + 1] * p.softmax_scale);
-      // Both halves' coordinates are compile-time offsets of the lane's; the select keeps them so.
-      const auto at = second_half ? coords(4 * (k + kVectorsPerThread) + j) : coords(4 * k + j);
+      const auto at = coords(4 * i + j);
       const int row = get<0>(at), column = get<1>(at);
       *reinterpret_cast<ElementPair*>(staged + staged_offset<kHeadDim>(row, column)) = pair;
     }

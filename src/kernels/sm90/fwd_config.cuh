@@ -57,8 +57,13 @@ using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows, forward_ctas_per
 // half of every K and V tile into both by TMA multicast, so their K and V rings are MulticastRings; the launch runs
 // them only on dense full-mask problems with an even number of query tiles per head, which the round-robin deal
 // gives each pair as one head's neighbouring tiles, so that both CTAs load the same key/value tiles in one order.
+// kDealsTiles_: the CTAs deal the tiles among themselves round robin (ForwardTileOrder::dealt_tile) rather than take
+// them from the global counter, which the launch must zero first; the launch runs these kernels where every tile is
+// equally long (ForwardTileOrder::deals_tiles). A compile-time choice: the dealt indices follow from blockIdx.x and
+// gridDim.x, which the compiler keeps in uniform registers with all that derives from them, where a run-time choice
+// beside the counter's atomic result kept them in vector registers and made the loader spill (docs/HISTORY.md).
 template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoftcap_ = false,
-          bool kLeftBounded_ = false, bool kVarlen_ = false, bool kPaired_ = false>
+          bool kLeftBounded_ = false, bool kVarlen_ = false, bool kPaired_ = false, bool kDealsTiles_ = false>
 struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   // The counts this configuration's own layouts use (names of a dependent base need declaring).
   using Roles = ForwardWarpRoles<kBlockQ_>;
@@ -73,11 +78,9 @@ struct ForwardConfig : ForwardWarpRoles<kBlockQ_> {
   static constexpr bool kLeftBounded = kLeftBounded_;
   static constexpr bool kVarlen = kVarlen_;
   using TileRecord = std::conditional_t<kVarlen, PackedForwardTileRecord, ForwardTileRecord>;
-  // Whether the CTAs deal the tiles among themselves rather than take them from the global counter, which the launch
-  // must zero first (forward_deals_tiles). A compile-time choice: the dealt indices follow from blockIdx.x and
-  // gridDim.x, which the compiler keeps in uniform registers with all that derives from them, where one path shared
-  // with the counter's atomic result would keep them in vector registers (docs/HISTORY.md).
-  static constexpr bool kDealsTiles = forward_deals_tiles(kVarlen, kLeftBounded);
+  static constexpr bool kDealsTiles = kDealsTiles_;
+  static_assert(!kDealsTiles || forward_may_deal_tiles(kVarlen, kLeftBounded),
+                "only dense kernels without a left window bound deal their tiles");
   static constexpr bool kPaired = kPaired_;
   static constexpr int kClusterCtas = kPaired ? kForwardPairCtas : 1;
   static_assert(!kPaired ||

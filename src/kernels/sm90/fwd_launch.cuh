@@ -49,10 +49,11 @@ cudaError_t launch_pairs(const typename Config::Params& p, int tiles, int reside
 }
 
 template <int kHeadDim, class Element, bool kSoftcap, int kBlockQ, int kBlockKv, bool kLeftBounded = false,
-          bool kVarlen = false, bool kPaired = false>
+          bool kVarlen = false, bool kPaired = false, bool kDealsTiles = false>
 kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params, cudaStream_t stream) {
   const ForwardArgs& a = params.args;
-  using Config = ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap, kLeftBounded, kVarlen, kPaired>;
+  using Config =
+      ForwardConfig<kHeadDim, Element, kBlockQ, kBlockKv, kSoftcap, kLeftBounded, kVarlen, kPaired, kDealsTiles>;
   const AttentionShape& shape = a.shape;
   typename Config::Params p{};
   const auto gmem = [&](const void* data, int64_t seqlen, int64_t total_rows, int64_t heads, const Strides& strides) {
@@ -141,6 +142,21 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
   return launched(cudaGetLastError());
 }
 
+// The dense kernels of one tile shape without a left window bound, for masks of either kind: the dealt kernel where
+// every tile is equally long (a full mask), else the counter's (forward_tile_order.hpp says why). The short and wide
+// tiles and the CTA pairs run under a full mask only and launch their dealt kernel directly: no counter kernel of
+// theirs is compiled.
+template <int kHeadDim, class Element, bool kSoftcap, int kBlockQ, int kBlockKv>
+kernels::LaunchResult launch_dealt_or_counted(const kernels::ForwardParams& params, const MaskShape& mask,
+                                              cudaStream_t stream) {
+  const ForwardTileOrder order{mask, kBlockQ, kBlockKv, 1, 1, 1};
+  if (order.deals_tiles()) {
+    return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBlockQ, kBlockKv, false, false, false, true>(params,
+                                                                                                           stream);
+  }
+  return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBlockQ, kBlockKv>(params, stream);
+}
+
 // The forward of a dense batch, or with kVarlen of a packed varlen batch (args.varlen): the kernel
 // forward_kernel_choice picks (schedule/tile_config.hpp says why), with the tile order, grid and mask of the maximum
 // problem, each tile fitted to its sequence in the kernel. The `if constexpr` guards compile only the kernels the
@@ -158,6 +174,7 @@ kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaS
       forward_kernel_choice(kHeadDim, mask.causal, mask.window.left >= 0, mask.window.right >= 0, kSoftcap, kVarlen,
                             shape.seqlen_q, shape.seqlen_k);
   constexpr TileShape kBase = forward_base_tile_shape(kHeadDim);
+  constexpr bool kDealt = true;  // the kernels launched only under a full mask (launch_dealt_or_counted)
   if (choice.left_bounded) {
     return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, true, kVarlen>(params,
                                                                                                            stream);
@@ -165,12 +182,14 @@ kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaS
   if constexpr (forward_has_short_tiles(kHeadDim) && !kSoftcap && !kVarlen) {
     if (choice.tile.block_q == kForwardShortBlockQ) {
       constexpr TileShape kShort = forward_short_tile_shape();
-      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kShort.block_q, kShort.block_kv>(params, stream);
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kShort.block_q, kShort.block_kv, false, false, false,
+                                  kDealt>(params, stream);
     }
   }
   if constexpr (forward_has_tall_tiles(kHeadDim) && !kVarlen) {
     if (choice.tile.block_q == kForwardTallBlockQ) {
-      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kBase.block_kv>(params, stream);
+      return launch_dealt_or_counted<kHeadDim, Element, kSoftcap, kForwardTallBlockQ, kBase.block_kv>(params, mask,
+                                                                                                      stream);
     }
   }
   if constexpr (kForwardPairedCtasBuilt && forward_has_paired_ctas(kHeadDim) && !kSoftcap && !kVarlen) {
@@ -180,20 +199,25 @@ kernels::LaunchResult launch_forward(const kernels::ForwardParams& params, cudaS
       if constexpr (forward_has_wide_tiles(kHeadDim)) {
         if (choice.tile.block_kv == kForwardWideBlockKv) {
           return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv, false, false,
-                                      kPaired>(params, stream);
+                                      kPaired, kDealt>(params, stream);
         }
       }
-      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, false, false, kPaired>(
-          params, stream);
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, false, false, kPaired,
+                                  kDealt>(params, stream);
     }
   }
   if constexpr (forward_has_wide_tiles(kHeadDim) && !kSoftcap && !kVarlen) {
     if (choice.tile.block_kv == kForwardWideBlockKv) {
-      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv>(params, stream);
+      return launch_forward_tiles<kHeadDim, Element, kSoftcap, kForwardBlockQ, kForwardWideBlockKv, false, false, false,
+                                  kDealt>(params, stream);
     }
   }
-  return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, false, kVarlen>(params,
-                                                                                                          stream);
+  if constexpr (kVarlen) {
+    return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv, false, true>(params,
+                                                                                                         stream);
+  } else {
+    return launch_dealt_or_counted<kHeadDim, Element, kSoftcap, kBase.block_q, kBase.block_kv>(params, mask, stream);
+  }
 }
 
 template <int kHeadDim, class Element, bool kSoftcap>

@@ -1,11 +1,11 @@
 // Forward producer, warp 0 (one lane): takes query tiles in the order of schedule/forward_tile_order.hpp, announces
 // each to the MMA warpgroups through the tile ring, loads its Q once and streams the K and V tiles it visits
-// ([kv_first, kv_first + kv_tiles)) through their two rings, all with TMA. The dense kernels without a left window
-// bound deal the tiles among the CTAs (ForwardTileOrder::dealt_tiles, Config::kDealsTiles), the others take them from
-// the global counter. In the paired kernels (Config::kPaired) the two CTAs of a cluster, dealt one head's
-// neighbouring query tiles in every turn, each load half of every K and V tile into both. The varlen kernels
-// (run_packed) take the tiles of the maximum problem in the same order, skip those past their sequence's query tiles,
-// and fit each to its sequence: its mask, its key/value tiles, its rows.
+// ([kv_first, kv_first + kv_tiles)) through their two rings, all with TMA. The kernels of Config::kDealsTiles, which
+// run where every tile is equally long, deal the tiles among the CTAs round robin (ForwardTileOrder::dealt_tile),
+// the others take them from the global counter. In the paired kernels (Config::kPaired) the two CTAs of a cluster,
+// dealt one head's neighbouring query tiles in every turn, each load half of every K and V tile into both. The varlen
+// kernels (run_packed) take the tiles of the maximum problem in the same order, skip those past their sequence's
+// query tiles, and fit each to its sequence: its mask, its key/value tiles, its rows.
 #pragma once
 
 #include "kernels/sm90/fwd_config.cuh"
@@ -65,14 +65,9 @@ struct ForwardLoader {
     };
     if constexpr (Config::kDealsTiles) {
       for (int turn = 0;; ++turn) {
-        const DealtTiles dealt = order.dealt_tiles(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), turn);
-        if (dealt.first >= num_tiles) break;
-        // One call site of load for both tiles of the turn: two inlined copies grew the kernel by 600-700
-        // instructions.
-        for (int t = dealt.first;; t = dealt.second) {
-          load(t);
-          if (t == dealt.second) break;
-        }
+        const int t = ForwardTileOrder::dealt_tile(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), turn);
+        if (t >= num_tiles) break;
+        load(t);
       }
     } else {
       for (int t = atomicAdd(p.tile_counter, 1); t < num_tiles; t = atomicAdd(p.tile_counter, 1)) load(t);
