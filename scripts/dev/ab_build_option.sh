@@ -14,6 +14,8 @@
 #                "-" skips the tests)
 # With AB_FORWARD=1 it times the forward instead (`bench --fwd`; SCHEDULES is then ignored), and the default FILTER is
 # the forward tests of those head dims.
+# AB_SECONDS=N starts no round after N seconds of the script's run, so that a call's time limit does not cut a round
+# and with it the summary; the summary then covers the rounds that ran.
 # AB_STEP=build builds A and B and stops, keeping of each build only the binaries the rest reads (OUT_DIR/a/dash-attn,
 # OUT_DIR/a/tests/test_sm90, and b's), and packs them into OUT_DIR.tar.xz (the two binaries share their kernels, so
 # xz shrinks them about fourfold): build on the CPU machine, carry OUT_DIR.tar.xz to the GPU machine and run the same
@@ -104,6 +106,11 @@ pass_flags() {  # the bench flags of pass $1: a backward schedule, or the forwar
 # Ragged lengths: 1700, 2000, 1700, 2000, 2000, 1700, 2000, 2000 (no sequence a whole number of tiles).
 varlen_offsets=0,1700,3700,5400,7400,9400,11100,13100,15100
 for ((r = 1; r <= rounds; r++)); do
+  if [[ -n "${AB_SECONDS:-}" ]] && ((SECONDS >= AB_SECONDS)); then
+    echo "AB_SECONDS=$AB_SECONDS reached: $((r - 1)) of $rounds rounds ran"
+    rounds=$((r - 1))
+    break
+  fi
   for v in a b; do
     for d in "${dims[@]}"; do
       for s in "${scheds[@]}"; do
