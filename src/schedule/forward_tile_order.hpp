@@ -71,6 +71,11 @@ DASH_HOST_DEVICE constexpr bool forward_may_deal_tiles(bool varlen, bool left_bo
   return !varlen && !left_bounded;
 }
 
+// Whether the CTAs of a dense kernel deal the tiles among themselves (ForwardTileOrder::dealt_tile) rather than take
+// them from the global counter, which the launch must then zero: where every tile is equally long, which holds where
+// every row sees every key (the file comment says why).
+DASH_HOST_DEVICE bool forward_deals_tiles(const MaskShape& mask) { return mask.sees_all_keys(); }
+
 struct ForwardTileOrder {
   MaskShape mask;
   int block_q;
@@ -100,15 +105,6 @@ struct ForwardTileOrder {
     return mask.first_visible_key(row) / block_kv;
   }
   DASH_HOST_DEVICE int kv_tiles_of(int q_tile) const { return kv_end_of(q_tile) - kv_first_of(q_tile); }
-
-  // Whether every tile visits as many key/value tiles: no causal diagonal and no window bound.
-  DASH_HOST_DEVICE bool tiles_equally_long() const {
-    return mask.right_bound() == kNoWindowBound && mask.left_bound() == kNoWindowBound;
-  }
-
-  // Whether the CTAs deal the tiles among themselves (dealt_tile) rather than take them from the global counter, which
-  // the launch must then zero: where every tile is equally long (the file comment says why).
-  DASH_HOST_DEVICE bool deals_tiles() const { return tiles_equally_long(); }
 
   // The tile CTA `cta` of `ctas` takes in its turn `turn` (0, 1, ...) where the CTAs deal the tiles: round robin,
   // index turn * ctas + cta; the CTA's first turn at or past num_tiles() is its last.

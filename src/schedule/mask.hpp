@@ -38,6 +38,10 @@ struct MaskShape {
   DASH_HOST_DEVICE int right_bound() const { return causal ? 0 : (window.right < 0 ? kNoWindowBound : window.right); }
   DASH_HOST_DEVICE int left_bound() const { return window.left < 0 ? kNoWindowBound : window.left; }
   DASH_HOST_DEVICE int diagonal_offset() const { return seqlen_k - seqlen_q; }
+  // Whether every row sees every key: neither a causal diagonal nor a window bound.
+  DASH_HOST_DEVICE bool sees_all_keys() const {
+    return right_bound() == kNoWindowBound && left_bound() == kNoWindowBound;
+  }
 
   // One past the last key column query row `row` sees (0 when it sees none). The causal case comes first and
   // alone, so that the kernels' step loops, which test it per row, compile to what they did before windows.

@@ -2,7 +2,8 @@
 // head, query tile) exactly once; groups of heads_per_group heads in order, the longest tiles of a group
 // first across its heads; each tile's key/value count equal to a brute-force count over its rows from the
 // mask; the group size the launch derives from the shape (forward_heads_per_group); the deal by which the CTAs share
-// equally long tiles without a counter (deals_tiles, dealt_tile), and the CTA pairs it allows (forward_may_pair).
+// equally long tiles without a counter (forward_deals_tiles, dealt_tile), and the CTA pairs it allows
+// (forward_may_pair).
 #include <algorithm>
 #include <random>
 #include <set>
@@ -106,12 +107,12 @@ TEST(ForwardTileOrder, VisitsTheKeyValueTilesOfEachQueryTilesBandUnderASlidingWi
   EXPECT_GT(offset_tiles, 0) << "some tiles start past key 0";
 }
 
-// The CTAs deal the tiles exactly where every tile visits as many key/value tiles (deals_tiles), and there the deal
-// gives every tile to exactly one CTA, each CTA's turns rise, and once a turn is past the tiles every later one is (so
-// a CTA's first turn past the tiles is its last, as the loader assumes): under full and causal masks, windows on
-// either side, groups of one head, of some, and of more than there are, and more CTAs than tiles. Causal masks and
-// windows whose tiles all happen to be equally long (one query tile, say) still take the counter: deals_tiles asks
-// for no bound at all, and a window that binds nothing is no bound.
+// The CTAs deal the tiles exactly where every tile visits as many key/value tiles (forward_deals_tiles), and there
+// the deal gives every tile to exactly one CTA, each CTA's turns rise, and once a turn is past the tiles every later
+// one is (so a CTA's first turn past the tiles is its last, as the loader assumes): under full and causal masks,
+// windows on either side, groups of one head, of some, and of more than there are, and more CTAs than tiles. Causal
+// masks and windows whose tiles all happen to be equally long (one query tile, say) still take the counter:
+// forward_deals_tiles asks for no bound at all, and a window that binds nothing is no bound.
 TEST(ForwardTileOrder, TheCtasDealEquallyLongTilesRoundRobinEveryTileToOneCtaAndTakeTheOthersFromTheCounter) {
   std::mt19937 rng(20261205);
   int dealt_orders = 0, counter_orders = 0;
@@ -133,13 +134,13 @@ TEST(ForwardTileOrder, TheCtasDealEquallyLongTilesRoundRobinEveryTileToOneCtaAnd
     std::set<int> lengths;
     for (int t = 0; t < order.num_tiles(); ++t) lengths.insert(order.tile_at(t).kv_tiles);
     if (lengths.size() > 1) {
-      ASSERT_FALSE(order.deals_tiles()) << "tiles of different lengths are dealt";
+      ASSERT_FALSE(forward_deals_tiles(order.mask)) << "tiles of different lengths are dealt";
     }
     // A window that binds nothing (canonical_mask drops it) deals as the full mask does.
     if (kind == 0) {
-      ASSERT_TRUE(order.deals_tiles()) << "the full mask deals";
+      ASSERT_TRUE(forward_deals_tiles(order.mask)) << "the full mask deals";
     }
-    if (!order.deals_tiles()) {
+    if (!forward_deals_tiles(order.mask)) {
       ++counter_orders;
       continue;
     }
@@ -205,7 +206,7 @@ TEST(ForwardTileOrder, UnderAFullMaskTheDealGivesEachCtaPairOneHeadsNeighbouring
     const int ctas = kForwardPairCtas * std::uniform_int_distribution<int>(1, 150)(rng);
     SCOPED_TRACE("trial " + std::to_string(trial) + ", " + std::to_string(ctas) + " CTAs, " +
                  std::to_string(order.q_tiles()) + " query tiles a head");
-    ASSERT_TRUE(order.deals_tiles());
+    ASSERT_TRUE(forward_deals_tiles(order.mask));
     const bool may_pair = forward_may_pair(head_dim, tile, false, false, false, false, seqlen_q);
     EXPECT_EQ(may_pair, order.q_tiles() % kForwardPairCtas == 0);
     if (may_pair) {

@@ -259,14 +259,9 @@ ForwardKernelChoice forward_choice(const Point& point) {
 // How the forward's CTAs share the tiles (schedule/forward_tile_order.hpp): "round-robin" where they deal them among
 // themselves, "counter" where they take them from a global counter.
 std::string forward_dispatch(const Point& point, const ForwardKernelChoice& choice) {
-  if (!forward_may_deal_tiles(point.varlen.has_value(), choice.left_bounded)) return "counter";
-  const ForwardTileOrder order{point.problem.mask(),
-                               choice.tile.block_q,
-                               choice.tile.block_kv,
-                               static_cast<int>(point.shape.heads_q),
-                               static_cast<int>(point.shape.batch),
-                               1};
-  return order.deals_tiles() ? "round-robin" : "counter";
+  const bool deals = forward_may_deal_tiles(point.varlen.has_value(), choice.left_bounded) &&
+                     forward_deals_tiles(point.problem.mask());
+  return deals ? "round-robin" : "counter";
 }
 
 std::string describe_forward_dispatch(const std::string& dispatch) {

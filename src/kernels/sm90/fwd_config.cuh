@@ -59,7 +59,7 @@ using ForwardWarpRoles = WarpRoles<kBlockQ / kMmaWarpGroupRows, forward_ctas_per
 // gives each pair as one head's neighbouring tiles, so that both CTAs load the same key/value tiles in one order.
 // kDealsTiles_: the CTAs deal the tiles among themselves round robin (ForwardTileOrder::dealt_tile) rather than take
 // them from the global counter, which the launch must zero first; the launch runs these kernels where every tile is
-// equally long (ForwardTileOrder::deals_tiles). A compile-time choice: the dealt indices follow from blockIdx.x and
+// equally long (forward_deals_tiles). A compile-time choice: the dealt indices follow from blockIdx.x and
 // gridDim.x, which the compiler keeps in uniform registers with all that derives from them, where a run-time choice
 // beside the counter's atomic result kept them in vector registers and made the loader spill (docs/HISTORY.md).
 template <int kHeadDim_, class Element_, int kBlockQ_, int kBlockKv_, bool kSoftcap_ = false,

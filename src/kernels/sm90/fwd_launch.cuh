@@ -25,7 +25,7 @@ namespace dash::sm90 {
 template <class Config>
 cudaError_t launch_pairs(const typename Config::Params& p, int tiles, int resident, cudaStream_t stream) {
   constexpr int kPair = Config::kClusterCtas;
-  if (!p.tiles.tiles_equally_long() || p.tiles.q_tiles() % kPair != 0) return cudaErrorInvalidValue;
+  if (!forward_deals_tiles(p.tiles.mask) || p.tiles.q_tiles() % kPair != 0) return cudaErrorInvalidValue;
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = kPair;
@@ -149,8 +149,7 @@ kernels::LaunchResult launch_forward_tiles(const kernels::ForwardParams& params,
 template <int kHeadDim, class Element, bool kSoftcap, int kBlockQ, int kBlockKv>
 kernels::LaunchResult launch_dealt_or_counted(const kernels::ForwardParams& params, const MaskShape& mask,
                                               cudaStream_t stream) {
-  const ForwardTileOrder order{mask, kBlockQ, kBlockKv, 1, 1, 1};
-  if (order.deals_tiles()) {
+  if (forward_deals_tiles(mask)) {
     return launch_forward_tiles<kHeadDim, Element, kSoftcap, kBlockQ, kBlockKv, false, false, false, true>(params,
                                                                                                            stream);
   }
