@@ -18,13 +18,13 @@ struct BackwardDqHandoff {
   using SharedStorage = typename Config::SharedStorage;
 
   // dQ = dS K by column blocks (Config::kdQColumnBlocks), each handed over on its own, so that the dQ writer reduces
-  // the first while the others are computed and only one block's registers are live: each block's GEMM, then
-  // hand_over(block, its position in the dq ring). issue_dk() issues the dK GEMM beside the first block; each later
-  // block commits the previous one, whose stores drained while its GEMM was issued.
-  template <class TiledMmadQ, class OperandA, class OperandB, class Accumulator, class IssueDk, class HandOver>
+  // the first while the others are computed and only one block's registers are live: each block's GEMM, then its
+  // store_dq at its position in the dq ring. issue_dk() issues the dK GEMM beside the first block; each later block
+  // commits the previous one, whose stores drained while its GEMM was issued.
+  template <class TiledMmadQ, class OperandA, class OperandB, class Accumulator, class IssueDk>
   __device__ static void dq_by_column_blocks(SharedStorage& smem, TiledMmadQ& mma_dq, const OperandA& ds,
-                                             const OperandB& kt, Accumulator& dq, int warp_group, int steps,
-                                             IssueDk&& issue_dk, HandOver&& hand_over) {
+                                             const OperandB& kt, Accumulator& dq, int warp_group, int thread, int steps,
+                                             IssueDk&& issue_dk) {
     for_each(make_int_sequence<Config::kdQColumnBlocks>{}, [&](auto block) {
       Tensor dq_block = mode_block<2>(dq, block);
       warpgroup_gemm<true>(mma_dq, ds, mode_block<1>(kt, block), dq_block);
@@ -35,7 +35,7 @@ struct BackwardDqHandoff {
         commit_dq(smem, warp_group, Config::dq_position(steps, block - 1));
         warpgroup_wait<0>();
       }
-      hand_over(dq_block, Config::dq_position(steps, block));
+      store_dq(smem, dq_block, warp_group, thread, Config::dq_position(steps, block));
     });
   }
 

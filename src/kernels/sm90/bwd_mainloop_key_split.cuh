@@ -152,9 +152,8 @@ struct KeySplitMainloop {
       } else {
         // d = 256: dQ by column blocks, each handed to the dQ writer on its own; dK^T runs beside the first.
         DqHandoff::dq_by_column_blocks(
-            smem, mma_dq, tdQrdS(_, _, _, kdS), tdQrKt, tdQrdQ, warp_group, steps,
-            [&] { warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK); },
-            [&](const auto& block, int position) { DqHandoff::store_dq(smem, block, warp_group, thread, position); });
+            smem, mma_dq, tdQrdS(_, _, _, kdS), tdQrKt, tdQrdQ, warp_group, thread, steps,
+            [&] { warpgroup_gemm<false>(mma_dkv, tdKrQt(_, _, _, stage), tdKVrPdS(_, _, _, kdS), tdKrdK); });
       }
       // All of this step's GEMMs are complete before Q's stage is released and before the warpgroup reaches the
       // next step's kDsFreeBarrier, after which the other warpgroup overwrites P and dS.
