@@ -5,7 +5,9 @@ Reads the SASS source page that scripts/dev/ncu_attention.sh exports (`<impl>_so
 order, the instructions of the step loop: those executed once per MMA warp and step. Synchronisation points
 (waits on mbarriers, named barriers, wgmma waits, fences, arrives) and every instruction holding at least
 --min-share of the stall samples are printed on their own line, with their two largest stall reasons; the runs
-of other instructions between them are folded into one line with their count and summed share. Stall samples
+of other instructions between them are folded into one line with their count and summed share; a last line sums the
+step loop's samples by reason. "unnamed" is what the page's per-reason columns leave of an instruction's samples: in
+DASH's and FA3's backward on an H100 most of it sits on the first wgmma of each GEMM. Stall samples
 are proportional to warp time, so a phase's share, divided by the MMA warps' share of all samples, is the
 fraction of a step it takes (both kernels' shares are printed in the first line to make that division).
 
@@ -66,6 +68,12 @@ def main() -> None:
     counts = {int(c) for c in args.counts.split(",")}
     reasons = [name for name in header if name.startswith("stall_") and "Not Issued" not in name]
     folded_share, folded_count, folded_from = 0.0, 0, None
+    loop_by_reason: dict[str, float] = collections.defaultdict(float)
+
+    def by_reason(row: list[str]) -> list[tuple[float, str]]:
+        named = [(value(row, name), name[len("stall_") :]) for name in reasons]
+        unnamed = value(row, SAMPLES) - sum(v for v, _ in named)
+        return named + [(unnamed if unnamed > 0 else 0.0, "unnamed")]
 
     def flush(until: int) -> None:
         nonlocal folded_share, folded_count, folded_from
@@ -79,9 +87,11 @@ def main() -> None:
         source = r[column["Source"]].strip()
         opcode = re.sub(r"^@!?U?P\w+\s+", "", source).split(" ")[0]
         share = 100 * value(r, SAMPLES) / total
+        for v, name in by_reason(r):
+            loop_by_reason[name] += v
         if share >= args.min_share or any(s in opcode for s in SYNC_OPCODES):
             flush(index - 1)
-            top = sorted(((value(r, name), name[len("stall_") :]) for name in reasons), reverse=True)[:2]
+            top = sorted(by_reason(r), reverse=True)[:2]
             why = " ".join(f"{name}:{100 * v / total:.1f}" for v, name in top if v)
             print(f"{index:5d} {share:5.2f}%  {source[:64]:64s} {why}")
         else:
@@ -89,6 +99,10 @@ def main() -> None:
             folded_share += share
             folded_count += 1
     flush(len(body) - 1)
+    loop_total = sum(loop_by_reason.values())
+    ranked_reasons = sorted(((v, name) for name, v in loop_by_reason.items() if v), reverse=True)
+    print(f"step loop: {loop_total:.0f} samples ({100 * loop_total / total:.1f}%); by reason: "
+          + ", ".join(f"{name} {100 * v / total:.1f}%" for v, name in ranked_reasons))
 
 
 if __name__ == "__main__":
