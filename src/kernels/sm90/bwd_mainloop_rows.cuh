@@ -87,19 +87,32 @@ struct RowsMainloop {
       // have P = 0 anyway). The branch is uniform over the CTA, so each loop stays branch-free.
       // The left ends are tested only under a left window bound, in a path of its own, so that the full and
       // causal masks' masked steps run what they did before windows.
-      // Where kEarlyQueryStats, the LSE and dpsum are read before the waits for S^T and dP^T (bwd_config.cuh says why).
+      // Where kOverlapsScores, the LSE and dpsum are read before the waits for S^T and dP^T, and the path's branch
+      // holds dS^T as well as P^T, so that the compiler interleaves the exponentials with dS^T's arithmetic after the
+      // wait for dP^T, as FA3's branch-free step lets it (bwd_config.cuh says why).
       const auto lse =
           Scores::template wait_then_read<1>([&] { return Scores::query_values(smem.lse_log2[stage], tScS); });
       Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
-      Scores::step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, lse, mask, q_row0, kv_row0, p);
-      // dS^T = P^T o (dP^T - dpsum). P^T and dS^T go straight to the MMA element type, so their fp32
-      // copies die element by element and the register peak stays low.
-      const auto dpsum =
-          Scores::template wait_then_read<0>([&] { return Scores::query_values(smem.dpsum[dout_stage], tScS); });
       Tensor tdVrP = make_operand_a_for<Element>(tSrS);
       Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
-      Scores::compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tdVrP, tSrS),
-                         operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, dpsum, smem.lse_log2[stage], p);
+      // dS^T = P^T o (dP^T - dpsum). P^T and dS^T go straight to the MMA element type, so their fp32
+      // copies die element by element and the register peak stays low.
+      const auto ds_from_p = [&] {
+        const auto dpsum =
+            Scores::template wait_then_read<0>([&] { return Scores::query_values(smem.dpsum[dout_stage], tScS); });
+        Scores::compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tdVrP, tSrS),
+                           operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, dpsum, smem.lse_log2[stage], p);
+      };
+      if constexpr (Config::kOverlapsScores) {
+        Scores::on_step_path(left_bounded(), mask, q_row0, kv_row0, [&](auto masked) {
+          Scores::template compute_probabilities<decltype(masked)::value>(tSrS, tSrSlope, tScS, lse, mask, q_row0,
+                                                                          kv_row0, p);
+          ds_from_p();
+        });
+      } else {
+        Scores::step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, lse, mask, q_row0, kv_row0, p);
+        ds_from_p();
+      }
       // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows. Stored
       // before the dV GEMM is issued, so the stores drain under its issue instead of stalling the fence.
       copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/sm90/bwd_config.cuh"
 #include "kernels/sm90/gemm.cuh"
@@ -34,7 +35,7 @@ struct BackwardScores {
 
   // A step's values of this thread's queries (the stage's LSE or dpsum in shared memory, one float per query row) for
   // compute_probabilities and compute_ds, which take one per fragment row in the key split and one float2 per pair of
-  // adjacent query columns up to d = 128. Where kEarlyQueryStats, query_values copies them into registers
+  // adjacent query columns up to d = 128. Where kOverlapsScores, query_values copies them into registers
   // (HeldQueryValues), called before the wait for the GEMM whose result they meet (bwd_config.cuh says why);
   // otherwise it returns the shared-memory row itself and each value is read where it is used.
   struct HeldQueryValues {
@@ -44,7 +45,7 @@ struct BackwardScores {
   };
   template <class Coords>
   __device__ static auto query_values(const float* values, const Coords& coords_frag) {
-    if constexpr (!Config::kEarlyQueryStats) {
+    if constexpr (!Config::kOverlapsScores) {
       return values;
     } else {
       Tensor coords = by_rows_and_columns(coords_frag);
@@ -67,10 +68,10 @@ struct BackwardScores {
     }
   }
   // Waits until at most kPending wgmma groups are pending (warpgroup_wait) and returns read(), a query_values call:
-  // read before the wait where kEarlyQueryStats, after it otherwise, where the default kernels have always read.
+  // read before the wait where kOverlapsScores, after it otherwise, where the default kernels have always read.
   template <int kPending, class Read>
   __device__ __forceinline__ static auto wait_then_read(Read&& read) {
-    if constexpr (Config::kEarlyQueryStats) {
+    if constexpr (Config::kOverlapsScores) {
       const auto values = read();
       warpgroup_wait<kPending>();
       return values;
@@ -101,21 +102,31 @@ struct BackwardScores {
     return make_float2(held.values[c], held.values[c + 1]);
   }
 
-  // P^T in place of one step's S^T, on the path its tile needs: masked where it crosses the right ends (the causal
-  // diagonal, a window's right bound, the key tail) or, under a left window bound, the left ends; unmasked
-  // otherwise. The branch is uniform over the CTA.
+  // Calls on_path(masked) with the path the step's tile needs, a std::integral_constant<MaskedEnds, ...>: masked where
+  // it crosses the right ends (the causal diagonal, a window's right bound, the key tail) or, under a left window
+  // bound, the left ends; unmasked otherwise. The branch is uniform over the CTA.
+  template <class OnPath>
+  __device__ __forceinline__ static void on_step_path(bool left_bounded, const MaskShape& mask, int q_row0, int kv_row0,
+                                                      OnPath&& on_path) {
+    const bool crosses_right_ends = kv_row0 + kBlockN > mask.visible_keys(q_row0);
+    if (left_bounded && (crosses_right_ends || kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
+      on_path(std::integral_constant<MaskedEnds, MaskedEnds::kBoth>{});
+    } else if (crosses_right_ends) {
+      on_path(std::integral_constant<MaskedEnds, MaskedEnds::kRight>{});
+    } else {
+      on_path(std::integral_constant<MaskedEnds, MaskedEnds::kNone>{});
+    }
+  }
+
+  // P^T in place of one step's S^T, on the path its tile needs (on_step_path).
   template <class Fragment, class SlopeFragment, class Coords, class QueryValues>
   __device__ static void step_probabilities(bool left_bounded, Fragment& s_frag, SlopeFragment& slope_frag,
                                             const Coords& coords_frag, QueryValues lse_log2, const MaskShape& mask,
                                             int q_row0, int kv_row0, const Params& p) {
-    const bool crosses_right_ends = kv_row0 + kBlockN > mask.visible_keys(q_row0);
-    if (left_bounded && (crosses_right_ends || kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
-      compute_probabilities<MaskedEnds::kBoth>(s_frag, slope_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
-    } else if (crosses_right_ends) {
-      compute_probabilities<MaskedEnds::kRight>(s_frag, slope_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
-    } else {
-      compute_probabilities<MaskedEnds::kNone>(s_frag, slope_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
-    }
+    on_step_path(left_bounded, mask, q_row0, kv_row0, [&](auto masked) {
+      compute_probabilities<decltype(masked)::value>(s_frag, slope_frag, coords_frag, lse_log2, mask, q_row0, kv_row0,
+                                                     p);
+    });
   }
 
   // The thread's S^T fragment viewed as (key rows, query columns); columns come in pairs of adjacent queries
