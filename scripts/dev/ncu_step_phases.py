@@ -101,8 +101,10 @@ def main() -> None:
     flush(len(body) - 1)
     loop_total = sum(loop_by_reason.values())
     ranked_reasons = sorted(((v, name) for name, v in loop_by_reason.items() if v), reverse=True)
-    print(f"step loop: {loop_total:.0f} samples ({100 * loop_total / total:.1f}%); by reason: "
-          + ", ".join(f"{name} {100 * v / total:.1f}%" for v, name in ranked_reasons))
+    print(
+        f"step loop: {loop_total:.0f} samples ({100 * loop_total / total:.1f}%); by reason: "
+        + ", ".join(f"{name} {100 * v / total:.1f}%" for v, name in ranked_reasons)
+    )
 
 
 if __name__ == "__main__":
