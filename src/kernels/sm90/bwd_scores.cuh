@@ -130,7 +130,7 @@ struct BackwardScores {
   }
 
   // The thread's S^T fragment viewed as (key rows, query columns); columns come in pairs of adjacent queries
-  // (load_query_values). In the key split the fragment is S's, (query rows, key columns), and each row has one LSE
+  // (query_values). In the key split the fragment is S's, (query rows, key columns), and each row has one LSE
   // and one dpsum.
   template <class Fragment>
   __device__ static auto by_rows_and_columns(Fragment&& f) {
