@@ -117,10 +117,13 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
   // Keys per MMA warpgroup in the key split.
   static constexpr int kKeyColumns = kBlockN / kMmaWarpGroups;
-  // Whether the MMA warpgroups overlap a step's element-wise work with its GEMMs (kBackwardOverlappedScores). Not with
-  // 128 query rows (d = 64): holding 32 LSE and 32 dpsum values per thread spilled in the step loop (27 local loads,
-  // 39 stores; scripts/sass_report.sh).
-  static constexpr bool kOverlapsScores = kBackwardOverlappedScores && kBlockM <= 64;
+  // Whether the MMA warpgroups overlap a step's element-wise work with its GEMMs (kBackwardOverlappedScores): the rows
+  // layout's mask path holds dS^T's arithmetic beside P^T's, so that the exponentials interleave with it.
+  static constexpr bool kOverlapsScores = kBackwardOverlappedScores;
+  // Whether, besides, each step's LSE and dpsum are read into registers before the waits for S and dP. Not with 128
+  // query rows (d = 64): holding 32 LSE and 32 dpsum values per thread spilled in the step loop (27 local loads, 39
+  // stores; scripts/sass_report.sh).
+  static constexpr bool kHoldsQueryValues = kOverlapsScores && kBlockM <= 64;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;

@@ -87,9 +87,9 @@ struct RowsMainloop {
       // have P = 0 anyway). The branch is uniform over the CTA, so each loop stays branch-free.
       // The left ends are tested only under a left window bound, in a path of its own, so that the full and
       // causal masks' masked steps run what they did before windows.
-      // Where kOverlapsScores, the LSE and dpsum are read before the waits for S^T and dP^T, and the path's branch
-      // holds dS^T as well as P^T, so that the compiler interleaves the exponentials with dS^T's arithmetic after the
-      // wait for dP^T, as FA3's branch-free step lets it (bwd_config.cuh says why).
+      // Where kOverlapsScores, the path's branch holds dS^T as well as P^T, so that the compiler interleaves the
+      // exponentials with dS^T's arithmetic after the wait for dP^T, as FA3's branch-free step lets it; where
+      // kHoldsQueryValues, the LSE and dpsum are read before the waits for S^T and dP^T (bwd_config.cuh).
       const auto lse =
           Scores::template wait_then_read<1>([&] { return Scores::query_values(smem.lse_log2[stage], tScS); });
       Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope

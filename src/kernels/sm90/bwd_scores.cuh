@@ -35,7 +35,7 @@ struct BackwardScores {
 
   // A step's values of this thread's queries (the stage's LSE or dpsum in shared memory, one float per query row) for
   // compute_probabilities and compute_ds, which take one per fragment row in the key split and one float2 per pair of
-  // adjacent query columns up to d = 128. Where kOverlapsScores, query_values copies them into registers
+  // adjacent query columns up to d = 128. Where kHoldsQueryValues, query_values copies them into registers
   // (HeldQueryValues), called before the wait for the GEMM whose result they meet (bwd_config.cuh says why);
   // otherwise it returns the shared-memory row itself and each value is read where it is used.
   struct HeldQueryValues {
@@ -45,7 +45,7 @@ struct BackwardScores {
   };
   template <class Coords>
   __device__ static auto query_values(const float* values, const Coords& coords_frag) {
-    if constexpr (!Config::kOverlapsScores) {
+    if constexpr (!Config::kHoldsQueryValues) {
       return values;
     } else {
       Tensor coords = by_rows_and_columns(coords_frag);
@@ -68,10 +68,10 @@ struct BackwardScores {
     }
   }
   // Waits until at most kPending wgmma groups are pending (warpgroup_wait) and returns read(), a query_values call:
-  // read before the wait where kOverlapsScores, after it otherwise, where the default kernels have always read.
+  // read before the wait where kHoldsQueryValues, after it otherwise, where the default kernels have always read.
   template <int kPending, class Read>
   __device__ __forceinline__ static auto wait_then_read(Read&& read) {
-    if constexpr (Config::kOverlapsScores) {
+    if constexpr (Config::kHoldsQueryValues) {
       const auto values = read();
       warpgroup_wait<kPending>();
       return values;
