@@ -162,4 +162,6 @@ summary = "\n".join(lines)
 print(summary)
 open(os.path.join(out, "summary.txt"), "w").write(summary + "\n")
 EOF
-tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" --exclude='*/a' --exclude='*/b' 2>/dev/null
+# The logs, CSVs and summary without the two builds (GNU tar applies --exclude only before the paths it names).
+tar -czf "$out.tgz" --exclude="$(basename "$out")/a" --exclude="$(basename "$out")/b" -C "$(dirname "$out")" \
+  "$(basename "$out")"

@@ -56,20 +56,6 @@ struct StepRecord {
   int rank;      // its position in that tile's summation order, or kUnordered
 };
 
-// Whether the backward's MMA warpgroups overlap a step's element-wise work with its GEMMs as FA3's do: an A/B
-// candidate, built only with the CMake option DASH_BACKWARD_OVERLAPPED_SCORES, which defines this macro. Nsight
-// Compute on an H100 (d = 128, causal, 8192 tokens, non-deterministic) put 57,500 of the MMA warps' 211,000 step
-// samples between the waits for S^T and dP^T against FA3's 17,400: the wgmma wait is a compiler barrier to memory
-// reads, so the LSE read written after it waits for S^T and the first exponential waits for the read (11,200
-// samples), and the 32 exponentials issue back to back inside the mask path's branch, each waiting on the last,
-// where FA3 reads its LSE during the S GEMM and interleaves its exponentials with dS's arithmetic. With the option the
-// LSE and dpsum are read into registers before the waits (BackwardScores::query_values) and, up to d = 128, the
-// mask path's branch holds dS^T's computation too (bwd_mainloop_rows.cuh).
-#ifndef DASH_BACKWARD_OVERLAPPED_SCORES
-#define DASH_BACKWARD_OVERLAPPED_SCORES 0
-#endif
-inline constexpr bool kBackwardOverlappedScores = DASH_BACKWARD_OVERLAPPED_SCORES != 0;
-
 // The backward's warp roles: one MMA warpgroup per 64 key/value rows, or two splitting the keys of one tile.
 template <int kHeadDim>
 using BackwardWarpRoles =
@@ -117,13 +103,6 @@ struct BackwardConfig : BackwardWarpRoles<kHeadDim_> {
   static_assert(kStepRing > kStages + 1, "the step ring must outlive the dQ writer's lag");
   // Keys per MMA warpgroup in the key split.
   static constexpr int kKeyColumns = kBlockN / kMmaWarpGroups;
-  // Whether the MMA warpgroups overlap a step's element-wise work with its GEMMs (kBackwardOverlappedScores): the rows
-  // layout's mask path holds dS^T's arithmetic beside P^T's, so that the exponentials interleave with it.
-  static constexpr bool kOverlapsScores = kBackwardOverlappedScores;
-  // Whether, besides, each step's LSE and dpsum are read into registers before the waits for S and dP. Not with 128
-  // query rows (d = 64): holding 32 LSE and 32 dpsum values per thread spilled in the step loop (27 local loads, 39
-  // stores; scripts/sass_report.sh).
-  static constexpr bool kHoldsQueryValues = kOverlapsScores && kBlockM <= 64;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;

@@ -99,11 +99,10 @@ struct KeySplitMainloop {
       // The previous step's (last block of its) dQ partial is handed over only now, as in the rows layout (bwd_mainloop_rows.cuh).
       if (s > 0) DqHandoff::commit_dq(smem, warp_group, Config::dq_last_position(steps - 1));
 
+      warpgroup_wait<1>();
       // P in place of S, masked only where the tile crosses a mask's ends (bwd_mainloop_rows.cuh says why this way).
-      const auto lse =
-          Scores::template wait_then_read<1>([&] { return Scores::query_values(smem.lse_log2[stage], tScS); });
       Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
-      Scores::step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, lse, mask, q_row0, kv_row0, p);
+      Scores::step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
       Tensor tPrP = make_tensor<Element>(tSrS.layout());
       Tensor tdSrdS = make_tensor<Element>(tdPrdP.layout());
       constexpr auto kP = Int<Config::kKeySplitP>{};
@@ -119,20 +118,18 @@ struct KeySplitMainloop {
         fence_shared_for_async_proxy();
         cutlass::arch::NamedBarrier::sync(Config::kWarpGroupThreads, Config::kWarpGroupBarrierBase + warp_group);
         warpgroup_gemm<false>(mma_dkv, tdVrdOt(_, _, _, dout_stage), tdKVrPdS(_, _, _, kP), tdVrdV);
-        // dP done; dV^T may still run
-        const auto dpsum =
-            Scores::template wait_then_read<1>([&] { return Scores::query_values(smem.dpsum[dout_stage], tScS); });
+        warpgroup_wait<1>();  // dP done; dV^T may still run
         Scores::template compute_ds<false>(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
-                                           operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, dpsum,
+                                           operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage],
                                            smem.lse_log2[stage], p);
         warpgroup_wait<0>();  // dV^T done: dO's stage and this warpgroup's columns of P are free
         smem.step_rings.release_dout(steps);
         copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, kdS));
       } else {
-        const auto dpsum =
-            Scores::template wait_then_read<0>([&] { return Scores::query_values(smem.dpsum[dout_stage], tScS); });
+        warpgroup_wait<0>();
         Scores::compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tPrP, tSrS),
-                           operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, dpsum, smem.lse_log2[stage], p);
+                           operand_in_accumulator_layout(tdSrdS, tdPrdP), tScS, smem.dpsum[dout_stage],
+                           smem.lse_log2[stage], p);
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, Config::kDsFreeBarrier);
         copy(pds_store, thr_pds_store.retile_S(tPrP), tPdSsPdS(_, _, _, kP));
         copy(pds_store, thr_pds_store.retile_S(tdSrdS), tPdSsPdS(_, _, _, kdS));

@@ -81,38 +81,23 @@ struct RowsMainloop {
       // above were issued, so the fence before the hand-over no longer stalls on them.
       if (s > 0) DqHandoff::commit_dq(smem, warp_group, Config::dq_last_position(steps - 1));
 
+      warpgroup_wait<1>();
       // P^T, in place of S^T. Only tiles crossing the causal diagonal, a sliding window's bounds or the key
       // tail need the mask: visible_keys and first_visible_key grow with the row, so the tile's first row
       // bounds the right ends and its last row the left ends (0 without a left bound; rows past seqlen_q
       // have P = 0 anyway). The branch is uniform over the CTA, so each loop stays branch-free.
       // The left ends are tested only under a left window bound, in a path of its own, so that the full and
       // causal masks' masked steps run what they did before windows.
-      // Where kOverlapsScores, the path's branch holds dS^T as well as P^T, so that the compiler interleaves the
-      // exponentials with dS^T's arithmetic after the wait for dP^T, as FA3's branch-free step lets it; where
-      // kHoldsQueryValues, the LSE and dpsum are read before the waits for S^T and dP^T (bwd_config.cuh).
-      const auto lse =
-          Scores::template wait_then_read<1>([&] { return Scores::query_values(smem.lse_log2[stage], tScS); });
       Tensor tSrSlope = make_tensor<SlopeElement>(tSrS.layout());  // used only where kKeepsSlope
-      Tensor tdVrP = make_operand_a_for<Element>(tSrS);
-      Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
+      Scores::step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, smem.lse_log2[stage], mask, q_row0, kv_row0, p);
       // dS^T = P^T o (dP^T - dpsum). P^T and dS^T go straight to the MMA element type, so their fp32
       // copies die element by element and the register peak stays low.
-      const auto ds_from_p = [&] {
-        const auto dpsum =
-            Scores::template wait_then_read<0>([&] { return Scores::query_values(smem.dpsum[dout_stage], tScS); });
-        Scores::compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tdVrP, tSrS),
-                           operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, dpsum, smem.lse_log2[stage], p);
-      };
-      if constexpr (Config::kOverlapsScores) {
-        Scores::on_step_path(left_bounded(), mask, q_row0, kv_row0, [&](auto masked) {
-          Scores::template compute_probabilities<decltype(masked)::value>(tSrS, tSrSlope, tScS, lse, mask, q_row0,
-                                                                          kv_row0, p);
-          ds_from_p();
-        });
-      } else {
-        Scores::step_probabilities(left_bounded(), tSrS, tSrSlope, tScS, lse, mask, q_row0, kv_row0, p);
-        ds_from_p();
-      }
+      warpgroup_wait<0>();
+      Tensor tdVrP = make_operand_a_for<Element>(tSrS);
+      Tensor tdKrdS = make_operand_a_for<Element>(tdPrdP);
+      Scores::compute_ds(tSrS, tdPrdP, tSrSlope, operand_in_accumulator_layout(tdVrP, tSrS),
+                         operand_in_accumulator_layout(tdKrdS, tdPrdP), tScS, smem.dpsum[dout_stage],
+                         smem.lse_log2[stage], p);
       // dS^T to shared memory for the dQ GEMM, which contracts over both warpgroups' key rows. Stored
       // before the dV GEMM is issued, so the stores drain under its issue instead of stalling the fence.
       copy(ds_store, thr_ds_store.retile_S(make_tensor(tdKrdS.data(), tSrS.layout())), tdSsdSt(_, _, _, stage));

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cmath>
-#include <type_traits>
 
 #include "kernels/sm90/bwd_config.cuh"
 #include "kernels/sm90/gemm.cuh"
@@ -33,107 +32,28 @@ struct BackwardScores {
   static constexpr int kMaxKeptSlopes = 32;
   static constexpr bool kKeepsSlope = Config::kSoftcap && kScoresPerThread <= kMaxKeptSlopes;
 
-  // A step's values of this thread's queries (the stage's LSE or dpsum in shared memory, one float per query row) for
-  // compute_probabilities and compute_ds, which take one per fragment row in the key split and one float2 per pair of
-  // adjacent query columns up to d = 128. Where kHoldsQueryValues, query_values copies them into registers
-  // (HeldQueryValues), called before the wait for the GEMM whose result they meet (bwd_config.cuh says why);
-  // otherwise it returns the shared-memory row itself and each value is read where it is used.
-  struct HeldQueryValues {
-    // A wgmma accumulator gives each thread two rows of its 64-row tile and a quarter of its columns.
-    static constexpr int kPerThread = Config::kSplitsKeys ? 2 : kBlockM / 4;
-    cute::array<float, kPerThread> values;
-  };
-  template <class Coords>
-  __device__ static auto query_values(const float* values, const Coords& coords_frag) {
-    if constexpr (!Config::kHoldsQueryValues) {
-      return values;
-    } else {
-      Tensor coords = by_rows_and_columns(coords_frag);
-      constexpr int kPerThread = HeldQueryValues::kPerThread;
-      HeldQueryValues held;
-      if constexpr (Config::kSplitsKeys) {
-        static_assert(decltype(size<0>(coords))::value == kPerThread, "a value per fragment row");
-        CUTE_UNROLL
-        for (int r = 0; r < kPerThread; ++r) held.values[r] = query_row(values, get<0>(coords(r, 0)), r);
-      } else {
-        static_assert(decltype(size<1>(coords))::value == kPerThread, "a value per fragment column");
-        CUTE_UNROLL
-        for (int c = 0; c < kPerThread; c += 2) {
-          const float2 pair = query_pair(values, get<1>(coords(0, c)), c);
-          held.values[c] = pair.x;
-          held.values[c + 1] = pair.y;
-        }
-      }
-      return held;
-    }
-  }
-  // Waits until at most kPending wgmma groups are pending (warpgroup_wait) and returns read(), a query_values call:
-  // read before the wait where kHoldsQueryValues, after it otherwise, where the default kernels have always read.
-  template <int kPending, class Read>
-  __device__ __forceinline__ static auto wait_then_read(Read&& read) {
-    if constexpr (Config::kHoldsQueryValues) {
-      const auto values = read();
-      warpgroup_wait<kPending>();
-      return values;
-    } else {
-      warpgroup_wait<kPending>();
-      return read();
-    }
-  }
-
-  // The value of `query`, fragment row r's (the key split), and those of `query` and the next, fragment columns c and
-  // c + 1 (up to d = 128; c even), from query_values' result. The query index keeps the caller's type: computing it
-  // anew from the coordinate tensor where compute_probabilities has it as an int lengthened the masked step path by
-  // 71 instructions at d = 128.
-  template <class Index>
-  __device__ __forceinline__ static float query_row(const float* values, Index query, int) {
-    return values[query];
-  }
-  template <class Index>
-  __device__ __forceinline__ static float query_row(const HeldQueryValues& held, Index, int r) {
-    return held.values[r];
-  }
-  template <class Index>
-  __device__ __forceinline__ static float2 query_pair(const float* values, Index query, int) {
-    return *reinterpret_cast<const float2*>(values + query);
-  }
-  template <class Index>
-  __device__ __forceinline__ static float2 query_pair(const HeldQueryValues& held, Index, int c) {
-    return make_float2(held.values[c], held.values[c + 1]);
-  }
-
-  // Calls on_path(masked) with the path the step's tile needs, a std::integral_constant<MaskedEnds, ...>: masked where
-  // it crosses the right ends (the causal diagonal, a window's right bound, the key tail) or, under a left window
-  // bound, the left ends; unmasked otherwise. The branch is uniform over the CTA.
-  template <class OnPath>
-  __device__ __forceinline__ static void on_step_path(bool left_bounded, const MaskShape& mask, int q_row0, int kv_row0,
-                                                      OnPath&& on_path) {
+  // P^T in place of one step's S^T, on the path its tile needs: masked where it crosses the right ends (the causal
+  // diagonal, a window's right bound, the key tail) or, under a left window bound, the left ends; unmasked
+  // otherwise. The branch is uniform over the CTA.
+  template <class Fragment, class SlopeFragment, class Coords>
+  __device__ static void step_probabilities(bool left_bounded, Fragment& s_frag, SlopeFragment& slope_frag,
+                                            const Coords& coords_frag, const float* lse_log2, const MaskShape& mask,
+                                            int q_row0, int kv_row0, const Params& p) {
     const bool crosses_right_ends = kv_row0 + kBlockN > mask.visible_keys(q_row0);
     if (left_bounded && (crosses_right_ends || kv_row0 < mask.first_visible_key(q_row0 + kBlockM - 1))) {
-      on_path(std::integral_constant<MaskedEnds, MaskedEnds::kBoth>{});
+      compute_probabilities<MaskedEnds::kBoth>(s_frag, slope_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
     } else if (crosses_right_ends) {
-      on_path(std::integral_constant<MaskedEnds, MaskedEnds::kRight>{});
+      compute_probabilities<MaskedEnds::kRight>(s_frag, slope_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
     } else {
-      on_path(std::integral_constant<MaskedEnds, MaskedEnds::kNone>{});
+      compute_probabilities<MaskedEnds::kNone>(s_frag, slope_frag, coords_frag, lse_log2, mask, q_row0, kv_row0, p);
     }
   }
 
-  // P^T in place of one step's S^T, on the path its tile needs (on_step_path).
-  template <class Fragment, class SlopeFragment, class Coords, class QueryValues>
-  __device__ static void step_probabilities(bool left_bounded, Fragment& s_frag, SlopeFragment& slope_frag,
-                                            const Coords& coords_frag, QueryValues lse_log2, const MaskShape& mask,
-                                            int q_row0, int kv_row0, const Params& p) {
-    on_step_path(left_bounded, mask, q_row0, kv_row0, [&](auto masked) {
-      compute_probabilities<decltype(masked)::value>(s_frag, slope_frag, coords_frag, lse_log2, mask, q_row0, kv_row0,
-                                                     p);
-    });
-  }
-
-  // The thread's S^T fragment viewed as (key rows, query columns); columns come in pairs of adjacent queries
-  // (query_values). In the key split the fragment is S's, (query rows, key columns), and each row has one LSE
-  // and one dpsum.
+  // The thread's S^T fragment viewed as (key rows, query columns); columns come in pairs of adjacent
+  // queries, so their LSE and dpsum are read as one float2 per pair. In the key split the fragment is S's, (query
+  // rows, key columns), and each row has one LSE and one dpsum.
   template <class Fragment>
-  __device__ static auto by_rows_and_columns(Fragment&& f) {
+  __device__ static auto by_rows_and_columns(Fragment& f) {
     return make_tensor(f.data(), accumulator_rows_by_columns(f.layout()));
   }
 
@@ -143,9 +63,9 @@ struct BackwardScores {
   // lies in [0, 1], so fp16 holds it to 2^-11 (below dS^T's own rounding to the MMA element type) in half the
   // registers of fp32, and keeping it spares compute_ds the MUFU.LG2 that takes tanh back from P (the softcap step's
   // third MUFU per score). The key split's S fragment gets the same, by query rows.
-  template <MaskedEnds kMasked, class Fragment, class SlopeFragment, class Coords, class QueryValues>
+  template <MaskedEnds kMasked, class Fragment, class SlopeFragment, class Coords>
   __device__ static void compute_probabilities(Fragment& s_frag, SlopeFragment& slope_frag, const Coords& coords_frag,
-                                               QueryValues lse_log2, const MaskShape& mask, int q_row0, int kv_row0,
+                                               const float* lse_log2, const MaskShape& mask, int q_row0, int kv_row0,
                                                const Params& p) {
     Tensor s = by_rows_and_columns(s_frag);
     Tensor slope = make_tensor(slope_frag.data(), accumulator_rows_by_columns(slope_frag.layout()));
@@ -156,7 +76,7 @@ struct BackwardScores {
       CUTE_UNROLL
       for (int r = 0; r < size<0>(s); ++r) {
         const int query = get<0>(coords(r, 0));
-        const float lse = query_row(lse_log2, query, r);
+        const float lse = lse_log2[query];
         const int limit = kRight ? mask.visible_keys(q_row0 + query) : 0;
         const int first = kLeft ? mask.first_visible_key(q_row0 + query) : 0;
         CUTE_UNROLL
@@ -169,7 +89,7 @@ struct BackwardScores {
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s); c += 2) {
         const int query = get<1>(coords(0, c));
-        const float2 lse = query_pair(lse_log2, query, c);
+        const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + query);
         const int limits[2] = {kRight ? mask.visible_keys(q_row0 + query) : 0,
                                kRight ? mask.visible_keys(q_row0 + query + 1) : 0};
         const int firsts[2] = {kLeft ? mask.first_visible_key(q_row0 + query) : 0,
@@ -204,9 +124,9 @@ struct BackwardScores {
   // row without keys). Otherwise t, the capped score over softcap, comes back from P's exponent: t = (log2 P + LSE *
   // log2(e)) / (softcap * log2(e)); where P = 0 that is -inf or NaN, clamped to -1, so dS = 0 stays 0 too. The key
   // split's dS the same, by query rows; kWritesP false leaves P's slots to the caller (the key split at d = 256).
-  template <bool kWritesP = true, class Fragment, class SlopeFragment, class Slots, class Coords, class QueryValues>
+  template <bool kWritesP = true, class Fragment, class SlopeFragment, class Slots, class Coords>
   __device__ static void compute_ds(const Fragment& p_frag, const Fragment& dp_frag, const SlopeFragment& slope_frag,
-                                    Slots p_slots, Slots ds_slots, const Coords& coords_frag, const QueryValues& dpsum,
+                                    Slots p_slots, Slots ds_slots, const Coords& coords_frag, const float* dpsum,
                                     const float* lse_log2, const Params& params) {
     Tensor p = make_tensor(p_frag.data(), accumulator_rows_by_columns(p_frag.layout()));
     Tensor slope = make_tensor(slope_frag.data(), accumulator_rows_by_columns(slope_frag.layout()));
@@ -218,7 +138,7 @@ struct BackwardScores {
       CUTE_UNROLL
       for (int r = 0; r < size<0>(dp); ++r) {
         const int query = get<0>(coords(r, 0));
-        const float sum = query_row(dpsum, query, r);
+        const float sum = dpsum[query];
         // softcap without a kept slope: LSE * log2(e) / (softcap * log2(e)) of the row
         const float lse_t = Config::kSoftcap && !kKeepsSlope ? lse_log2[query] * params.softcap_rcp_log2 : 0.0f;
         CUTE_UNROLL
@@ -230,7 +150,7 @@ struct BackwardScores {
     } else {
       CUTE_UNROLL
       for (int c = 0; c < size<1>(dp); c += 2) {
-        const float2 sum = query_pair(dpsum, get<1>(coords(0, c)), c);
+        const float2 sum = *reinterpret_cast<const float2*>(dpsum + get<1>(coords(0, c)));
         float2 lse_t{};  // softcap without a kept slope: LSE * log2(e) / (softcap * log2(e)) of the column pair
         if constexpr (Config::kSoftcap && !kKeepsSlope) {
           const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + get<1>(coords(0, c)));
